@@ -1,0 +1,139 @@
+"""Paged KV-cache builders shared by every paged lab (01, 03, 04) and instructors' tests.
+
+Layout (FlashAttention/FlashInfer "NHD"): ``k_cache, v_cache [num_blocks, block_size,
+num_kv_heads, head_dim]``; token ``t`` of sequence ``b`` lives at
+``cache[block_tables[b, t // block_size], t % block_size]``.
+
+The builders are hostile on purpose, so a wrong loop bound shows up as NaN:
+physical blocks are shuffled (never ``0, 1, 2, ...``), every slot past a sequence's
+length, every block no table references and (optionally) the padding entries of a table
+point at NaN.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class PagedKV:
+    """A paged cache holding a batch of sequences.
+
+    Attributes:
+        k_cache, v_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``.
+        block_tables: ``[batch, max_blocks_per_seq]`` int32; padding entries hold
+            ``-1`` or the number of a poisoned block.
+        seq_lens: ``[batch]`` int64.
+        block_size: tokens per block.
+        unused_blocks: physical blocks no table references (all NaN).
+    """
+
+    k_cache: np.ndarray
+    v_cache: np.ndarray
+    block_tables: np.ndarray
+    seq_lens: np.ndarray
+    block_size: int
+    unused_blocks: np.ndarray
+
+    @property
+    def num_blocks(self) -> int:
+        return int(self.k_cache.shape[0])
+
+    def to_torch(self, dtype: Any = None, device: Any = "cpu") -> dict[str, Any]:
+        """The same cache as torch tensors (caches in ``dtype``, tables int32, lens int32)."""
+        import torch
+
+        dtype = dtype or torch.float32
+        return {
+            "k_cache": torch.tensor(self.k_cache, dtype=dtype, device=device),
+            "v_cache": torch.tensor(self.v_cache, dtype=dtype, device=device),
+            "block_tables": torch.tensor(self.block_tables, dtype=torch.int32, device=device),
+            "seq_lens": torch.tensor(self.seq_lens, dtype=torch.int32, device=device),
+        }
+
+
+def blocks_needed(seq_len: int, block_size: int) -> int:
+    """``ceil(seq_len / block_size)``: the blocks a sequence of ``seq_len`` tokens occupies."""
+    return -(-int(seq_len) // int(block_size))
+
+
+def build_paged_kv(
+    ks: list[np.ndarray],
+    vs: list[np.ndarray],
+    block_size: int,
+    *,
+    rng: np.random.Generator | int | None = 0,
+    extra_blocks: int = 2,
+    extra_table_entries: int = 1,
+    padding: str = "minus_one",
+    shuffle: bool = True,
+) -> PagedKV:
+    """Scatter dense per-sequence K/V into a shuffled, NaN-poisoned paged cache.
+
+    Args:
+        ks, vs: one ``[seq_len_b, num_kv_heads, head_dim]`` array per sequence (lengths
+            may differ, including 0; K and V head dims may differ).
+        block_size: tokens per block (>= 1).
+        rng: seed or generator for the physical-block shuffle.
+        extra_blocks: NaN blocks that no table references.
+        extra_table_entries: padding columns beyond the longest sequence's blocks.
+        padding: ``"minus_one"`` (padding entries are -1) or ``"poisoned"`` (they name an
+            unreferenced, all-NaN block; needs ``extra_blocks >= 1``).
+        shuffle: False keeps physical == logical order (only for pictures).
+    """
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    if len(ks) != len(vs):
+        raise ValueError(f"ks and vs must have the same length, got {len(ks)} and {len(vs)}")
+    if padding not in ("minus_one", "poisoned"):
+        raise ValueError(f"padding must be 'minus_one' or 'poisoned', got {padding!r}")
+    if padding == "poisoned" and extra_blocks < 1:
+        raise ValueError("padding='poisoned' needs extra_blocks >= 1")
+    rng = np.random.default_rng(rng)
+    ks = [np.asarray(k) for k in ks]
+    vs = [np.asarray(v) for v in vs]
+    kvh, dk = ks[0].shape[1:]
+    dv = vs[0].shape[2]
+    dtype = np.result_type(*ks, *vs, np.float32)
+
+    seq_lens = np.array([k.shape[0] for k in ks], dtype=np.int64)
+    per_seq = [blocks_needed(n, block_size) for n in seq_lens]
+    used = int(sum(per_seq))
+    num_blocks = used + extra_blocks
+    physical = rng.permutation(num_blocks) if shuffle else np.arange(num_blocks)
+    unused = np.sort(physical[used:])
+
+    k_cache = np.full((num_blocks, block_size, kvh, dk), np.nan, dtype=dtype)
+    v_cache = np.full((num_blocks, block_size, kvh, dv), np.nan, dtype=dtype)
+    max_blocks = max(per_seq, default=0) + extra_table_entries
+    pad = -1 if padding == "minus_one" else int(unused[0])
+    block_tables = np.full((len(ks), max(max_blocks, 1)), pad, dtype=np.int32)
+
+    cursor = 0
+    for b, (k, v) in enumerate(zip(ks, vs)):
+        for logical in range(per_seq[b]):
+            block = int(physical[cursor])
+            cursor += 1
+            block_tables[b, logical] = block
+            lo = logical * block_size
+            hi = min(lo + block_size, len(k))
+            k_cache[block, : hi - lo] = k[lo:hi]
+            v_cache[block, : hi - lo] = v[lo:hi]
+    return PagedKV(k_cache, v_cache, block_tables, seq_lens, block_size, unused)
+
+
+def random_kv(
+    rng: np.random.Generator,
+    seq_lens: list[int],
+    num_kv_heads: int,
+    head_dim: int,
+    head_dim_v: int | None = None,
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Standard-normal dense K/V per sequence: ``[seq_len_b, num_kv_heads, head_dim]``."""
+    dv = head_dim if head_dim_v is None else head_dim_v
+    ks = [rng.standard_normal((n, num_kv_heads, head_dim)) for n in seq_lens]
+    vs = [rng.standard_normal((n, num_kv_heads, dv)) for n in seq_lens]
+    return ks, vs

@@ -1,0 +1,101 @@
+"""The float64 reference: dense attention, written to be obviously right, not fast.
+
+Every test's expected values come from here (never from a lab's ``solution.py``).
+
+Shapes: ``q [Lq, H, d]``, ``k [Lk, KVH, d]``, ``v [Lk, KVH, dv]`` (or 2-D ``[L, d]`` for a
+single head). Query head ``h`` reads KV head ``h // (H // KVH)`` (MHA, GQA, MQA).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+
+def to_float64(x: Any) -> np.ndarray:
+    """A numpy float64 copy of a numpy array or torch tensor (any device, any dtype)."""
+    if hasattr(x, "detach"):  # torch.Tensor without importing torch here
+        x = x.detach().to("cpu").double().numpy()
+    return np.array(x, dtype=np.float64, copy=True)
+
+
+def kv_head_for(h: int | np.ndarray, num_heads: int, num_kv_heads: int) -> int | np.ndarray:
+    """The KV head that query head ``h`` reads: ``h // (num_heads // num_kv_heads)``."""
+    if num_kv_heads <= 0 or num_heads % num_kv_heads != 0:
+        raise ValueError(
+            f"num_heads={num_heads} must be a positive multiple of num_kv_heads={num_kv_heads}"
+        )
+    return h // (num_heads // num_kv_heads)
+
+
+def prefix_mask(query_positions: Any, num_keys: int) -> np.ndarray:
+    """``mask[i, j] = j <= query_positions[i]``: query i sees its causal prefix. ``[Lq, Lk]``."""
+    pos = np.asarray(query_positions, dtype=np.int64).reshape(-1)
+    return np.arange(num_keys)[None, :] <= pos[:, None]
+
+
+def reference_attention(
+    q: Any,
+    k: Any,
+    v: Any,
+    scale: float | None = None,
+    mask: Any = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Dense softmax(q kᵀ · scale) v in float64, with its log-sum-exp.
+
+    Args:
+        q: ``[Lq, H, d]`` (or ``[Lq, d]``).
+        k: ``[Lk, KVH, d]`` (or ``[Lk, d]``).
+        v: ``[Lk, KVH, dv]`` (or ``[Lk, dv]``).
+        scale: defaults to ``1/sqrt(d)``.
+        mask: ``None`` (attend everything) or a boolean array broadcastable to
+            ``[H, Lq, Lk]`` (``[Lq, Lk]`` is the usual case); True means "may attend".
+
+    Returns:
+        ``(out [Lq, H, dv], lse [Lq, H])`` (2-D inputs give ``[Lq, dv]`` and ``[Lq]``).
+        ``lse = m + log(l)`` in natural log; a row that may attend nothing has
+        ``lse = -inf`` and output 0.
+    """
+    q, k, v = to_float64(q), to_float64(k), to_float64(v)
+    single_head = q.ndim == 2
+    if single_head:
+        q, k, v = q[:, None, :], k[:, None, :], v[:, None, :]
+    if q.ndim != 3 or k.ndim != 3 or v.ndim != 3:
+        raise ValueError(f"q, k, v must be [L, heads, dim]; got {q.shape}, {k.shape}, {v.shape}")
+    Lq, H, d = q.shape
+    Lk, KVH, dk = k.shape
+    if dk != d or v.shape[:2] != (Lk, KVH):
+        raise ValueError(f"shapes do not agree: q {q.shape}, k {k.shape}, v {v.shape}")
+    kv_head_for(0, H, KVH)  # validates the head counts
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+
+    heads = kv_head_for(np.arange(H), H, KVH)
+    k_per_q = k[:, heads, :]  # [Lk, H, d]
+    v_per_q = v[:, heads, :]  # [Lk, H, dv]
+    scores = np.einsum("qhd,khd->hqk", q, k_per_q) * scale  # [H, Lq, Lk]
+    allowed = np.ones_like(scores, dtype=bool)
+    if mask is not None:
+        allowed = np.broadcast_to(np.asarray(mask, dtype=bool), scores.shape)
+    scores = np.where(allowed, scores, -np.inf)
+
+    m = scores.max(axis=-1, initial=-np.inf)  # [H, Lq]
+    empty = ~allowed.any(axis=-1)
+    m_safe = np.where(empty, 0.0, m)
+    p = np.where(allowed, np.exp(scores - m_safe[..., None]), 0.0)  # [H, Lq, Lk]
+    l = p.sum(axis=-1)
+    l_safe = np.where(empty, 1.0, l)
+    out = np.einsum("hqk,khd->qhd", p / l_safe[..., None], v_per_q)  # [Lq, H, dv]
+    with np.errstate(divide="ignore"):
+        lse = np.where(empty, -np.inf, m_safe + np.log(l_safe)).T  # [Lq, H]
+    if single_head:
+        return out[:, 0, :], lse[:, 0]
+    return out, lse
+
+
+def reference_softmax(x: Any) -> np.ndarray:
+    """Softmax of a 1-D vector in float64 (max-subtracted, so huge values do not overflow)."""
+    x = to_float64(x)
+    e = np.exp(x - x.max())
+    return e / e.sum()

@@ -1,0 +1,123 @@
+"""Tests of the shared machinery itself (not graded): the reference is checked against
+PyTorch's own SDPA, the paged builders against their promises, the loader against LAB_IMPL."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from common import (
+    blocks_needed,
+    build_paged_kv,
+    kv_head_for,
+    lab_impl,
+    prefix_mask,
+    random_kv,
+    reference_attention,
+)
+from common.testing import assert_close, chunkings, head_counts
+
+
+def _sdpa(q, k, v, mask=None, scale=None):
+    # torch wants [B, H, L, d]; our arrays are [L, H, d]
+    qt, kt, vt = (torch.tensor(x).permute(1, 0, 2)[None] for x in (q, k, v))
+    m = None if mask is None else torch.tensor(mask)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        qt, kt, vt, attn_mask=m, scale=scale, enable_gqa=True
+    )
+    return out[0].permute(1, 0, 2).numpy()
+
+
+@given(
+    heads=head_counts(),
+    lq=st.integers(1, 9),
+    lk=st.integers(1, 9),
+    d=st.sampled_from([1, 4, 8]),
+    dv=st.sampled_from([2, 8]),
+    masked=st.booleans(),
+)
+def test_reference_matches_pytorch_sdpa_in_float64(heads, lq, lk, d, dv, masked):
+    h, kvh = heads
+    rng = np.random.default_rng(lq * 100 + lk)
+    q = rng.standard_normal((lq, h, d))
+    k = rng.standard_normal((lk, kvh, d))
+    v = rng.standard_normal((lk, kvh, dv))
+    mask = prefix_mask(np.arange(lq) + max(lk - lq, 0), lk) if masked else None
+    out, lse = reference_attention(q, k, v, mask=mask)
+    assert_close(out, _sdpa(q, k, v, mask), what="reference out vs SDPA", atol=1e-12, rtol=1e-10)
+    heads_idx = kv_head_for(np.arange(h), h, kvh)
+    s = np.einsum("qhd,khd->qhk", q, k[:, heads_idx]) / math.sqrt(d)
+    if mask is not None:
+        s = np.where(mask[:, None, :], s, -np.inf)
+    want = np.log(np.exp(s).sum(-1))
+    assert_close(lse, want, what="reference lse", atol=1e-12, rtol=1e-12)
+
+
+def test_reference_empty_rows_have_zero_output_and_minus_inf_lse():
+    q, k, v = np.ones((2, 3)), np.ones((4, 3)), np.ones((4, 5))
+    mask = np.array([[False] * 4, [True, False, False, False]])
+    out, lse = reference_attention(q, k, v, mask=mask)
+    assert np.all(out[0] == 0) and lse[0] == -np.inf
+    assert np.allclose(out[1], 1.0) and np.isclose(lse[1], 3 / math.sqrt(3))
+
+
+def test_reference_rejects_head_counts_that_do_not_divide():
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        reference_attention(np.ones((1, 3, 4)), np.ones((2, 2, 4)), np.ones((2, 2, 4)))
+
+
+@given(
+    lens=st.lists(st.integers(0, 20), min_size=1, max_size=4),
+    block_size=st.sampled_from([1, 2, 3, 16]),
+    padding=st.sampled_from(["minus_one", "poisoned"]),
+)
+def test_paged_builder_places_every_token_and_poisons_the_rest(lens, block_size, padding):
+    rng = np.random.default_rng(1)
+    ks, vs = random_kv(rng, lens, 2, 4)
+    cache = build_paged_kv(ks, vs, block_size, rng=rng, padding=padding)
+    used = set()
+    for b, n in enumerate(lens):
+        table = cache.block_tables[b]
+        for t in range(n):
+            blk = table[t // block_size]
+            used.add(int(blk))
+            np.testing.assert_array_equal(cache.k_cache[blk, t % block_size], ks[b][t])
+            np.testing.assert_array_equal(cache.v_cache[blk, t % block_size], vs[b][t])
+        nb = blocks_needed(n, block_size)
+        for pad in table[nb:]:
+            assert pad == -1 or np.isnan(cache.k_cache[pad]).all()
+        if n % block_size:
+            assert np.isnan(cache.k_cache[table[nb - 1], n % block_size :]).all()
+    for blk in cache.unused_blocks:
+        assert blk not in used and np.isnan(cache.k_cache[blk]).all()
+
+
+def test_paged_builder_shuffles_physical_blocks():
+    ks, vs = random_kv(np.random.default_rng(0), [64], 1, 2)
+    cache = build_paged_kv(ks, vs, 4, rng=0)
+    assert list(cache.block_tables[0, :16]) != list(range(16))
+
+
+@given(total=st.integers(0, 40), data=st.data())
+def test_chunkings_add_up(total, data):
+    chunks = data.draw(chunkings(total))
+    assert sum(chunks) == total and all(c > 0 for c in chunks)
+
+
+def test_lab_impl_rejects_unknown_values(monkeypatch):
+    monkeypatch.setenv("LAB_IMPL", "answer")
+    with pytest.raises(ValueError, match="solution, starter"):
+        lab_impl()
+
+
+def test_assert_close_names_the_matching_misconception():
+    with pytest.raises(AssertionError, match="forgot the scale"):
+        wrong = {"you forgot the scale": 2.0 * np.ones(3)}
+        assert_close(np.ones(3) * 2, np.ones(3), wrong_answers=wrong)
+    with pytest.raises(AssertionError, match="NaN reached"):
+        assert_close(np.array([np.nan]), np.array([1.0]))
