@@ -54,7 +54,7 @@ bench: $(STAMP)
 
 figures: $(STAMP)
 	@echo ">> drawing every lab's figures from the lab's own code"
-	@set -e; for f in labs/*/figures.py; do echo "   $$f"; MPLBACKEND=Agg $(PY) $$f; done
+	@set -e; for f in labs/*/figures.py; do echo "   $$f"; MPLBACKEND=Agg PYTHONPATH=. $(PY) $$f; done
 
 vllm-check: $(STAMP)
 	bash tools/vllm_check.sh

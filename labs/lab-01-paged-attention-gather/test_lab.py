@@ -1,0 +1,704 @@
+"""Lab 01 spec: PagedAttention decode over a block table, in numpy and in a Triton kernel.
+
+Every expected value comes from the dense float64 reference in ``common.reference``.
+Caches come from ``common.paged.build_paged_kv``: physical blocks are shuffled, and every
+slot past a sequence's length, every unreferenced block and (with padding="poisoned") every
+padding entry of a table holds NaN, so reading memory you must not read shows up as NaN.
+
+Run:  LAB_IMPL=starter pytest labs/lab-01-paged-attention-gather -q   (grades starter.py)
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from common.loader import load_impl
+from common.paged import blocks_needed, build_paged_kv, random_kv
+from common.reference import reference_attention
+from common.testing import assert_close, head_counts, tolerance
+from common.triton_env import DEVICE
+
+impl = load_impl(__file__)
+
+BLOCK_SIZES = [1, 2, 3, 16]
+F64 = dict(atol=1e-12, rtol=1e-12)
+ATOL32, RTOL32 = tolerance("float32")
+
+GQA_MISCONCEPTION = (
+    "it equals attention computed with query head h reading KV head h % num_kv_heads. "
+    "Query heads are grouped: head h reads KV head h // (num_heads // num_kv_heads)"
+)
+LOGICAL_MISCONCEPTION = (
+    "it equals attention over physical blocks 0, 1, 2, ... in order: you used logical block "
+    "numbers as physical ones. Token t lives in block block_table[t // block_size]"
+)
+LAST_BLOCK_MISCONCEPTION = (
+    "it equals attention over whole blocks: you read past seq_len in the last block. Only "
+    "seq_len - start_pos tokens of the last block exist"
+)
+LAST_BLOCK_NAN = (
+    "NaN reached the output: you read past seq_len in the last block (its slots after the "
+    "last token are poisoned with NaN). Bound the last block to seq_len - start_pos tokens; "
+    "in a kernel, mask the K/V loads (other=0), not only the scores, because NaN * 0 = NaN."
+)
+RESCALE_HINT = (
+    "When a later block raises the running max from m to m_new, the old l and acc must be "
+    "multiplied by exp(m - m_new) before the new block is added"
+)
+
+
+# ---- helpers: the reference and the wrong answers, all from common.reference ----------
+
+
+def reference_decode(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Dense float64 attention of one token: q [H, d], k/v [L, KVH, d] -> ([H, d], [H])."""
+    out, lse = reference_attention(q[None], k, v)
+    return out[0], lse[0]
+
+
+def reference_with_modulo_heads(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """The answer of the classic GQA mistake: query head h reads KV head h % num_kv_heads."""
+    num_heads, num_kv_heads = q.shape[0], k.shape[1]
+    wrong = np.arange(num_heads) % num_kv_heads
+    return reference_decode(q, k[:, wrong], v[:, wrong])[0]
+
+
+def read_identity_table(cache: np.ndarray, seq_len: int) -> np.ndarray:
+    """What a kernel that skips the block table reads: logical block i from physical block i."""
+    t = np.arange(seq_len)
+    block_size = cache.shape[1]
+    return cache[t // block_size, t % block_size]
+
+
+def wrong_answers(q: np.ndarray, k: np.ndarray, v: np.ndarray, paged, b: int) -> dict:
+    """Misconception -> the output it would produce, for sequence b of a paged cache."""
+    answers = {}
+    num_heads, num_kv_heads = q.shape[0], k.shape[1]
+    if 1 < num_kv_heads < num_heads:
+        answers[GQA_MISCONCEPTION] = reference_with_modulo_heads(q, k, v)
+    n = int(paged.seq_lens[b])
+    if blocks_needed(n, paged.block_size) <= paged.num_blocks:
+        k_id = read_identity_table(paged.k_cache, n)
+        v_id = read_identity_table(paged.v_cache, n)
+        if np.isfinite(k_id).all() and np.isfinite(v_id).all():
+            answers[LOGICAL_MISCONCEPTION] = reference_decode(q, k_id, v_id)[0]
+    return answers
+
+
+def rounded(x: np.ndarray, dtype=np.float32) -> np.ndarray:
+    """x rounded to dtype and back to float64 (what a float32 kernel actually sees)."""
+    return np.asarray(x, dtype=dtype).astype(np.float64)
+
+
+def finite_everywhere_except_tails(paged, rng: np.random.Generator) -> None:
+    """Replace the NaN in unreferenced blocks with finite garbage, keeping the NaN tails."""
+    for block in paged.unused_blocks:
+        paged.k_cache[block] = 50 * rng.standard_normal(paged.k_cache[block].shape)
+        paged.v_cache[block] = 50 * rng.standard_normal(paged.v_cache[block].shape)
+
+
+def run_triton(q: np.ndarray, paged, scale: float | None = None):
+    """Run the kernel in float32 on DEVICE; returns numpy (out, lse)."""
+    t = paged.to_torch(torch.float32, DEVICE)
+    q_t = torch.tensor(q, dtype=torch.float32, device=DEVICE)
+    result = impl.paged_decode_triton(
+        q_t, t["k_cache"], t["v_cache"], t["block_tables"], t["seq_lens"], scale, return_lse=True
+    )
+    assert isinstance(result, tuple) and len(result) == 2, (
+        "paged_decode_triton(..., return_lse=True) must return (out, lse)"
+    )
+    out, lse = result
+    assert tuple(out.shape) == q.shape, f"out has shape {tuple(out.shape)}, expected {q.shape}"
+    return out.detach().cpu().double().numpy(), lse.detach().cpu().double().numpy()
+
+
+# ---- hypothesis strategies -----------------------------------------------------------
+
+
+@st.composite
+def seq_lens_for(draw, block_size: int, max_len: int = 48, allow_empty: bool = False) -> int:
+    """1, a multiple of the block size, one past a multiple, or any length."""
+    kinds = ["one", "multiple", "one_past", "random"] + (["empty"] if allow_empty else [])
+    kind = draw(st.sampled_from(kinds))
+    blocks = draw(st.integers(1, max(1, max_len // block_size)))
+    return {
+        "empty": 0,
+        "one": 1,
+        "multiple": blocks * block_size,
+        "one_past": blocks * block_size + 1,
+        "random": draw(st.integers(1, max_len)),
+    }[kind]
+
+
+@st.composite
+def decode_cases(draw, max_batch: int = 1, allow_empty: bool = False):
+    """(q [B, H, d], ks, vs, paged cache) with mixed lengths, block sizes and head layouts."""
+    num_heads, num_kv_heads = draw(head_counts())
+    head_dim = draw(st.sampled_from([1, 4, 8]))
+    block_size = draw(st.sampled_from(BLOCK_SIZES))
+    batch = draw(st.integers(1, max_batch))
+    lens = [draw(seq_lens_for(block_size, allow_empty=allow_empty)) for _ in range(batch)]
+    padding = draw(st.sampled_from(["minus_one", "poisoned"]))
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+    ks, vs = random_kv(rng, lens, num_kv_heads, head_dim)
+    paged = build_paged_kv(ks, vs, block_size, rng=rng, padding=padding)
+    q = rng.standard_normal((batch, num_heads, head_dim))
+    return q, ks, vs, paged
+
+
+# ---- the write path: slot_mapping, write_kv, gather_kv ---------------------------------
+
+
+@pytest.mark.points(1)
+@given(
+    block_size=st.sampled_from(BLOCK_SIZES),
+    num_blocks=st.integers(1, 6),
+    seed=st.integers(0, 2**16),
+)
+def test_slot_mapping_is_block_table_of_p_div_bs_times_bs_plus_p_mod_bs(
+    block_size, num_blocks, seed
+):
+    rng = np.random.default_rng(seed)
+    block_table = rng.permutation(num_blocks + 3)[:num_blocks].astype(np.int32)
+    positions = rng.integers(0, num_blocks * block_size, size=10)
+    slots = impl.slot_mapping(block_table, positions, block_size)
+    expected = [block_table[p // block_size] * block_size + p % block_size for p in positions]
+    slots = np.asarray(slots)
+    assert slots.shape == positions.shape, f"slots has shape {slots.shape}, expected (10,)"
+    assert np.issubdtype(slots.dtype, np.integer), f"slots must be integers, got {slots.dtype}"
+    assert slots.tolist() == expected, (
+        f"positions {positions.tolist()} with block_table {block_table.tolist()} and "
+        f"block_size {block_size} map to slots {expected}, got {slots.tolist()}"
+    )
+
+
+@pytest.mark.points(2)
+@given(
+    block_size=st.sampled_from(BLOCK_SIZES),
+    seq_len=st.integers(1, 40),
+    heads=head_counts(),
+    seed=st.integers(0, 2**16),
+)
+def test_write_kv_then_gather_kv_gives_back_the_tokens_in_order(block_size, seq_len, heads, seed):
+    """Prefill a prompt, then decode token by token, then read the sequence back."""
+    rng = np.random.default_rng(seed)
+    _, num_kv_heads = heads
+    head_dim = 4
+    needed = blocks_needed(seq_len, block_size)
+    num_blocks = needed + 2
+    block_table = rng.permutation(num_blocks)[:needed]
+    k = rng.standard_normal((seq_len, num_kv_heads, head_dim))
+    v = rng.standard_normal((seq_len, num_kv_heads, head_dim))
+    k_cache = np.full((num_blocks, block_size, num_kv_heads, head_dim), np.nan)
+    v_cache = np.full_like(k_cache, np.nan)
+
+    prompt = int(rng.integers(1, seq_len + 1))
+    steps = [np.arange(prompt)] + [np.array([t]) for t in range(prompt, seq_len)]
+    for positions in steps:  # slots from the formula, so this test does not need slot_mapping
+        slots = block_table[positions // block_size] * block_size + positions % block_size
+        result = impl.write_kv(k_cache, v_cache, k[positions], v[positions], slots)
+        assert result is None, "write_kv writes into the caches in place and returns None"
+
+    got_k = impl.gather_kv(k_cache, block_table, seq_len)
+    got_v = impl.gather_kv(v_cache, block_table, seq_len)
+    for name, got, want in (("K", got_k, k), ("V", got_v, v)):
+        assert np.asarray(got).shape == want.shape, (
+            f"gather_kv returned shape {np.asarray(got).shape} for {name}, expected {want.shape}"
+        )
+        assert not np.isnan(got).any(), (
+            f"gather_kv of {name} returned NaN: either write_kv did not write into the cache in "
+            "place, or gather_kv read slots the block table does not name for this sequence"
+        )
+        assert np.array_equal(got, want), (
+            f"{name} read back by gather_kv differs from what write_kv wrote: token t must go "
+            "to block_table[t // block_size], offset t % block_size, and come back from there"
+        )
+
+
+@pytest.mark.points(2)
+@given(
+    block_size=st.sampled_from(BLOCK_SIZES),
+    num_blocks=st.integers(1, 5),
+    seed=st.integers(0, 2**16),
+)
+def test_write_kv_changes_only_the_slots_it_is_given(block_size, num_blocks, seed):
+    rng = np.random.default_rng(seed)
+    num_kv_heads, head_dim = 2, 3
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    k_cache = np.full(shape, np.nan)  # sentinels: NaN in K, a number in V
+    v_cache = np.full(shape, -777.0)
+    k_before, v_before = k_cache.copy(), v_cache.copy()
+    n = int(rng.integers(1, num_blocks * block_size + 1))
+    slots = rng.permutation(num_blocks * block_size)[:n]
+    k = rng.standard_normal((n, num_kv_heads, head_dim))
+    v = rng.standard_normal((n, num_kv_heads, head_dim))
+
+    impl.write_kv(k_cache, v_cache, k, v, slots)
+
+    written = np.zeros(num_blocks * block_size, dtype=bool)
+    written[slots] = True
+    written = written.reshape(num_blocks, block_size)
+    for name, cache, before, new in (("k_cache", k_cache, k_before, k), ("v_cache", v_cache,
+                                                                         v_before, v)):
+        assert np.array_equal(cache[~written], before[~written], equal_nan=True), (
+            f"write_kv changed {name} outside the given slots {sorted(slots.tolist())}: it "
+            "must touch exactly slots[i] = block * block_size + offset for each new token"
+        )
+        flat = cache.reshape(num_blocks * block_size, num_kv_heads, head_dim)
+        assert np.array_equal(flat[slots], new), (
+            f"{name}[slot] must hold the new token written to that slot (in place)"
+        )
+
+
+@pytest.mark.points(1)
+@given(case=decode_cases(max_batch=3))
+def test_gather_kv_returns_the_sequence_in_logical_order(case):
+    _, ks, vs, paged = case
+    for b, (k, v) in enumerate(zip(ks, vs)):
+        n = int(paged.seq_lens[b])
+        got = impl.gather_kv(paged.k_cache, paged.block_tables[b], n)
+        assert_close(got, k, what=f"gather_kv(k_cache, block_tables[{b}], {n})", **F64)
+        got = impl.gather_kv(paged.v_cache, paged.block_tables[b], n)
+        assert_close(got, v, what=f"gather_kv(v_cache, block_tables[{b}], {n})", **F64)
+
+
+# ---- the read path: one decode step ----------------------------------------------------
+
+
+@pytest.mark.points(3)
+@given(case=decode_cases())
+def test_paged_decode_equals_dense_attention_for_any_block_size_length_and_head_layout(case):
+    q, ks, vs, paged = case
+    out, lse = impl.paged_decode_attention(
+        q[0], paged.k_cache, paged.v_cache, paged.block_tables[0], int(paged.seq_lens[0])
+    )
+    want_out, want_lse = reference_decode(q[0], ks[0], vs[0])
+    assert_close(out, want_out, what="out", wrong_answers=wrong_answers(q[0], ks[0], vs[0],
+                                                                          paged, 0), **F64)
+    assert_close(lse, want_lse, what="lse", hint="lse = m + log(l), natural log", **F64)
+
+
+@pytest.mark.points(2)
+@given(case=decode_cases(max_batch=4, allow_empty=True))
+def test_a_batch_mixing_lengths_equals_dense_attention_per_sequence(case):
+    q, ks, vs, paged = case
+    out, lse = impl.paged_decode_attention_batch(
+        q, paged.k_cache, paged.v_cache, paged.block_tables, paged.seq_lens
+    )
+    assert np.asarray(out).shape == q.shape, f"out has shape {np.asarray(out).shape}"
+    for b in range(len(ks)):
+        want_out, want_lse = reference_decode(q[b], ks[b], vs[b])
+        assert_close(out[b], want_out, what=f"out of sequence {b} (seq_len {paged.seq_lens[b]})",
+                     wrong_answers=wrong_answers(q[b], ks[b], vs[b], paged, b), **F64)
+        assert_close(lse[b], want_lse, what=f"lse of sequence {b}", **F64)
+
+
+@pytest.mark.points(1)
+def test_an_empty_context_gives_output_zero_and_lse_minus_infinity():
+    rng = np.random.default_rng(0)
+    paged = build_paged_kv(*random_kv(rng, [0], 1, 4), 4, rng=rng)
+    out, lse = impl.paged_decode_attention(
+        rng.standard_normal((2, 4)), paged.k_cache, paged.v_cache, paged.block_tables[0], 0
+    )
+    assert_close(out, np.zeros((2, 4)), what="out for seq_len = 0", **F64)
+    assert_close(lse, np.full(2, -np.inf), what="lse for seq_len = 0", **F64)
+
+
+@pytest.mark.points(2)
+@given(case=decode_cases(), seed=st.integers(0, 2**16))
+def test_permuting_the_physical_blocks_and_the_table_with_them_changes_nothing(case, seed):
+    q, ks, vs, paged = case
+    table, n = paged.block_tables[0], int(paged.seq_lens[0])
+    out, lse = impl.paged_decode_attention(q[0], paged.k_cache, paged.v_cache, table, n)
+
+    perm = np.random.default_rng(seed).permutation(paged.num_blocks)  # block i moves to perm[i]
+    k_moved, v_moved = np.empty_like(paged.k_cache), np.empty_like(paged.v_cache)
+    k_moved[perm], v_moved[perm] = paged.k_cache, paged.v_cache
+    moved_table = np.where(table >= 0, perm[np.maximum(table, 0)], table).astype(np.int32)
+    out2, lse2 = impl.paged_decode_attention(q[0], k_moved, v_moved, moved_table, n)
+
+    hint = "the answer may depend on where blocks live only through the block table"
+    assert_close(out2, out, what="out after moving the blocks", hint=hint, **F64)
+    assert_close(lse2, lse, what="lse after moving the blocks", hint=hint, **F64)
+    assert_close(out2, reference_decode(q[0], ks[0], vs[0])[0], what="out", **F64)
+
+
+# ---- each misconception, on its own, for numpy and for the kernel ---------------------
+
+IMPLS = ["numpy", pytest.param("triton", marks=pytest.mark.triton)]
+
+
+def decode_with(which: str, q: np.ndarray, paged) -> tuple[np.ndarray, np.ndarray, dict]:
+    """Run one implementation on a batch; returns out, lse and the tolerance to use."""
+    if which == "triton":
+        out, lse = run_triton(q, paged)
+        return out, lse, dict(atol=ATOL32, rtol=RTOL32)
+    out, lse = impl.paged_decode_attention_batch(
+        q, paged.k_cache, paged.v_cache, paged.block_tables, paged.seq_lens
+    )
+    return np.asarray(out), np.asarray(lse), dict(F64)
+
+
+def float32_case(q, ks, vs):
+    """Round inputs to float32 so both implementations see the same numbers."""
+    return rounded(q), [rounded(k) for k in ks], [rounded(v) for v in vs]
+
+
+@pytest.mark.points(2)
+@pytest.mark.parametrize("which", IMPLS)
+def test_query_head_h_reads_kv_head_h_div_group_size(which):
+    rng = np.random.default_rng(1)
+    num_heads, num_kv_heads, head_dim = 4, 2, 16
+    q, ks, vs = float32_case(rng.standard_normal((1, num_heads, head_dim)),
+                             *random_kv(rng, [10], num_kv_heads, head_dim))
+    paged = build_paged_kv(ks, vs, 4, rng=rng)
+    out, _, tol = decode_with(which, q, paged)
+    assert_close(out[0], reference_decode(q[0], ks[0], vs[0])[0], what="out",
+                 wrong_answers={GQA_MISCONCEPTION: reference_with_modulo_heads(q[0], ks[0], vs[0])},
+                 **tol)
+
+
+@pytest.mark.points(2)
+@pytest.mark.parametrize("which", IMPLS)
+def test_logical_block_numbers_are_translated_through_the_block_table(which):
+    """Every block holds finite numbers here, so skipping the table gives a wrong number."""
+    rng = np.random.default_rng(2)
+    block_size, seq_len, num_blocks = 4, 14, 6
+    needed = blocks_needed(seq_len, block_size)
+    q, ks, vs = float32_case(rng.standard_normal((1, 2, 16)), *random_kv(rng, [seq_len], 1, 16))
+    paged = build_paged_kv(ks, vs, block_size, rng=rng, extra_blocks=num_blocks - needed)
+    paged.block_tables[0, :needed] = [3, 5, 0, 1]  # no logical block i sits in physical block i
+    paged.k_cache[:] = rounded(rng.standard_normal(paged.k_cache.shape))
+    paged.v_cache[:] = rounded(rng.standard_normal(paged.v_cache.shape))
+    for i, block in enumerate(paged.block_tables[0, :needed]):
+        n = min(block_size, seq_len - i * block_size)
+        paged.k_cache[block, :n] = ks[0][i * block_size: i * block_size + n]
+        paged.v_cache[block, :n] = vs[0][i * block_size: i * block_size + n]
+    wrong = reference_decode(q[0], read_identity_table(paged.k_cache, seq_len),
+                             read_identity_table(paged.v_cache, seq_len))[0]
+    out, _, tol = decode_with(which, q, paged)
+    assert_close(out[0], reference_decode(q[0], ks[0], vs[0])[0], what="out",
+                 wrong_answers={LOGICAL_MISCONCEPTION: wrong}, **tol)
+
+
+@pytest.mark.points(2)
+@pytest.mark.parametrize("which", IMPLS)
+def test_the_last_block_is_read_only_up_to_seq_len(which):
+    rng = np.random.default_rng(3)
+    block_size, seq_len = 8, 19  # three blocks, the last holds 3 tokens and 5 poisoned slots
+    q, ks, vs = float32_case(rng.standard_normal((2, 2, 16)),
+                             *random_kv(rng, [seq_len, 2 * block_size + 1], 1, 16))
+    paged = build_paged_kv(ks, vs, block_size, rng=rng)
+    finite_everywhere_except_tails(paged, rng)
+    want = [reference_decode(q[b], ks[b], vs[b])[0] for b in range(2)]
+
+    # First with finite garbage in the tails: reading them gives a recognisably wrong answer.
+    garbage = build_paged_kv(ks, vs, block_size, rng=rng)
+    finite_everywhere_except_tails(garbage, rng)
+    full_blocks = []
+    for b in range(2):
+        last = garbage.block_tables[b, blocks_needed(int(garbage.seq_lens[b]), block_size) - 1]
+        tail = int(garbage.seq_lens[b]) % block_size
+        garbage.k_cache[last, tail:] = rounded(3 * rng.standard_normal((block_size - tail, 1, 16)))
+        garbage.v_cache[last, tail:] = rounded(3 * rng.standard_normal((block_size - tail, 1, 16)))
+        n_full = blocks_needed(int(garbage.seq_lens[b]), block_size) * block_size
+        full_blocks.append(reference_decode(
+            q[b], gather_full(garbage.k_cache, garbage.block_tables[b], n_full),
+            gather_full(garbage.v_cache, garbage.block_tables[b], n_full))[0])
+    out, _, tol = decode_with(which, q, garbage)
+    hint = (
+        "Tokens past seq_len must get no weight at all: bound the last block to seq_len - "
+        "start_pos tokens (numpy); in a kernel load them as 0 AND set their scores to -inf "
+        "(a zero key still scores 0 and adds exp(0 - m) to l)"
+    )
+    for b in range(2):
+        assert_close(out[b], want[b], what=f"out of sequence {b}", hint=hint,
+                     wrong_answers={LAST_BLOCK_MISCONCEPTION: full_blocks[b]}, **tol)
+
+    # Then with NaN in the tails: reading them poisons the output.
+    out, _, tol = decode_with(which, q, paged)
+    for b in range(2):
+        assert_close(out[b], want[b], what=f"out of sequence {b}", nan_hint=LAST_BLOCK_NAN, **tol)
+
+
+def gather_full(cache: np.ndarray, table: np.ndarray, n: int) -> np.ndarray:
+    """Tokens 0..n-1 through the table (n may run past seq_len, into the last block's tail)."""
+    t = np.arange(n)
+    return cache[table[t // cache.shape[1]], t % cache.shape[1]]
+
+
+@pytest.mark.points(2)
+@pytest.mark.parametrize("which", IMPLS)
+def test_poisoned_slots_and_unreferenced_blocks_never_reach_the_output(which):
+    """NaN everywhere a sequence does not own, then finite garbage there: same answer."""
+    rng = np.random.default_rng(4)
+    lens = [5, 16, 17]
+    q, ks, vs = float32_case(rng.standard_normal((3, 4, 16)), *random_kv(rng, lens, 2, 16))
+    for padding in ("minus_one", "poisoned"):
+        paged = build_paged_kv(ks, vs, 4, rng=rng, extra_blocks=3, padding=padding)
+        out, lse, tol = decode_with(which, q, paged)
+        for b in range(3):
+            want_out, want_lse = reference_decode(q[b], ks[b], vs[b])
+            assert_close(out[b], want_out, what=f"out of sequence {b} (padding={padding})", **tol)
+        # The same cache with finite garbage where the NaN were: nothing may change.
+        owned = np.zeros(paged.k_cache.shape[:2], dtype=bool)
+        for b, n in enumerate(lens):
+            t = np.arange(n)
+            owned[paged.block_tables[b, t // 4], t % 4] = True
+        paged.k_cache[~owned] = rounded(10 * rng.standard_normal(paged.k_cache[~owned].shape))
+        paged.v_cache[~owned] = rounded(10 * rng.standard_normal(paged.v_cache[~owned].shape))
+        out2, lse2, _ = decode_with(which, q, paged)
+        hint = "the output changed when memory this sequence does not own changed"
+        assert_close(out2, out, what=f"out (padding={padding})", hint=hint, **tol)
+        assert_close(lse2, lse, what=f"lse (padding={padding})", hint=hint, **tol)
+
+
+@pytest.mark.points(1)
+@pytest.mark.parametrize("which", IMPLS)
+def test_the_running_max_starts_at_minus_infinity_so_very_negative_scores_survive(which):
+    """All scores near -1000: exp(score - 0) underflows to 0, exp(score - max) does not."""
+    block_size, seq_len, head_dim = 4, 10, 16
+    k = np.zeros((seq_len, 1, head_dim))
+    k[:, 0, 0] = -(50.0 + np.arange(seq_len))  # scores = 80 * k / 4 = -1000 ... -1180
+    v = np.random.default_rng(5).standard_normal((seq_len, 1, head_dim)).round(3)
+    q = np.zeros((1, 2, head_dim))
+    q[0, :, 0] = 80.0
+    q, (k,), (v,) = float32_case(q, [k], [v])
+    paged = build_paged_kv([k], [v], block_size, rng=5)
+    out, lse, tol = decode_with(which, q, paged)
+    want_out, want_lse = reference_decode(q[0], k, v)
+    nan_hint = (
+        "NaN with every score far below 0: exp(score - m) underflowed to 0 and l stayed 0. "
+        "Start the running max at -inf (the first block sets it), not at 0"
+    )
+    hint = (
+        "With every score far below 0, exp(score - m) underflows to 0 unless m is the true "
+        "running max: start m at -inf (the first block sets it), not at 0"
+    )
+    assert_close(out[0], want_out, what="out", nan_hint=nan_hint, hint=hint, **tol)
+    assert_close(lse[0], want_lse, what="lse", nan_hint=nan_hint, hint=hint, **tol)
+
+
+@pytest.mark.points(2)
+@pytest.mark.parametrize("which", IMPLS)
+def test_a_later_block_with_a_larger_score_rescales_the_earlier_blocks(which):
+    block_size, seq_len, head_dim = 16, 40, 16  # three blocks, the max grows in each
+    rng = np.random.default_rng(6)
+    k = 0.1 * rng.standard_normal((seq_len, 1, head_dim))
+    k[:, 0, 0] = np.linspace(0.0, 3.0, seq_len)
+    v = rng.standard_normal((seq_len, 1, head_dim))
+    q = np.zeros((1, 4, head_dim))
+    q[0, :, 0] = [4.0, 8.0, 12.0, -4.0]
+    q, (k,), (v,) = float32_case(q, [k], [v])
+    paged = build_paged_kv([k], [v], block_size, rng=6)
+    out, lse, tol = decode_with(which, q, paged)
+    want_out, want_lse = reference_decode(q[0], k, v)
+    assert_close(out[0], want_out, what="out", hint=RESCALE_HINT, **tol)
+    assert_close(lse[0], want_lse, what="lse", hint=RESCALE_HINT, **tol)
+
+
+# ---- the Triton kernel ----------------------------------------------------------------
+
+TRITON_CASES = [
+    # (num_heads, num_kv_heads, head_dim, block_size, seq_lens, padding)
+    pytest.param(4, 2, 16, 3, [1, 17, 33], "minus_one", id="gqa-block3-minus_one"),
+    pytest.param(4, 1, 32, 16, [16, 17, 40], "poisoned", id="mqa-block16-poisoned"),
+    pytest.param(2, 2, 12, 1, [5, 0, 20], "poisoned", id="mha-block1-headdim12-empty-poisoned"),
+]
+
+
+@pytest.mark.triton
+@pytest.mark.points(3)
+@pytest.mark.parametrize("num_heads, num_kv_heads, head_dim, block_size, lens, padding",
+                         TRITON_CASES)
+def test_triton_kernel_equals_dense_attention_in_float32(
+    num_heads, num_kv_heads, head_dim, block_size, lens, padding
+):
+    rng = np.random.default_rng(7)
+    q, ks, vs = float32_case(rng.standard_normal((len(lens), num_heads, head_dim)),
+                             *random_kv(rng, lens, num_kv_heads, head_dim))
+    paged = build_paged_kv(ks, vs, block_size, rng=rng, padding=padding)
+    out, lse = run_triton(q, paged, scale=0.7 / math.sqrt(head_dim))
+    for b in range(len(lens)):
+        want_out, want_lse = reference_attention(q[b][None], ks[b], vs[b],
+                                                 scale=0.7 / math.sqrt(head_dim))
+        nan_hint = (
+            "NaN reached the kernel's output. Slots past seq_len, unreferenced blocks and "
+            "padding entries are NaN: mask the block-table load and the K/V loads with "
+            "pos < seq_len and other=0 (NaN * 0 = NaN inside tl.dot), and guard l = 0 for "
+            "an empty sequence"
+        )
+        assert_close(out[b], want_out[0], what=f"out of sequence {b} (seq_len {lens[b]})",
+                     wrong_answers=wrong_answers(q[b], ks[b], vs[b], paged, b),
+                     nan_hint=nan_hint, atol=ATOL32, rtol=RTOL32)
+        assert_close(lse[b], want_lse[0], what=f"lse of sequence {b}", atol=ATOL32, rtol=RTOL32,
+                     hint="lse = m + log(l) in natural log, per query head")
+
+
+@pytest.mark.triton
+@pytest.mark.points(1)
+def test_triton_kernel_ignores_where_the_blocks_live():
+    rng = np.random.default_rng(8)
+    q, ks, vs = float32_case(rng.standard_normal((2, 4, 16)), *random_kv(rng, [9, 21], 2, 16))
+    outs = [run_triton(q, build_paged_kv(ks, vs, 4, rng=seed))[0] for seed in (0, 1)]
+    assert_close(outs[1], outs[0], what="out with the blocks shuffled differently",
+                 hint="the answer may depend on where blocks live only through the block table",
+                 atol=ATOL32, rtol=RTOL32)
+
+
+@pytest.mark.triton
+@pytest.mark.points(1)
+def test_triton_kernel_returns_out_alone_unless_asked_for_lse():
+    rng = np.random.default_rng(9)
+    paged = build_paged_kv(*random_kv(rng, [3], 1, 16), 4, rng=rng)
+    t = paged.to_torch(torch.float32, DEVICE)
+    q = torch.randn(1, 2, 16, device=DEVICE)
+    out = impl.paged_decode_triton(q, t["k_cache"], t["v_cache"], t["block_tables"], t["seq_lens"])
+    assert isinstance(out, torch.Tensor) and tuple(out.shape) == (1, 2, 16), (
+        "paged_decode_triton returns the output tensor [B, H, d] (lse only with return_lse=True)"
+    )
+    assert out.dtype == q.dtype, f"out must have q's dtype {q.dtype}, got {out.dtype}"
+
+
+# ---- bad input --------------------------------------------------------------------------
+
+
+def _cache(num_blocks=4, block_size=4, num_kv_heads=2, head_dim=8):
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    return np.zeros(shape), np.zeros(shape)
+
+
+BAD_NUMPY_CALLS = {
+    "block_table too short for seq_len": (
+        "block_table", lambda: impl.paged_decode_attention(
+            np.zeros((2, 8)), *_cache(), np.array([0, 1]), 10)),
+    "a padding entry (-1) where a block is needed": (
+        "block_table", lambda: impl.paged_decode_attention(
+            np.zeros((2, 8)), *_cache(), np.array([0, -1, 2]), 6)),
+    "num_heads not a multiple of num_kv_heads": (
+        "num_kv_heads", lambda: impl.paged_decode_attention(
+            np.zeros((3, 8)), *_cache(), np.array([0, 1]), 5)),
+    "negative seq_len": (
+        "seq_len", lambda: impl.paged_decode_attention(
+            np.zeros((2, 8)), *_cache(), np.array([0, 1]), -1)),
+    "head_dim of q differs from the cache's": (
+        "head_dim", lambda: impl.paged_decode_attention(
+            np.zeros((2, 6)), *_cache(), np.array([0, 1]), 5)),
+    "v_cache shaped unlike k_cache": (
+        "v_cache", lambda: impl.paged_decode_attention(
+            np.zeros((2, 8)), _cache()[0], np.zeros((3, 4, 2, 8)), np.array([0, 1]), 5)),
+    "batch: seq_lens of the wrong length": (
+        "seq_lens", lambda: impl.paged_decode_attention_batch(
+            np.zeros((2, 2, 8)), *_cache(), np.zeros((2, 2), np.int32), np.array([1]))),
+    "batch: block_tables with the wrong number of rows": (
+        "block_tables", lambda: impl.paged_decode_attention_batch(
+            np.zeros((2, 2, 8)), *_cache(), np.zeros((3, 2), np.int32), np.array([1, 1]))),
+    "gather_kv: block_table too short": (
+        "block_table", lambda: impl.gather_kv(_cache()[0], np.array([1]), 9)),
+    "gather_kv: negative seq_len": (
+        "seq_len", lambda: impl.gather_kv(_cache()[0], np.array([1]), -3)),
+    "write_kv: a slot outside the cache": (
+        "slots", lambda: impl.write_kv(*_cache(), np.zeros((1, 2, 8)), np.zeros((1, 2, 8)),
+                                       np.array([16]))),
+    "write_kv: k with the wrong head_dim": (
+        r"\bk\b", lambda: impl.write_kv(*_cache(), np.zeros((1, 2, 5)), np.zeros((1, 2, 8)),
+                                        np.array([3]))),
+    "slot_mapping: a position past the block table": (
+        "block_table", lambda: impl.slot_mapping(np.array([2, 0]), np.array([0, 8]), 4)),
+    "slot_mapping: a negative position": (
+        "positions", lambda: impl.slot_mapping(np.array([2, 0]), np.array([-1]), 4)),
+    "slot_mapping: block_size 0": (
+        "block_size", lambda: impl.slot_mapping(np.array([2, 0]), np.array([1]), 0)),
+}
+
+
+@pytest.mark.points(0.5)
+@pytest.mark.parametrize("case", list(BAD_NUMPY_CALLS))
+def test_bad_input_raises_a_value_error_that_names_the_argument(case):
+    argument, call = BAD_NUMPY_CALLS[case]
+    with pytest.raises(ValueError, match=argument):
+        call()
+
+
+def _torch_inputs(num_heads=2, head_dim=16, lens=(5,), max_blocks=2):
+    k_cache = torch.zeros(4, 4, 2, 16, device=DEVICE)
+    q = torch.zeros(len(lens), num_heads, head_dim, device=DEVICE)
+    # A view into a wider table: a wrapper that forgets to check the width reads zeros (a
+    # real block) past column max_blocks instead of memory outside the tensor.
+    tables = torch.zeros(len(lens), max_blocks + 8, dtype=torch.int32, device=DEVICE)
+    tables = tables[:, :max_blocks]
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    return q, k_cache, k_cache.clone(), tables, seq_lens
+
+
+BAD_TRITON_CALLS = {
+    "block_tables too narrow for a seq_len": ("block_tables", dict(lens=(9,))),
+    "num_heads not a multiple of num_kv_heads": ("num_kv_heads", dict(num_heads=3)),
+    "negative seq_lens": ("seq_len", dict(lens=(-1,))),
+    "head_dim of q differs from the cache's": ("head_dim", dict(head_dim=8)),
+}
+
+
+@pytest.mark.triton
+@pytest.mark.points(0.5)
+@pytest.mark.parametrize("case", list(BAD_TRITON_CALLS))
+def test_triton_wrapper_rejects_bad_input_with_a_value_error_naming_the_argument(case):
+    argument, kwargs = BAD_TRITON_CALLS[case]
+    with pytest.raises(ValueError, match=argument):
+        impl.paged_decode_triton(*_torch_inputs(**kwargs))
+
+
+# ---- on a GPU: realistic size, bf16/fp16 --------------------------------------------------
+
+
+def torch_reference(q, k_cache, v_cache, block_tables, seq_lens, kv_heads=None):
+    """float32 attention per sequence from the (bf16/fp16) cache, gathered densely.
+
+    ``kv_heads[h]`` is the KV head query head h reads (default h // group)."""
+    num_heads, num_kv_heads = q.shape[1], k_cache.shape[2]
+    if kv_heads is None:
+        kv_heads = torch.arange(num_heads) // (num_heads // num_kv_heads)
+    kv_heads = kv_heads.to(q.device)
+    block_size = k_cache.shape[1]
+    outs, lses = [], []
+    for b in range(q.shape[0]):
+        t = torch.arange(int(seq_lens[b]), device=q.device)
+        blocks = block_tables[b, t // block_size].long()
+        k = k_cache[blocks, t % block_size][:, kv_heads].float()  # [L, H, d]
+        v = v_cache[blocks, t % block_size][:, kv_heads].float()
+        s = torch.einsum("hd,lhd->hl", q[b].float(), k) / math.sqrt(q.shape[2])
+        outs.append(torch.einsum("hl,lhd->hd", torch.softmax(s, dim=-1), v))
+        lses.append(torch.logsumexp(s, dim=-1))
+    return torch.stack(outs), torch.stack(lses)
+
+
+@pytest.mark.gpu
+@pytest.mark.triton
+@pytest.mark.points(2)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_triton_kernel_on_a_gpu_at_llama_size_matches_a_float32_reference(dtype):
+    """32 query heads on 8 KV heads, d=128, block 16, a batch mixing 1 to 4,100 tokens."""
+    rng = np.random.default_rng(10)
+    lens = [1, 16, 17, 555, 2048, 4100]
+    ks, vs = random_kv(rng, lens, 8, 128)
+    ks, vs = [k.astype(np.float32) for k in ks], [v.astype(np.float32) for v in vs]
+    paged = build_paged_kv(ks, vs, 16, rng=rng, extra_blocks=8, padding="poisoned")
+    cache = paged.to_torch(dtype, "cuda")
+    args = (cache["k_cache"], cache["v_cache"], cache["block_tables"], cache["seq_lens"])
+    q = torch.randn(len(lens), 32, 128, device="cuda").to(dtype)
+
+    out, lse = impl.paged_decode_triton(q, *args, return_lse=True)
+
+    want_out, want_lse = torch_reference(q, *args)
+    wrong_out, _ = torch_reference(q, *args, kv_heads=torch.arange(32) % 8)
+    atol, rtol = tolerance(dtype)
+    assert out.dtype == dtype, f"out must be {dtype} like q, got {out.dtype}"
+    assert_close(out, want_out, what=f"out ({dtype})", atol=atol, rtol=rtol,
+                 wrong_answers={GQA_MISCONCEPTION: wrong_out})
+    assert_close(lse, want_lse, what=f"lse ({dtype})", atol=atol, rtol=rtol)
