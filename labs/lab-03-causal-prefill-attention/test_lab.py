@@ -1,0 +1,731 @@
+"""Lab 03 spec: causal prefill, chunked prefill, varlen batches and the Triton kernel.
+
+Expected values come from ``common.reference`` (float64, dense, obviously right); wrong
+answers (what a classic mistake would produce) are computed from the same reference, so a
+failure names the misconception. Everything a correct implementation must not read (the
+future, unused cache slots, padding blocks) is NaN.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from common import build_paged_kv, load_impl, prefix_mask, random_kv, reference_attention
+from common.testing import NAN_HINT, assert_close, chunkings, head_counts, tolerance
+
+impl = load_impl(__file__)
+
+FUTURE_NAN_HINT = (
+    "NaN reached the output. In this test every key past start_pos + M - 1 (the future) is "
+    "NaN: query i may read keys 0 .. start_pos + i only. Either a loop bound runs too far, or "
+    "future scores were masked to -inf but the NaN values were still multiplied by 0 "
+    "(NaN * 0 = NaN): do not read them at all. (With start_pos = 0, excluding the diagonal "
+    "leaves query 0 with nothing to attend, which also gives NaN.)"
+)
+TOP_LEFT = (
+    "used the top-left causal mask (query i sees keys 0..i). The queries start at start_pos, "
+    "so query i sits at position start_pos + i and sees keys 0..start_pos + i: the "
+    "bottom-right alignment that chunked prefill and decode need"
+)
+NO_DIAGONAL = (
+    "excluded the diagonal: query i must also attend to key start_pos + i (itself); the "
+    "causal bound is key <= position, not key < position"
+)
+NO_CAUSAL = (
+    "ignored the causal mask among the new tokens: query i also saw the keys of the queries "
+    "after it (its future); query i may see keys 0..start_pos + i only"
+)
+WRONG_GQA = (
+    "used the wrong KV head for a query head: with H query heads and KVH KV heads, head h "
+    "reads KV head h // (H // KVH) (consecutive heads share a KV head), not h % KVH"
+)
+
+
+# ---- helpers built on the float64 reference ------------------------------------------------
+
+
+def reference_prefill(q, k, v, start_pos, *, shift=0, wrong_heads=False):
+    """Reference out/lse for queries at start_pos..; ``shift`` moves the causal bound.
+
+    shift=0: correct; shift=-1: diagonal excluded. ``wrong_heads`` maps head h to h % KVH.
+    """
+    num_queries = q.shape[0]
+    n = start_pos + num_queries
+    k, v = k[:n], v[:n]
+    if wrong_heads:
+        heads = np.arange(q.shape[1]) % k.shape[1]
+        k, v = k[:, heads], v[:, heads]
+    positions = start_pos + np.arange(num_queries) + shift
+    return reference_attention(q, k, v, mask=prefix_mask(positions, n))
+
+
+def reference_top_left(q, k, v, start_pos):
+    """What a top-left mask gives: query i sees keys 0..i of the same keys."""
+    n = start_pos + q.shape[0]
+    return reference_attention(q, k[:n], v[:n], mask=prefix_mask(np.arange(q.shape[0]), n))
+
+
+def prefill_wrong_answers(q, k, v, start_pos, what):
+    top_left = reference_top_left(q, k, v, start_pos)
+    no_diagonal = reference_prefill(q, k, v, start_pos, shift=-1)
+    n = start_pos + q.shape[0]
+    wrong = {NO_CAUSAL: reference_attention(q, k[:n], v[:n])}
+    if np.allclose(top_left[0], no_diagonal[0], equal_nan=True):  # e.g. M=1, start_pos=1
+        wrong["used the top-left mask or excluded the diagonal (for this shape both give the "
+              "same answer). " + TOP_LEFT + "; and " + NO_DIAGONAL] = top_left  # fmt: skip
+    else:
+        wrong[TOP_LEFT] = top_left
+        wrong[NO_DIAGONAL] = no_diagonal
+    if q.shape[1] != k.shape[1] and (q.shape[1] // k.shape[1]) > 1 and k.shape[1] > 1:
+        wrong[WRONG_GQA] = reference_prefill(q, k, v, start_pos, wrong_heads=True)
+    index = 0 if what == "out" else 1
+    return {message: answer[index] for message, answer in wrong.items()}
+
+
+def poisoned_kv(rng, num_keys, extra, num_kv_heads, head_dim, head_dim_v):
+    """K/V of ``num_keys`` real tokens followed by ``extra`` NaN (future) tokens."""
+    k = rng.standard_normal((num_keys + extra, num_kv_heads, head_dim))
+    v = rng.standard_normal((num_keys + extra, num_kv_heads, head_dim_v))
+    k[num_keys:] = np.nan
+    v[num_keys:] = np.nan
+    return k, v
+
+
+def check_prefill(out_lse, q, k, v, start_pos, label):
+    assert isinstance(out_lse, tuple) and len(out_lse) == 2, (
+        "prefill_attention must return a tuple (out [M, H, dv], lse [M, H])"
+    )
+    out, lse = out_lse
+    expected_out, expected_lse = reference_prefill(q, k, v, start_pos)
+    assert_close(
+        out,
+        expected_out,
+        what=f"out ({label})",
+        nan_hint=FUTURE_NAN_HINT,
+        wrong_answers=prefill_wrong_answers(q, k, v, start_pos, "out"),
+    )
+    assert_close(
+        lse,
+        expected_lse,
+        what=f"lse ({label})",
+        nan_hint=FUTURE_NAN_HINT,
+        hint="lse is the natural log of the softmax denominator including the max: m + log(l)",
+        wrong_answers=prefill_wrong_answers(q, k, v, start_pos, "lse"),
+    )
+
+
+@dataclass
+class Batch:
+    """A serving batch: per-sequence cached and new lengths, packed q, a poisoned paged cache."""
+
+    cached: list[int]
+    new: list[int]
+    qs: list[np.ndarray]
+    ks: list[np.ndarray]
+    vs: list[np.ndarray]
+    q: np.ndarray
+    query_start_loc: np.ndarray
+    paged: object
+
+    def args(self):
+        p = self.paged
+        return (self.q, p.k_cache, p.v_cache, p.block_tables, self.query_start_loc, p.seq_lens)
+
+    def expected(self, top_left=False, wrong_heads=False, shift=0):
+        outs, lses = [], []
+        for b, (c, n) in enumerate(zip(self.cached, self.new)):
+            k, v = self.ks[b], self.vs[b]
+            if wrong_heads:
+                heads = np.arange(self.q.shape[1]) % k.shape[1]
+                k, v = k[:, heads], v[:, heads]
+            positions = (0 if top_left else c) + np.arange(n) + shift
+            out, lse = reference_attention(self.qs[b], k, v, mask=prefix_mask(positions, c + n))
+            outs.append(out)
+            lses.append(lse)
+        return np.concatenate(outs), np.concatenate(lses)
+
+    def wrong_answers(self, index):
+        top_left_message = (
+            "each sequence's queries were placed at positions 0.. (top-left): sequence b's "
+            "queries start at seq_lens[b] - query_len_b, after its cached tokens"
+        )
+        top_left = self.expected(top_left=True)[index]
+        no_diagonal = self.expected(shift=-1)[index]
+        wrong = {}
+        if np.allclose(top_left, no_diagonal):  # e.g. one query after one cached token
+            message = "placed the queries top-left or excluded the diagonal (same answer here)"
+            wrong[f"{message}: {top_left_message}; or {NO_DIAGONAL}"] = top_left
+        else:
+            wrong[top_left_message] = top_left
+            wrong[NO_DIAGONAL] = no_diagonal
+        no_causal = [reference_attention(q, k, v) for q, k, v in zip(self.qs, self.ks, self.vs)]
+        wrong[
+            "no causal mask among a sequence's new tokens: each query also saw the new tokens "
+            "after it. In a kernel: the K/V tiles that straddle the diagonal need the mask "
+            "key_pos <= query_pos"
+        ] = np.concatenate([answer[index] for answer in no_causal])
+        group = self.q.shape[1] // self.ks[0].shape[1]
+        if group > 1 and self.ks[0].shape[1] > 1:
+            wrong[WRONG_GQA] = self.expected(wrong_heads=True)[index]
+        return wrong
+
+
+def make_batch(rng, cached, new, heads=(4, 2), head_dim=8, block_size=8, padding="poisoned"):
+    num_heads, num_kv_heads = heads
+    lens = [c + n for c, n in zip(cached, new)]
+    ks, vs = random_kv(rng, lens, num_kv_heads, head_dim)
+    paged = build_paged_kv(ks, vs, block_size, rng=rng, padding=padding)
+    qs = [rng.standard_normal((n, num_heads, head_dim)) for n in new]
+    q = np.concatenate(qs) if qs else np.zeros((0, num_heads, head_dim))
+    query_start_loc = np.concatenate([[0], np.cumsum(new)]).astype(np.int32)
+    return Batch(list(cached), list(new), qs, ks, vs, q, query_start_loc, paged)
+
+
+VARLEN_NAN_HINT = (
+    NAN_HINT + " Here a sequence's context ends at seq_lens[b]: reading position seq_lens[b] "
+    "or later (e.g. placing the queries at seq_lens[b] instead of seq_lens[b] - query_len) "
+    "reads a poisoned slot. Excluding the diagonal also gives NaN: a fresh prompt's first "
+    "query then has nothing to attend."
+)
+
+
+KERNEL_HINT = (
+    "Usual kernel causes: the K/V tiles that straddle the diagonal need the mask "
+    "key_pos <= query_pos (a key loaded as 0 past the end still scores 0, not -inf, unless "
+    "masked); acc and l must be rescaled by exp(m_old - m_new) whenever the running max "
+    "grows; the lse must go back from log2 units to the natural log"
+)
+
+
+def check_varlen(result, batch, label, atol=1e-12, rtol=1e-12, hint=""):
+    assert isinstance(result, tuple) and len(result) == 2, (
+        "the varlen functions must return a tuple (out [T, H, d], lse [T, H])"
+    )
+    out, lse = result
+    expected_out, expected_lse = batch.expected()
+    for index, (got, want, what) in enumerate(
+        [(out, expected_out, "out"), (lse, expected_lse, "lse")]
+    ):
+        assert_close(
+            got,
+            want,
+            what=f"{what} ({label})",
+            atol=atol,
+            rtol=rtol,
+            nan_hint=VARLEN_NAN_HINT,
+            hint=hint,
+            wrong_answers=batch.wrong_answers(index),
+        )
+
+
+# ---- prefill_attention ---------------------------------------------------------------------
+
+
+@pytest.mark.points(3)
+@given(
+    num_queries=st.integers(1, 12),
+    start_pos=st.integers(0, 16),
+    extra=st.integers(0, 4),
+    heads=head_counts(),
+    head_dim=st.sampled_from([1, 4, 8]),
+    head_dim_v=st.sampled_from([None, 3]),
+    seed=st.integers(0, 2**16),
+)
+def test_prefill_matches_the_float64_reference_for_any_length_start_and_heads(
+    num_queries, start_pos, extra, heads, head_dim, head_dim_v, seed
+):
+    rng = np.random.default_rng(seed)
+    num_heads, num_kv_heads = heads
+    dv = head_dim if head_dim_v is None else head_dim_v
+    q = rng.standard_normal((num_queries, num_heads, head_dim))
+    k, v = poisoned_kv(rng, start_pos + num_queries, extra, num_kv_heads, head_dim, dv)
+    check_prefill(
+        impl.prefill_attention(q, k, v, start_pos),
+        q,
+        k,
+        v,
+        start_pos,
+        f"M={num_queries}, start_pos={start_pos}, H={num_heads}, KVH={num_kv_heads}",
+    )
+
+
+@pytest.mark.points(2)
+def test_poisoned_future_keys_past_the_last_query_never_reach_the_output():
+    rng = np.random.default_rng(1)
+    start_pos, num_queries = 6, 5
+    q = rng.standard_normal((num_queries, 2, 8))
+    k, v = poisoned_kv(rng, start_pos + num_queries, 40, 2, 8, 8)  # 40 NaN future tokens
+    out, lse = impl.prefill_attention(q, k, v, start_pos)
+    for name, got in (("out", out), ("lse", lse)):
+        assert not np.isnan(np.asarray(got, dtype=np.float64)).any(), f"{name}: {FUTURE_NAN_HINT}"
+    check_prefill((out, lse), q, k, v, start_pos, "40 NaN keys after the last query")
+
+
+@pytest.mark.points(2)
+def test_each_query_attends_to_itself_the_diagonal_is_included():
+    rng = np.random.default_rng(2)
+    start_pos, num_queries = 3, 4
+    q = rng.standard_normal((num_queries, 2, 4))
+    k, v = poisoned_kv(rng, start_pos + num_queries, 0, 2, 4, 4)
+    k[start_pos:] = 3.0 * q[:, :2]  # each new token's key aligns with its own query
+    check_prefill(impl.prefill_attention(q, k, v, start_pos), q, k, v, start_pos, "diagonal")
+
+
+@pytest.mark.points(2)
+@pytest.mark.parametrize("start_pos", [1, 5, 17])
+def test_queries_after_a_cached_prefix_use_bottom_right_alignment_not_top_left(start_pos):
+    rng = np.random.default_rng(start_pos)
+    q = rng.standard_normal((4, 4, 8))
+    k, v = poisoned_kv(rng, start_pos + 4, 2, 2, 8, 8)
+    check_prefill(
+        impl.prefill_attention(q, k, v, start_pos), q, k, v, start_pos, f"start_pos={start_pos}"
+    )
+
+
+@pytest.mark.points(1)
+def test_decode_is_prefill_with_one_query_that_sees_the_whole_context():
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((1, 4, 8))
+    k, v = poisoned_kv(rng, 21, 3, 1, 8, 8)
+    out, lse = impl.prefill_attention(q, k, v, 20)
+    want_out, want_lse = reference_attention(q, k[:21], v[:21])  # no mask at all
+    for got, want, what in ((out, want_out, "out"), (lse, want_lse, "lse")):
+        assert_close(
+            got,
+            want,
+            what=f"decode {what} (M=1, start_pos=20: the one query sees all 21 keys)",
+            nan_hint=FUTURE_NAN_HINT,
+            hint="lse is the natural log of the softmax denominator including the max",
+            wrong_answers=prefill_wrong_answers(q, k, v, 20, what),
+        )
+
+
+PREFILL_BAD_INPUT = {
+    "k shorter than start_pos + M": r"\bk\b",
+    "negative start_pos": "start_pos",
+    "heads that do not divide": "num_heads",
+}
+
+
+@pytest.mark.points(1)
+@pytest.mark.parametrize("case", list(PREFILL_BAD_INPUT))
+def test_prefill_rejects_bad_input_with_a_value_error_naming_the_argument(case):
+    rng = np.random.default_rng(4)
+    q = rng.standard_normal((4, 4, 8))
+    k = rng.standard_normal((9, 2, 8))
+    start_pos = 5
+    if case == "k shorter than start_pos + M":
+        k = k[:8]  # start_pos + M = 9
+    elif case == "negative start_pos":
+        start_pos = -1
+    else:
+        k = rng.standard_normal((9, 3, 8))
+    with pytest.raises(ValueError, match=PREFILL_BAD_INPUT[case]):
+        impl.prefill_attention(q, k, k.copy(), start_pos)
+
+
+# ---- chunked_prefill: the payoff ---------------------------------------------------------------
+
+START_POS_ZERO = (
+    "every chunk was computed with start_pos = 0: chunk queries at positions s..s+c-1 then "
+    "see keys 0..i instead of 0..s+i. A chunk that starts at s must pass start_pos = s"
+)
+OWN_CHUNK_ONLY = (
+    "each chunk attended only to its own tokens: the keys of earlier chunks are in the KV "
+    "cache, and a chunk's queries must see them (start_pos = tokens already processed)"
+)
+
+
+CHUNK_NOT_CAUSAL = (
+    "a chunk's queries saw every token of their chunk, their future included: inside a "
+    "chunk the causal bound still applies (query s+i sees keys 0..s+i)"
+)
+
+
+def chunk_wrong_answers(q, k, v, chunk_sizes):
+    zero, own, whole_chunk = [], [], []
+    start = 0
+    for size in chunk_sizes:
+        end = start + size
+        local = prefix_mask(np.arange(size), end)
+        zero.append(reference_attention(q[start:end], k[:end], v[:end], mask=local)[0])
+        own_mask = prefix_mask(np.arange(size), size)
+        own.append(reference_attention(q[start:end], k[start:end], v[start:end], mask=own_mask)[0])
+        whole_chunk.append(reference_attention(q[start:end], k[:end], v[:end])[0])
+        start = end
+    wrong = {
+        START_POS_ZERO: np.concatenate(zero),
+        OWN_CHUNK_ONLY: np.concatenate(own),
+        CHUNK_NOT_CAUSAL: np.concatenate(whole_chunk),
+    }
+    if q.shape[1] != k.shape[1] and k.shape[1] > 1:
+        wrong[WRONG_GQA] = reference_prefill(q, k, v, 0, wrong_heads=True)[0]
+    return wrong
+
+
+@st.composite
+def prompts_and_chunkings(draw):
+    total = draw(st.integers(1, 24))
+    return total, draw(chunkings(total))
+
+
+@pytest.mark.points(3)
+@given(prompt=prompts_and_chunkings(), heads=head_counts(), seed=st.integers(0, 2**16))
+def test_chunked_prefill_equals_one_shot_prefill_for_any_chunking(prompt, heads, seed):
+    total, chunk_sizes = prompt
+    rng = np.random.default_rng(seed)
+    num_heads, num_kv_heads = heads
+    q = rng.standard_normal((total, num_heads, 8))
+    k, v = poisoned_kv(rng, total, 0, num_kv_heads, 8, 8)
+    got = impl.chunked_prefill(q, k, v, chunk_sizes)
+    one_shot, _ = reference_prefill(q, k, v, 0)
+    assert_close(
+        got,
+        one_shot,
+        what=f"chunked_prefill with chunk_sizes={chunk_sizes}",
+        hint="chunked prefill must equal one-shot prefill exactly (to 1e-12) for any chunking",
+        wrong_answers=chunk_wrong_answers(q, k, v, chunk_sizes),
+    )
+
+
+@pytest.mark.points(1)
+def test_chunked_prefill_one_token_at_a_time_is_a_run_of_decode_steps():
+    rng = np.random.default_rng(5)
+    q = rng.standard_normal((9, 2, 8))
+    k, v = poisoned_kv(rng, 9, 0, 1, 8, 8)
+    chunk_sizes = [1] * 9
+    got = impl.chunked_prefill(q, k, v, chunk_sizes)
+    assert_close(
+        got,
+        reference_prefill(q, k, v, 0)[0],
+        what="chunked_prefill with nine chunks of one token",
+        wrong_answers=chunk_wrong_answers(q, k, v, chunk_sizes),
+    )
+
+
+@pytest.mark.points(1)
+def test_chunked_prefill_rejects_chunk_sizes_that_do_not_cover_the_prompt():
+    q = np.zeros((6, 2, 4))
+    k = np.zeros((6, 2, 4))
+    with pytest.raises(ValueError, match="chunk_sizes"):
+        impl.chunked_prefill(q, k, k, [2, 3])
+
+
+# ---- varlen_prefill_attention ----------------------------------------------------------------
+
+# A fresh prompt, a decode row, a chunk whose new tokens fill exactly one block (block 1 of
+# 8 tokens), a chunk that crosses blocks, and a decode row whose context ends on a boundary.
+MIXED_CACHED = [0, 9, 8, 13, 15]
+MIXED_NEW = [6, 1, 8, 5, 1]
+
+
+@pytest.mark.points(3)
+def test_varlen_batch_of_prefill_chunks_and_decode_rows_equals_each_sequence_alone():
+    batch = make_batch(np.random.default_rng(6), MIXED_CACHED, MIXED_NEW, block_size=8)
+    result = impl.varlen_prefill_attention(*batch.args())
+    check_varlen(result, batch, "mixed batch vs the float64 reference")
+    q, k_cache, v_cache, tables, qsl, seq_lens = batch.args()
+    for b in range(len(MIXED_NEW)):
+        first, last = qsl[b], qsl[b + 1]
+        alone = (tables[b : b + 1], [0, last - first], seq_lens[b : b + 1])
+        alone_out, alone_lse = impl.varlen_prefill_attention(
+            q[first:last], k_cache, v_cache, *alone
+        )
+        for got, want, what in ((result[0], alone_out, "out"), (result[1], alone_lse, "lse")):
+            assert_close(
+                np.asarray(got)[first:last],
+                want,
+                what=f"{what} of sequence {b} in the batch vs run alone",
+                hint="a sequence's result must not depend on its neighbours in the batch",
+            )
+
+
+@pytest.mark.points(3)
+@settings(max_examples=20)
+@given(
+    lengths=st.lists(st.tuples(st.integers(0, 20), st.integers(1, 9)), min_size=1, max_size=4),
+    heads=head_counts(),
+    block_size=st.sampled_from([1, 2, 4, 8, 16]),
+    padding=st.sampled_from(["minus_one", "poisoned"]),
+    seed=st.integers(0, 2**16),
+)
+def test_varlen_matches_the_reference_for_any_batch_and_block_size(
+    lengths, heads, block_size, padding, seed
+):
+    cached = [c for c, _ in lengths]
+    new = [n for _, n in lengths]
+    batch = make_batch(
+        np.random.default_rng(seed), cached, new, heads, 4, block_size=block_size, padding=padding
+    )
+    check_varlen(
+        impl.varlen_prefill_attention(*batch.args()),
+        batch,
+        f"cached={cached}, new={new}, block_size={block_size}, heads={heads}",
+    )
+
+
+def corrupt(case, q, tables, qsl, seq_lens):
+    qsl, seq_lens, tables = qsl.copy(), seq_lens.copy(), tables.copy()
+    if case == "query_start_loc does not start at 0":
+        qsl[0] = 1
+    elif case == "query_start_loc decreases":
+        qsl[1], qsl[2] = qsl[2], qsl[1]
+    elif case == "query_start_loc does not end at the token count":
+        qsl[-1] -= 1
+    elif case == "seq_lens smaller than the query count":
+        seq_lens[0] = 3  # sequence 0 has 6 new tokens
+    elif case == "block table too short":
+        tables = tables[:, :1]
+    return q, tables, qsl, seq_lens
+
+
+BAD_METADATA = {
+    "query_start_loc does not start at 0": "query_start_loc",
+    "query_start_loc decreases": "query_start_loc",
+    "query_start_loc does not end at the token count": "query_start_loc",
+    "seq_lens smaller than the query count": "seq_lens",
+    "block table too short": "block_tables",
+}
+
+
+@pytest.mark.points(1)
+@pytest.mark.parametrize("case", list(BAD_METADATA))
+def test_varlen_rejects_bad_metadata_with_a_value_error_naming_the_argument(case):
+    batch = make_batch(np.random.default_rng(7), MIXED_CACHED, MIXED_NEW, block_size=8)
+    q, k_cache, v_cache, tables, qsl, seq_lens = batch.args()
+    q, tables, qsl, seq_lens = corrupt(case, q, tables, qsl, seq_lens)
+    with pytest.raises(ValueError, match=BAD_METADATA[case]):
+        impl.varlen_prefill_attention(q, k_cache, v_cache, tables, qsl, seq_lens)
+
+
+# ---- causal_mask against the real PyTorch functions ---------------------------------------------
+
+SHAPES = [(3, 7), (5, 5), (6, 2), (1, 4)]
+
+
+def sdpa(q, k, v, **kw):
+    import torch.nn.functional as F
+
+    return F.scaled_dot_product_attention(q, k, v, **kw)
+
+
+def random_qkv(num_queries, num_keys):
+    import torch
+
+    gen = torch.Generator().manual_seed(num_queries * 31 + num_keys)
+    shape_q, shape_k = (1, 2, num_queries, 8), (1, 2, num_keys, 8)
+    return (
+        torch.randn(shape_q, generator=gen, dtype=torch.float64),
+        torch.randn(shape_k, generator=gen, dtype=torch.float64),
+        torch.randn(shape_k, generator=gen, dtype=torch.float64),
+    )
+
+
+def as_bool_mask(mask, num_queries, num_keys):
+    import torch
+
+    arr = np.asarray(mask)
+    assert arr.shape == (num_queries, num_keys), (
+        f"causal_mask({num_queries}, {num_keys}, ...) has shape {arr.shape}, expected "
+        f"{(num_queries, num_keys)}"
+    )
+    assert arr.dtype == np.bool_, f"causal_mask must return booleans (True = attend): {arr.dtype}"
+    return torch.from_numpy(arr.copy())
+
+
+@pytest.mark.points(1)
+@pytest.mark.parametrize("num_queries, num_keys", SHAPES)
+def test_top_left_mask_is_what_pytorch_sdpa_is_causal_computes(num_queries, num_keys):
+    import torch
+
+    mask = as_bool_mask(impl.causal_mask(num_queries, num_keys, "top_left"), num_queries, num_keys)
+    q, k, v = random_qkv(num_queries, num_keys)
+    want = sdpa(q, k, v, is_causal=True)
+    got = sdpa(q, k, v, attn_mask=mask)
+    lower_right = torch.ones(num_queries, num_keys).tril(num_keys - num_queries).bool()
+    assert torch.allclose(got, want, atol=1e-12, rtol=1e-12), (
+        "SDPA with your top_left mask differs from SDPA(is_causal=True): PyTorch aligns the "
+        "diagonal to the top-left corner, query i sees keys 0..i"
+        + (" (you returned the bottom-right mask)" if torch.equal(mask, lower_right) else "")
+    )
+
+
+@pytest.mark.points(1)
+@pytest.mark.parametrize("num_queries, num_keys", SHAPES)
+def test_bottom_right_mask_is_torch_causal_lower_right(num_queries, num_keys):
+    import torch
+    from torch.nn.attention.bias import causal_lower_right
+
+    mask = as_bool_mask(
+        impl.causal_mask(num_queries, num_keys, "bottom_right"), num_queries, num_keys
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "will produce NaNs" when Lq > Lk
+        bias = causal_lower_right(num_queries, num_keys)
+    want = bias._materialize(torch.device("cpu"))  # the boolean mask the bias stands for
+    top_left = torch.ones(num_queries, num_keys).tril().bool()
+    assert torch.equal(mask, want), (
+        f"causal_mask({num_queries}, {num_keys}, 'bottom_right') differs from "
+        f"causal_lower_right: the last query sees every key, so query i sees keys "
+        f"0..i + num_keys - num_queries (offset {num_keys - num_queries})"
+        + (" (you returned the top-left mask)" if torch.equal(mask, top_left) else "")
+    )
+    q, k, v = random_qkv(num_queries, num_keys)
+    got = torch.nan_to_num(sdpa(q, k, v, attn_mask=mask))
+    ref = torch.nan_to_num(sdpa(q, k, v, attn_mask=bias))
+    assert torch.allclose(got, ref, atol=1e-12), "SDPA with your mask != with causal_lower_right"
+
+
+@pytest.mark.points(1)
+@given(num_queries=st.integers(0, 12), start_pos=st.integers(0, 12))
+def test_bottom_right_alignment_is_exactly_the_prefill_loop_bound(num_queries, start_pos):
+    got = np.asarray(impl.causal_mask(num_queries, start_pos + num_queries, "bottom_right"))
+    want = prefix_mask(start_pos + np.arange(num_queries), start_pos + num_queries)
+    assert got.shape == want.shape and np.array_equal(got, want), (
+        f"causal_mask(M={num_queries}, start_pos+M={start_pos + num_queries}, 'bottom_right') "
+        "must let query i see keys 0..start_pos+i, the bound prefill_attention loops to"
+    )
+
+
+@pytest.mark.points(1)
+@pytest.mark.parametrize("alignment", ["upper_left", "causal", "", None])
+def test_causal_mask_rejects_an_unknown_alignment(alignment):
+    with pytest.raises(ValueError, match="alignment"):
+        impl.causal_mask(3, 5, alignment)
+
+
+# ---- Triton: one launch for a whole serving batch -----------------------------------------------
+
+
+def triton_batch(batch, dtype_name="float32", device=None):
+    import torch
+
+    from common.triton_env import DEVICE
+
+    device = device or DEVICE
+    dtype = getattr(torch, dtype_name)
+    cache = batch.paged.to_torch(dtype, device)
+    return (
+        torch.tensor(batch.q, dtype=dtype, device=device),
+        cache["k_cache"],
+        cache["v_cache"],
+        cache["block_tables"],
+        torch.tensor(batch.query_start_loc, dtype=torch.int32, device=device),
+        cache["seq_lens"],
+    )
+
+
+@pytest.mark.triton
+@pytest.mark.points(3)
+def test_triton_kernel_serves_a_mixed_batch_like_the_reference_through_the_interpreter():
+    # d=8 is padded to a tl.dot-friendly 16 inside the kernel; GQA 4 query heads on 2 KV heads.
+    batch = make_batch(np.random.default_rng(8), MIXED_CACHED, MIXED_NEW, (4, 2), 8, 8)
+    atol, rtol = tolerance("float32")
+    check_varlen(
+        impl.varlen_prefill_triton(*triton_batch(batch)),
+        batch,
+        "Triton, fp32, mixed batch",
+        atol=atol,
+        rtol=rtol,
+        hint=KERNEL_HINT,
+    )
+
+
+@pytest.mark.triton
+@pytest.mark.points(2)
+@pytest.mark.parametrize("block_size", [1, 32])
+def test_triton_kernel_handles_long_chunks_and_pages_smaller_or_larger_than_a_tile(block_size):
+    # 36 new tokens after 21 cached ones: several query tiles, K/V tiles below, on and above
+    # the diagonal; a decode row and an empty-context prompt beside it. MQA (2 heads, 1 KV).
+    batch = make_batch(np.random.default_rng(9), [21, 40, 0], [36, 1, 3], (2, 1), 16, block_size)
+    atol, rtol = tolerance("float32")
+    check_varlen(
+        impl.varlen_prefill_triton(*triton_batch(batch)),
+        batch,
+        f"Triton, pages of {block_size} tokens",
+        atol=atol,
+        rtol=rtol,
+        hint=KERNEL_HINT,
+    )
+
+
+@pytest.mark.triton
+@pytest.mark.points(1)
+def test_triton_wrapper_rejects_bad_metadata_with_a_value_error():
+    import torch
+
+    batch = make_batch(np.random.default_rng(10), MIXED_CACHED, MIXED_NEW, block_size=8)
+    q, k_cache, v_cache, tables, qsl, seq_lens = triton_batch(batch)
+    bad = qsl.clone()
+    bad[0] = 1
+    with pytest.raises(ValueError, match="query_start_loc"):
+        impl.varlen_prefill_triton(q, k_cache, v_cache, tables, bad, seq_lens)
+    short = seq_lens.clone()
+    short[0] = 3
+    with pytest.raises(ValueError, match="seq_lens"):
+        impl.varlen_prefill_triton(q, k_cache, v_cache, tables, qsl, short.to(torch.int32))
+
+
+def torch_float32_reference(q, cache, query_start_loc, cached, new):
+    """Dense float32 attention per sequence on the GPU, gathering K/V through the table."""
+    import torch
+
+    num_heads, head_dim = q.shape[1:]
+    num_kv_heads = cache["k_cache"].shape[2]
+    outs, lses = [], []
+    for b, (c, n) in enumerate(zip(cached, new)):
+        seq_len = c + n
+        block_size = cache["k_cache"].shape[1]
+        blocks = cache["block_tables"][b, : -(-seq_len // block_size)].long()
+        k = cache["k_cache"][blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len].float()
+        v = cache["v_cache"][blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len].float()
+        group = num_heads // num_kv_heads
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        qb = q[query_start_loc[b] : query_start_loc[b + 1]].float()
+        scores = torch.einsum("mhd,nhd->hmn", qb, k) / head_dim**0.5
+        positions = c + torch.arange(n, device=q.device)
+        allowed = torch.arange(seq_len, device=q.device)[None, :] <= positions[:, None]
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        lses.append(torch.logsumexp(scores, dim=-1).T)
+        outs.append(torch.einsum("hmn,nhd->mhd", scores.softmax(dim=-1), v))
+    return torch.cat(outs), torch.cat(lses)
+
+
+@pytest.mark.gpu
+@pytest.mark.triton
+@pytest.mark.points(3)
+def test_triton_kernel_on_the_gpu_at_realistic_size_matches_a_float32_torch_reference():
+    import torch
+
+    rng = np.random.default_rng(11)
+    num_heads, num_kv_heads, head_dim, block_size = 32, 8, 128, 16
+    # Fresh prompts, chunks after long cached prefixes, decode rows: 3,904 new tokens.
+    cached = [0, 1536, 3000, 4095, 777, 2048, 0, 100]
+    new = [3072, 512, 1, 1, 300, 1, 1, 16]
+    lens = [c + n for c, n in zip(cached, new)]
+    ks = [rng.standard_normal((n, num_kv_heads, head_dim), dtype=np.float32) for n in lens]
+    vs = [rng.standard_normal((n, num_kv_heads, head_dim), dtype=np.float32) for n in lens]
+    paged = build_paged_kv(ks, vs, block_size, rng=12, padding="poisoned")
+    cache = paged.to_torch(torch.bfloat16, "cuda")
+    gen = torch.Generator(device="cuda").manual_seed(13)
+    q = torch.randn(
+        (sum(new), num_heads, head_dim), generator=gen, device="cuda", dtype=torch.bfloat16
+    )
+    query_start_loc = torch.tensor(np.cumsum([0, *new]), dtype=torch.int32, device="cuda")
+
+    out, lse = impl.varlen_prefill_triton(
+        q, cache["k_cache"], cache["v_cache"], cache["block_tables"], query_start_loc,
+        cache["seq_lens"],
+    )  # fmt: skip
+    torch.cuda.synchronize()
+    want_out, want_lse = torch_float32_reference(q, cache, query_start_loc.tolist(), cached, new)
+    atol, rtol = tolerance(torch.bfloat16)
+    assert out.dtype == torch.bfloat16 and out.shape == q.shape
+    assert_close(out.float(), want_out, what="out (bf16, d=128, 3904 tokens)", atol=atol, rtol=rtol)
+    assert_close(lse.float(), want_lse, what="lse (bf16, d=128)", atol=atol, rtol=rtol)
