@@ -1,0 +1,690 @@
+"""Lab 00 spec: online softmax and the FlashAttention forward pass.
+
+Run:  LAB_IMPL=starter pytest labs/lab-00-online-softmax -q     (grades your starter.py)
+Every expected value comes from ``common``'s float64 reference; wrong answers used to name
+a misconception are built from that reference too, never from the lab's solution.
+"""
+
+from __future__ import annotations
+
+import math
+import tracemalloc
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+
+from common import load_impl, prefix_mask, reference_attention
+from common.reference import reference_softmax, to_float64
+from common.testing import assert_close, tolerance
+
+impl = load_impl(__file__)
+
+NO_RESCALE_ACC = "the accumulator was not rescaled when the running max grew"
+NO_RESCALE_L = "the denominator l was not rescaled when the running max grew"
+LSE_WITHOUT_MAX = "lse must include the max: lse = m + log(l)"
+NO_SCALE = "forgot the 1/sqrt(d) scale"
+DIAGONAL = "causal mask off by one: the diagonal must be attended"
+ONE_AHEAD = "causal mask off by one: query i attended key i+1, a future token"
+BOTTOM_RIGHT = (
+    "causal here is top-left (query i sees keys 0..i, like SDPA is_causal); "
+    "the mask was aligned bottom-right"
+)
+TILE_MAX = "m must be the running max over every tile so far, not the current tile's max"
+PER_TILE_SOFTMAX = "each tile was normalised on its own: the tiles' denominators must be combined"
+ATTENTION_NAN_HINT = (
+    "NaN reached the output. Usual causes: exp(-inf - (-inf)) for a row whose scores are all "
+    "masked (under top-left causal every query attends key 0, so no row is empty unless Lk = 0, "
+    "where out is 0 and lse is -inf: do not divide 0 by 0); a causal mask that hides the "
+    "diagonal or is aligned bottom-right (then early rows see no key at all); or a read past "
+    "the end of k/v or of a NaN-poisoned key."
+)
+OVERFLOW_HINT = (
+    "NaN or inf: exp overflowed. Subtract the running max before exponentiating "
+    "(exp(1e4) is inf in float64)."
+)
+
+
+# ---- helpers: references and the wrong answers of classic mistakes ----------------------
+
+
+def assert_attention_close(actual, expected, **kwargs):
+    """assert_close with a NaN hint about attention (empty rows, masks, poisoned keys)."""
+    kwargs.setdefault("nan_hint", ATTENTION_NAN_HINT)
+    assert_close(actual, expected, **kwargs)
+
+
+def top_left(lq: int, lk: int) -> np.ndarray:
+    return prefix_mask(np.arange(lq), lk)
+
+
+def reference(q, k, v, causal=False, scale=None, mask=None):
+    if mask is None and causal:
+        mask = top_left(len(q), len(k))
+    return reference_attention(q, k, v, scale=scale, mask=mask)
+
+
+def scaled_scores(q, k, causal, scale=None):
+    q, k = to_float64(q), to_float64(k)
+    scale = 1.0 / math.sqrt(q.shape[1]) if scale is None else scale
+    s = (q @ k.T) * scale
+    return np.where(top_left(len(q), len(k)), s, -np.inf) if causal else s
+
+
+def tiled_without_rescale(q, k, v, block_k, causal, rescale_acc, rescale_l, want_lse=False):
+    """The output (or lse) of the tile loop when acc and/or l skip exp(m_old - m_new)."""
+    s = scaled_scores(q, k, causal)
+    v = to_float64(v)
+    m = np.full(len(q), -np.inf)
+    l = np.zeros(len(q))
+    acc = np.zeros((len(q), v.shape[1]))
+    for k0 in range(0, len(k), block_k):
+        tile = s[:, k0 : k0 + block_k]
+        m_new = np.maximum(m, tile.max(axis=1))
+        base = np.where(np.isinf(m_new), 0.0, m_new)
+        alpha = np.exp(m - base)
+        p = np.exp(tile - base[:, None])
+        l = (alpha if rescale_l else 1.0) * l + p.sum(axis=1)
+        acc = (alpha[:, None] if rescale_acc else 1.0) * acc + p @ v[k0 : k0 + block_k]
+        m = m_new
+    if want_lse:
+        with np.errstate(divide="ignore"):
+            return m + np.log(l)
+    return acc / np.where(l > 0, l, 1.0)[:, None]
+
+
+def out_misconceptions(q, k, v, block_k, causal):
+    lq, lk = len(q), len(k)
+    wrong = {
+        NO_RESCALE_ACC: tiled_without_rescale(q, k, v, block_k, causal, False, True),
+        NO_RESCALE_L: tiled_without_rescale(q, k, v, block_k, causal, True, False),
+        NO_SCALE: reference(q, k, v, causal, scale=1.0)[0],
+    }
+    if causal:
+        wrong[DIAGONAL] = reference(q, k, v, mask=prefix_mask(np.arange(lq) - 1, lk))[0]
+        wrong[ONE_AHEAD] = reference(q, k, v, mask=prefix_mask(np.arange(lq) + 1, lk))[0]
+        if lq != lk:
+            wrong[BOTTOM_RIGHT] = reference(q, k, v, mask=prefix_mask(np.arange(lq) + lk - lq, lk))[
+                0
+            ]
+    return wrong
+
+
+def lse_misconceptions(q, k, v, block_k, causal):
+    _, lse = reference(q, k, v, causal)
+    row_max = scaled_scores(q, k, causal).max(axis=1, initial=-np.inf)
+    with np.errstate(invalid="ignore"):
+        return {
+            LSE_WITHOUT_MAX: np.where(np.isinf(lse), lse, lse - row_max),
+            NO_RESCALE_L: tiled_without_rescale(q, k, v, block_k, causal, True, False, True),
+            NO_SCALE: reference(q, k, v, causal, scale=1.0)[1],
+        }
+
+
+def expected_steps(x, tile_size):
+    """(m, l) after each tile, straight from the definition on the prefix seen so far."""
+    steps = []
+    for end in range(tile_size, len(x) + tile_size, tile_size):
+        seen = x[: min(end, len(x))]
+        m = seen.max()
+        l = 0.0 if m == -np.inf else float(np.exp(seen - m).sum())
+        steps.append((float(m), l))
+    return np.array(steps, dtype=np.float64).reshape(-1, 2)
+
+
+def steps_misconceptions(x, tile_size):
+    """(m, l) when l skips the rescale, and when m is the tile's max instead of the running max."""
+    no_rescale, tile_max = [], []
+    m, l_wrong = -np.inf, 0.0
+    with np.errstate(all="ignore"):
+        for start in range(0, len(x), tile_size):
+            tile = x[start : start + tile_size]
+            m = max(m, tile.max())
+            l_wrong += float(np.exp(tile - m).sum())
+            no_rescale.append((m, l_wrong))
+            seen = x[: start + len(tile)]
+            tile_max.append((tile.max(), float(np.exp(seen - tile.max()).sum())))
+    return {NO_RESCALE_L: np.array(no_rescale), TILE_MAX: np.array(tile_max)}
+
+
+def as_steps_array(steps, x, tile_size):
+    if not isinstance(steps, list | tuple):
+        raise AssertionError(
+            f"online_softmax_steps must return a list of (m, l), got {type(steps)}"
+        )
+    want = -(-len(x) // tile_size)
+    if len(steps) != want:
+        raise AssertionError(
+            f"{len(x)} numbers in tiles of {tile_size} make {want} tiles, so {want} (m, l) "
+            f"pairs, got {len(steps)}"
+        )
+    return np.array([(float(m), float(l)) for m, l in steps], dtype=np.float64).reshape(-1, 2)
+
+
+def qkv(seed, lq, lk, d, dv, spread=1.0):
+    rng = np.random.default_rng(seed)
+    return (
+        rng.standard_normal((lq, d)) * spread,
+        rng.standard_normal((lk, d)) * spread,
+        rng.standard_normal((lk, dv)),
+    )
+
+
+finite = st.floats(-60.0, 60.0, allow_nan=False, allow_infinity=False)
+vectors = arrays(np.float64, st.integers(1, 40), elements=finite)
+
+
+# ---- 1. online softmax on one vector ----------------------------------------------------
+
+
+@pytest.mark.points(3)
+@given(x=vectors, tile_size=st.integers(1, 45))
+def test_online_softmax_steps_give_the_running_max_and_denominator_after_every_tile(x, tile_size):
+    steps = as_steps_array(impl.online_softmax_steps(x, tile_size), x, tile_size)
+    assert_close(
+        steps,
+        expected_steps(x, tile_size),
+        what=f"(m, l) after each tile of {tile_size}",
+        hint="column 0 is the running max m, column 1 the running denominator l",
+        wrong_answers=steps_misconceptions(x, tile_size),
+    )
+
+
+@pytest.mark.points(1)
+def test_a_tile_whose_max_is_below_the_running_max_leaves_m_and_the_old_sum_alone():
+    x = np.array([5.0, 1.0, 2.0, 0.0, 1.0, 2.0, 3.0, 4.0])  # tile 2's max (4) < running max (5)
+    steps = as_steps_array(impl.online_softmax_steps(x, 4), x, 4)
+    assert_close(
+        steps,
+        expected_steps(x, 4),
+        what="(m, l) after tiles [5, 1, 2, 0] and [1, 2, 3, 4]",
+        hint="after tile 2, m stays 5 and l only grows by sum(exp(tile - 5))",
+        wrong_answers=steps_misconceptions(x, 4),
+    )
+
+
+@pytest.mark.points(3)
+@given(x=vectors, tile_size=st.integers(1, 45))
+def test_online_softmax_equals_softmax_for_any_tile_size(x, tile_size):
+    per_tile = np.concatenate(
+        [reference_softmax(x[i : i + tile_size]) for i in range(0, len(x), tile_size)]
+    )
+    wrong = {PER_TILE_SOFTMAX: per_tile} if len(x) > tile_size else {}
+    assert_close(
+        impl.online_softmax(x, tile_size),
+        reference_softmax(x),
+        what=f"online_softmax(x, tile_size={tile_size})",
+        wrong_answers=wrong,
+        nan_hint=OVERFLOW_HINT,
+    )
+
+
+@pytest.mark.points(1)
+@pytest.mark.parametrize("tile_size", [1, 3, 8])
+def test_online_softmax_does_not_overflow_on_huge_values(tile_size):
+    x = np.array([1e4, 9999.0, -1e4, 3e3, 10003.0, 1e4 - 0.5, 7.0])  # exp(1e4) = inf
+    with np.errstate(over="ignore", invalid="ignore"):
+        got = impl.online_softmax(x, tile_size)
+        steps = impl.online_softmax_steps(x, tile_size)
+    assert_close(
+        got, reference_softmax(x), what="softmax of 1e4-sized scores", nan_hint=OVERFLOW_HINT
+    )
+    assert_close(
+        as_steps_array(steps, x, tile_size),
+        expected_steps(x, tile_size),
+        what="(m, l) of 1e4-sized scores",
+        nan_hint=OVERFLOW_HINT,
+    )
+
+
+@pytest.mark.points(1)
+def test_masked_minus_inf_scores_get_zero_probability_without_nan():
+    x = np.array([-np.inf, -np.inf, -np.inf, 0.5, 2.0, -np.inf, 1.0])  # first tile all masked
+    hint = (
+        "a tile of nothing but -inf must leave m = -inf and l = 0; computing "
+        "exp(-inf - (-inf)) gives NaN"
+    )
+    with np.errstate(invalid="ignore"):
+        steps = impl.online_softmax_steps(x, 3)
+        got = impl.online_softmax(x, 3)
+    assert_close(as_steps_array(steps, x, 3), expected_steps(x, 3), what="(m, l)", nan_hint=hint)
+    assert_close(got, reference_softmax(x), what="softmax with -inf entries", nan_hint=hint)
+
+
+# ---- 2. FlashAttention forward in numpy -------------------------------------------------
+
+
+@pytest.mark.points(4)
+@given(
+    lq=st.integers(0, 40),
+    lk=st.integers(0, 40),
+    d=st.integers(1, 8),
+    dv=st.integers(1, 8),
+    block_q=st.integers(1, 20),
+    block_k=st.integers(1, 20),
+    causal=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_flash_attention_forward_equals_the_float64_reference(
+    lq, lk, d, dv, block_q, block_k, causal, seed
+):
+    q, k, v = qkv(seed, lq, lk, d, dv, spread=1.5)
+    want_out, want_lse = reference(q, k, v, causal)
+    result = impl.flash_attention_forward(q, k, v, block_q=block_q, block_k=block_k, causal=causal)
+    assert isinstance(result, tuple) and len(result) == 2, "return the pair (out, lse)"
+    out, lse = result
+    what = f"Lq={lq} Lk={lk} d={d} dv={dv} block_q={block_q} block_k={block_k} causal={causal}"
+    assert_attention_close(
+        out,
+        want_out,
+        what=f"out ({what})",
+        wrong_answers=out_misconceptions(q, k, v, block_k, causal),
+    )
+    assert_attention_close(
+        lse,
+        want_lse,
+        what=f"lse ({what})",
+        wrong_answers=lse_misconceptions(q, k, v, block_k, causal),
+    )
+
+
+@pytest.mark.points(2)
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_accumulator_is_rescaled_when_the_running_max_grows(causal):
+    # scores grow from tile to tile, so every tile raises the running max
+    q = np.array([[1.0], [0.5], [2.0], [1.5], [0.25]])
+    k = np.arange(8.0)[:, None] / 2.0
+    v = np.random.default_rng(7).standard_normal((8, 3))
+    out, _ = impl.flash_attention_forward(q, k, v, block_q=2, block_k=2, scale=1.0, causal=causal)
+    want, _ = reference(q, k, v, causal, scale=1.0)
+    assert_attention_close(
+        out,
+        want,
+        what="out when every key tile raises the max",
+        wrong_answers=out_misconceptions(q, k, v, 2, causal),
+    )
+
+
+@pytest.mark.points(1)
+def test_lse_includes_the_running_max():
+    q, k, v = qkv(3, 6, 20, 4, 4)
+    k = k * 30.0  # scores in the tens: lse - m is far from lse
+    _, lse = impl.flash_attention_forward(q, k, v, block_q=4, block_k=8)
+    assert_attention_close(
+        lse, reference(q, k, v)[1], what="lse", wrong_answers=lse_misconceptions(q, k, v, 8, False)
+    )
+
+
+@pytest.mark.points(1)
+def test_scores_are_scaled_by_one_over_sqrt_d_by_default():
+    q, k, v = qkv(4, 9, 13, 16, 5)
+    out, lse = impl.flash_attention_forward(q, k, v, block_q=4, block_k=4)
+    want_out, want_lse = reference(q, k, v)
+    wrong_out, wrong_lse = reference(q, k, v, scale=1.0)
+    assert_attention_close(out, want_out, what="out with d=16", wrong_answers={NO_SCALE: wrong_out})
+    assert_attention_close(lse, want_lse, what="lse with d=16", wrong_answers={NO_SCALE: wrong_lse})
+    out, _ = impl.flash_attention_forward(q, k, v, block_q=4, block_k=4, scale=0.3)
+    assert_attention_close(out, reference(q, k, v, scale=0.3)[0], what="out with scale=0.3")
+
+
+@pytest.mark.points(1)
+@pytest.mark.parametrize("lq, lk", [(10, 10), (7, 12), (12, 7)])
+def test_causal_attends_the_diagonal(lq, lk):
+    q, k, v = qkv(5, lq, lk, 4, 3)
+    with np.errstate(all="ignore"):
+        out, _ = impl.flash_attention_forward(q, k, v, block_q=4, block_k=4, causal=True)
+    want = reference(q, k, v, causal=True)[0]
+    strict = reference(q, k, v, mask=prefix_mask(np.arange(lq) - 1, lk))[0]
+    out = to_float64(out)
+    if out.shape == want.shape and np.allclose(out[1:], strict[1:], atol=1e-9):
+        raise AssertionError(f"out is wrong: {DIAGONAL} (row 0 must equal v[0])")
+    assert_attention_close(
+        out, want, what="causal out", wrong_answers=out_misconceptions(q, k, v, 4, causal=True)
+    )
+
+
+@pytest.mark.points(2)
+@settings(max_examples=20)
+@given(
+    lq=st.integers(1, 24),
+    extra=st.integers(1, 24),
+    block_q=st.integers(1, 16),
+    block_k=st.integers(1, 16),
+    seed=st.integers(0, 2**16),
+)
+def test_causal_never_reads_keys_past_the_last_query(lq, extra, block_q, block_k, seed):
+    lk = lq + extra  # top-left causal: keys lq..lk-1 are attended by nobody
+    q, k, v = qkv(seed, lq, lk, 4, 3)
+    want_out, want_lse = reference(q, k[:lq], v[:lq], causal=True)
+    wrong_out = out_misconceptions(q, k, v, block_k, causal=True)
+    wrong_lse = lse_misconceptions(q, k, v, block_k, causal=True)
+    k[lq:], v[lq:] = np.nan, np.nan  # poisoned: reading them turns the output into NaN
+    with np.errstate(invalid="ignore"):
+        out, lse = impl.flash_attention_forward(
+            q, k, v, block_q=block_q, block_k=block_k, causal=True
+        )
+    hint = (
+        f"NaN: keys {lq}..{lk - 1} lie past the last query ({lq - 1}) and are NaN-poisoned. "
+        "Under top-left causal no query needs them, so the key loop must stop at the last "
+        "row of the query tile (skip tiles above the diagonal and cut the last tile short)."
+    )
+    what = f"Lq={lq} < Lk={lk}, block_q={block_q}, block_k={block_k}"
+    assert_attention_close(
+        out, want_out, what=f"causal out ({what})", nan_hint=hint, wrong_answers=wrong_out
+    )
+    assert_attention_close(
+        lse, want_lse, what=f"causal lse ({what})", nan_hint=hint, wrong_answers=wrong_lse
+    )
+
+
+@pytest.mark.points(2)
+def test_flash_attention_forward_never_builds_an_lq_by_lk_array():
+    lq = lk = 2048  # the float64 score matrix would be 32 MiB; a 128x128 tile is 128 KiB
+    q, k, v = qkv(6, lq, lk, 4, 4)
+    full = lq * lk * 8
+    tracemalloc.start()
+    try:
+        out, _ = impl.flash_attention_forward(q, k, v, block_q=128, block_k=128)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < full / 8, (
+        f"peak memory {peak / 2**20:.1f} MiB while the Lq x Lk score matrix is "
+        f"{full / 2**20:.0f} MiB: flash_attention_forward must only ever hold a "
+        "block_q x block_k tile of scores (128 x 128 here), never a row of all Lk keys "
+        "or the whole matrix"
+    )
+    rows = np.array([0, 1, 777, 2047])
+    assert_attention_close(
+        out[rows],
+        reference(q[rows], k, v)[0],
+        what="out rows 0, 1, 777, 2047 (memory is fine)",
+        hint="the values are wrong: the other tests say why",
+    )
+
+
+# ---- 3. the naive baseline and the memory arithmetic ------------------------------------
+
+
+@pytest.mark.points(1)
+@given(
+    lq=st.integers(1, 12),
+    lk=st.integers(1, 12),
+    d=st.integers(1, 6),
+    dv=st.integers(1, 6),
+    causal=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_naive_attention_equals_the_float64_reference(lq, lk, d, dv, causal, seed):
+    q, k, v = qkv(seed, lq, lk, d, dv)
+    wrong = out_misconceptions(q, k, v, max(lk, 1), causal)
+    wrong.pop(NO_RESCALE_ACC)
+    wrong.pop(NO_RESCALE_L)
+    with np.errstate(all="ignore"):
+        got = impl.naive_attention(q, k, v, causal=causal)
+    assert_attention_close(
+        got, reference(q, k, v, causal)[0], what="naive_attention", wrong_answers=wrong
+    )
+
+
+MiB, GiB = 2**20, 2**30
+
+
+@pytest.mark.points(1)
+@pytest.mark.parametrize(
+    "seq_len, want",
+    [(512, MiB // 2), (2048, 8 * MiB), (8192, 128 * MiB), (32768, 2 * GiB), (131072, 32 * GiB)],
+    ids=["512-0.5MiB", "2k-8MiB", "8k-128MiB", "32k-2GiB", "128k-32GiB"],
+)
+def test_score_matrix_bytes_reproduces_the_per_head_fp16_figures(seq_len, want):
+    got = impl.score_matrix_bytes(seq_len)
+    size = f"{want / GiB:g} GiB" if want >= GiB else f"{want / MiB:g} MiB"
+    assert got == want, (
+        f"one FP16 head at N={seq_len}: N*N scores x 2 bytes = {want} bytes ({size}), got {got!r}"
+        + (" (counted elements, not bytes)" if got == seq_len**2 else "")
+    )
+
+
+@pytest.mark.points(1)
+def test_score_matrix_bytes_multiplies_by_heads_layers_and_element_size():
+    # 16 heads x 24 layers (BERT-large-ish): 512 -> 192 MiB, 8k -> 48 GiB, 32k -> 768 GiB
+    assert impl.score_matrix_bytes(512, num_heads=16, num_layers=24) == 192 * MiB
+    assert impl.score_matrix_bytes(8192, num_heads=16, num_layers=24) == 48 * GiB
+    assert impl.score_matrix_bytes(32768, num_heads=16, num_layers=24) == 768 * GiB
+    assert impl.score_matrix_bytes(1024, bytes_per_element=4) == 4 * MiB, "FP32 is 4 bytes"
+    assert impl.score_matrix_bytes(0) == 0
+
+
+# ---- 4. bad input is a ValueError that names the argument ------------------------------
+
+_q, _k, _v = qkv(8, 3, 5, 4, 2)
+BAD_INPUTS = [
+    ("naive_attention", lambda: impl.naive_attention(_q, _k[:, :3], _v), "k"),
+    ("naive_attention", lambda: impl.naive_attention(_q, _k, _v[:4]), "v"),
+    ("flash_attention_forward", lambda: impl.flash_attention_forward(_q, _k, _v[:4]), "v"),
+    ("flash_attention_forward", lambda: impl.flash_attention_forward(_q[:, :2], _k, _v), "k"),
+    (
+        "flash_attention_forward",
+        lambda: impl.flash_attention_forward(_q, _k, _v, block_q=0),
+        "block_q",
+    ),
+    (
+        "flash_attention_forward",
+        lambda: impl.flash_attention_forward(_q, _k, _v, block_k=-2),
+        "block_k",
+    ),
+    ("online_softmax_steps", lambda: impl.online_softmax_steps(np.ones(4), 0), "tile_size"),
+    ("online_softmax", lambda: impl.online_softmax(np.ones(4), -1), "tile_size"),
+    ("online_softmax", lambda: impl.online_softmax(np.ones((2, 2)), 2), "x"),
+    ("score_matrix_bytes", lambda: impl.score_matrix_bytes(-1), "seq_len"),
+]
+
+
+@pytest.mark.points(0.5)
+@pytest.mark.parametrize(
+    "call, argument", [(c, a) for _, c, a in BAD_INPUTS], ids=[f"{f}-{a}" for f, _, a in BAD_INPUTS]
+)
+def test_bad_input_raises_value_error_naming_the_argument(call, argument):
+    with pytest.raises(ValueError, match=rf"\b{argument}\b"):
+        call()
+
+
+# ---- 5. the Triton kernel (interpreter on a CPU, CUDA on a GPU) -------------------------
+
+
+def torch_qkv(b, h, lq, lk, d, dv, dtype, device, seed=0, layout="bhld"):
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    if layout == "blhd":  # how models hold activations: [batch, seq, heads, dim], viewed as BHLD
+        q = torch.randn(b, lq, h, d, generator=gen).transpose(1, 2)
+        k = torch.randn(b, lk, h, d, generator=gen).transpose(1, 2)
+        v = torch.randn(b, lk, h, dv, generator=gen).transpose(1, 2)
+    else:
+        q = torch.randn(b, h, lq, d, generator=gen)
+        k = torch.randn(b, h, lk, d, generator=gen)
+        v = torch.randn(b, h, lk, dv, generator=gen)
+    return (
+        q.to(device=device, dtype=dtype),
+        k.to(device=device, dtype=dtype),
+        v.to(device=device, dtype=dtype),
+    )
+
+
+def reference_bhld(q, k, v, causal, scale=None, mask=None):
+    """float64 reference for [B, H, L, d] tensors (common's reference wants [L, H, d])."""
+    outs = []
+    for b in range(q.shape[0]):
+        qb, kb, vb = (to_float64(x[b]).transpose(1, 0, 2) for x in (q, k, v))
+        outs.append(reference(qb, kb, vb, causal, scale=scale, mask=mask)[0].transpose(1, 0, 2))
+    return np.stack(outs)
+
+
+def per_head(fn, q, k, v):
+    """fn(q, k, v) -> [Lq, dv] applied to every (batch, head) of [B, H, L, d] tensors."""
+    q, k, v = to_float64(q), to_float64(k), to_float64(v)
+    return np.stack(
+        [
+            np.stack([fn(q[b, h], k[b, h], v[b, h]) for h in range(q.shape[1])])
+            for b in range(len(q))
+        ]
+    )
+
+
+def triton_misconceptions(q, k, v, causal, block_n=16):
+    """Wrong answers; the rescale ones assume key tiles of block_n (the given configs use 16)."""
+    lq, lk = q.shape[2], k.shape[2]
+    wrong = {
+        NO_SCALE: reference_bhld(q, k, v, causal, scale=1.0),
+        NO_RESCALE_ACC: per_head(
+            lambda a, b, c: tiled_without_rescale(a, b, c, block_n, causal, False, True), q, k, v
+        ),
+        NO_RESCALE_L: per_head(
+            lambda a, b, c: tiled_without_rescale(a, b, c, block_n, causal, True, False), q, k, v
+        ),
+    }
+    if causal:
+        wrong[DIAGONAL] = reference_bhld(q, k, v, False, mask=prefix_mask(np.arange(lq) - 1, lk))
+        wrong[ONE_AHEAD] = reference_bhld(q, k, v, False, mask=prefix_mask(np.arange(lq) + 1, lk))
+        if lq != lk:
+            wrong[BOTTOM_RIGHT] = reference_bhld(
+                q, k, v, False, mask=prefix_mask(np.arange(lq) + lk - lq, lk)
+            )
+    return wrong
+
+
+TRITON_CASES = {
+    # name: (batch, heads, Lq, Lk, d, dv, causal, scale, layout)
+    "one-tile": (1, 1, 16, 16, 16, 16, False, None, "bhld"),
+    "ragged": (1, 1, 37, 45, 16, 16, False, None, "bhld"),
+    "ragged-causal": (1, 2, 37, 37, 16, 16, True, None, "bhld"),
+    "batch-heads-causal-lq>lk": (2, 2, 40, 23, 32, 32, True, None, "bhld"),
+    "odd-dims-custom-scale": (1, 2, 19, 30, 24, 12, False, 0.3, "bhld"),
+    "strided-blhd-view-causal": (2, 2, 33, 33, 16, 16, True, None, "blhd"),
+}
+
+
+@pytest.mark.triton
+@pytest.mark.points(1)
+@pytest.mark.parametrize("case", list(TRITON_CASES))
+def test_triton_kernel_matches_the_reference(case):
+    import torch
+
+    from common.triton_env import DEVICE
+
+    b, h, lq, lk, d, dv, causal, scale, layout = TRITON_CASES[case]
+    q, k, v = torch_qkv(b, h, lq, lk, d, dv, torch.float32, DEVICE, seed=lq + lk, layout=layout)
+    out = impl.flash_attention_triton(q, k, v, causal=causal, scale=scale)
+    atol, rtol = tolerance(torch.float32)
+    assert_attention_close(
+        out,
+        reference_bhld(q, k, v, causal, scale=scale),
+        what=f"flash_attention_triton ({case}: B={b} H={h} Lq={lq} Lk={lk} d={d} dv={dv} "
+        f"causal={causal})",
+        atol=atol,
+        rtol=rtol,
+        hint="float32 tolerance; look at the rows and columns past the last full tile",
+        wrong_answers={} if scale is not None else triton_misconceptions(q, k, v, causal),
+    )
+
+
+@pytest.mark.triton
+@pytest.mark.points(1)
+def test_triton_causal_never_reads_keys_past_the_last_query():
+    import torch
+
+    from common.triton_env import DEVICE
+
+    lq, lk = 21, 50
+    q, k, v = torch_qkv(1, 2, lq, lk, 16, 16, torch.float32, DEVICE, seed=3)
+    want = reference_bhld(q, k[:, :, :lq], v[:, :, :lq], causal=True)
+    wrong = triton_misconceptions(q, k, v, causal=True)
+    k[:, :, lq:] = float("nan")
+    v[:, :, lq:] = float("nan")
+    out = impl.flash_attention_triton(q, k, v, causal=True)
+    atol, rtol = tolerance(torch.float32)
+    assert_attention_close(
+        out,
+        want,
+        what=f"causal Triton out, Lq={lq} < Lk={lk}",
+        atol=atol,
+        rtol=rtol,
+        wrong_answers=wrong,
+        nan_hint=(
+            f"NaN: keys {lq}..{lk - 1} are poisoned and no query may read them under top-left "
+            "causal. Bound the key loop by the query tile's last row (and by Lq), and mask the "
+            "K/V loads of the last tile. (Or the diagonal was masked: row 0 then sees no key.)"
+        ),
+    )
+
+
+@pytest.mark.triton
+@pytest.mark.points(0.5)
+def test_triton_rejects_mismatched_shapes_naming_the_argument():
+    import torch
+
+    from common.triton_env import DEVICE
+
+    q, k, v = torch_qkv(1, 2, 8, 8, 16, 16, torch.float32, DEVICE)
+    with pytest.raises(ValueError, match=r"\bk\b"):
+        impl.flash_attention_triton(q, k[:, :, :, :8], v)
+    with pytest.raises(ValueError, match=r"\bv\b"):
+        impl.flash_attention_triton(q, k, v[:, :, :5])
+
+
+# ---- 6. realistic sizes on a real GPU (skipped without CUDA) ----------------------------
+
+
+def torch_reference_fp32(q, k, v, causal):
+    import torch
+
+    s = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    if causal:  # top-left: key j <= query i
+        lq, lk = s.shape[-2:]
+        s = s.masked_fill(
+            ~torch.ones(lq, lk, dtype=torch.bool, device=s.device).tril(), float("-inf")
+        )
+    return torch.softmax(s, dim=-1) @ v.float()
+
+
+@pytest.mark.gpu
+@pytest.mark.triton
+@pytest.mark.points(1)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
+def test_triton_kernel_on_a_gpu_at_realistic_size(dtype_name, causal):
+    import torch
+
+    dtype = getattr(torch, dtype_name)
+    q, k, v = torch_qkv(2, 8, 2048, 2048, 128, 128, dtype, "cuda", seed=1)
+    out = impl.flash_attention_triton(q, k, v, causal=causal)
+    assert out.dtype == dtype and out.shape == (2, 8, 2048, 128)
+    atol, rtol = tolerance(dtype)
+    assert_attention_close(
+        out,
+        torch_reference_fp32(q, k, v, causal),
+        what=f"B=2 H=8 L=2048 d=128 {dtype_name} causal={causal} vs torch float32",
+        atol=atol,
+        rtol=rtol,
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.triton
+@pytest.mark.points(1)
+def test_triton_kernel_on_a_gpu_with_ragged_lengths_and_strided_inputs():
+    import torch
+
+    q, k, v = torch_qkv(2, 4, 1000, 1537, 64, 64, torch.float16, "cuda", seed=2, layout="blhd")
+    for causal in (False, True):
+        out = impl.flash_attention_triton(q, k, v, causal=causal)
+        atol, rtol = tolerance(torch.float16)
+        assert_attention_close(
+            out,
+            torch_reference_fp32(q, k, v, causal),
+            what=f"Lq=1000 Lk=1537 d=64 fp16 causal={causal}",
+            atol=atol,
+            rtol=rtol,
+        )
