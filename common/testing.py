@@ -71,6 +71,7 @@ def assert_close(
         wrong_answers: ``{misconception: answer that misconception would produce}``.
             The first one that ``actual`` matches is reported instead of the numbers.
     """
+    __tracebackhide__ = True  # pytest shows the message, not this helper's frames
     if actual is None:
         raise AssertionError(f"{what} is None: the function returned nothing")
     if isinstance(actual, tuple | list) and not isinstance(expected, tuple | list):
