@@ -1,0 +1,660 @@
+"""Tests of the grader, the student release and the Gradescope autograder (not graded).
+
+They never touch the real labs: each builds a small fake project in a temporary folder (a
+copy of conftest.py, pyproject.toml and common/, plus tiny labs written below) and runs the
+real commands on it. ``TRITON_INTERPRET=1`` keeps torch out of the graded processes, so a
+lab costs well under a second; the hostile labs run three at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from common import autograder
+from common.autograder import find_submission_files
+from common.grading import select_labs, static_tests, validate_gradescope
+from common.pytest_points import summarize_collect_error
+from common.release import ReleaseError, build_release, plan_release
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# ---- the fake labs ----------------------------------------------------------------------------
+
+ADD_SOLUTION = '''
+"""Add one."""
+import numpy as np
+
+
+def add_one(x):
+    """x + 1, elementwise."""
+    return np.asarray(x) + 1
+
+
+def twice(n):
+    """2 n."""
+    doubled_value_of_the_argument = n * 2
+    return doubled_value_of_the_argument
+'''
+
+ADD_STARTER = '''
+"""Add one."""
+import numpy as np
+
+
+def add_one(x):
+    """x + 1, elementwise."""
+    raise NotImplementedError("TODO: add one to every entry")
+
+
+def twice(n):
+    """2 n."""
+    raise NotImplementedError("TODO: double it")
+'''
+
+ADD_TESTS = """
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from common import load_impl
+from common.testing import assert_close
+
+impl = load_impl(__file__)
+
+
+@pytest.mark.points(2)
+def test_add_one_adds_one_to_every_entry():
+    assert_close(impl.add_one(np.zeros(3)), np.ones(3), what="add_one")
+
+
+@pytest.mark.points(1)
+@pytest.mark.parametrize("n", [1, 2])
+def test_twice_doubles_its_argument(n):
+    assert impl.twice(n) == 2 * n, "twice must double its argument"
+
+
+@pytest.mark.points(1)
+@settings(max_examples=5)
+@given(st.integers(-5, 5))
+def test_add_one_works_on_integers(x):
+    assert int(impl.add_one(x)) == x + 1
+
+
+@pytest.mark.points(3)
+@pytest.mark.skipif(True, reason="needs a CUDA GPU")
+def test_add_one_on_the_gpu():
+    raise AssertionError("never runs here")
+"""  # possible here: 2 + 1 + 1 + 1 = 5 (the skipped GPU test does not count)
+
+ADD_FIGURES = """
+from common import load_impl
+
+impl = load_impl(__file__, "solution")
+print(impl.twice(3))
+"""
+
+MUL_SOLUTION = '''
+def mul(a, b):
+    """a b."""
+    return a * b
+'''
+MUL_STARTER = '''
+def mul(a, b):
+    """a b."""
+    raise NotImplementedError("TODO: multiply")
+'''
+MUL_TESTS = """
+import pytest
+
+from common import load_impl
+
+impl = load_impl(__file__)
+pytestmark = pytest.mark.points(2)
+
+
+def test_mul_multiplies():
+    assert impl.mul(2, 3) == 6, "mul(2, 3) must be 6"
+
+
+@pytest.mark.points(4)
+def test_mul_by_zero_is_zero():
+    assert impl.mul(5, 0) == 0
+"""  # possible: 2 + 4 = 6
+
+HOSTILE_STARTER = """
+import ctypes
+import os
+import sys
+
+import numpy as np
+
+
+def fine(x):
+    return x + 1
+
+
+def loop(x):
+    while True:
+        pass
+
+
+def leave(x):
+    sys.exit(4)
+
+
+def chatter(x):
+    for _ in range(15_000):
+        print("all work and no play makes a dull kernel " * 2)
+    raise NotImplementedError("TODO: stop printing and compute")
+
+
+def nan(x):
+    return np.full(3, np.nan)
+
+
+def hard_exit(x):
+    os._exit(3)
+
+
+def segfault(x):
+    ctypes.string_at(0)
+
+
+def skip_me(x):
+    import pytest
+    pytest.skip("nothing to see")
+"""
+
+HOSTILE_TESTS = """
+import numpy as np
+import pytest
+
+from common import load_impl
+from common.testing import assert_close
+
+impl = load_impl(__file__)
+
+
+@pytest.mark.points(1)
+def test_a_fine_function_passes():
+    assert impl.fine(1) == 2
+
+
+@pytest.mark.points(1)
+def test_b_an_endless_loop_times_out():
+    impl.loop(1)
+
+
+@pytest.mark.points(1)
+def test_c_sys_exit_is_a_failure():
+    impl.leave(1)
+
+
+@pytest.mark.points(1)
+def test_d_megabytes_of_prints_do_not_block():
+    impl.chatter(1)
+
+
+@pytest.mark.points(1)
+def test_e_nan_is_explained():
+    assert_close(impl.nan(1), np.zeros(3), what="out")
+
+
+@pytest.mark.points(1)
+def test_f_skip_from_graded_code_is_a_failure():
+    impl.skip_me(1)
+
+
+@pytest.mark.points(1)
+def test_g_os_exit_kills_the_process():
+    impl.hard_exit(1)
+
+
+@pytest.mark.points(2)
+def test_h_a_segfault_kills_the_process():
+    impl.segfault(1)
+
+
+@pytest.mark.points(1)
+def test_i_a_test_after_the_crashes_still_runs():
+    assert impl.fine(2) == 3
+"""  # possible 10; earned 2 (a and i)
+
+HANG_STARTER = """
+import signal
+import time
+
+
+def fine(x):
+    signal.signal(signal.SIGALRM, signal.SIG_IGN)  # pytest-timeout cannot stop it now
+    time.sleep(600)
+"""
+
+HANG_TESTS = """
+import pytest
+
+from common import load_impl
+
+impl = load_impl(__file__)
+
+
+@pytest.mark.points(3)
+def test_hangs_beyond_the_reach_of_pytest_timeout():
+    impl.fine(1)
+"""
+
+IMPORT_HOSTILE = {  # lab -> starter whose import goes wrong (the tests are MUL_TESTS: 6 points)
+    "lab-03-exit-on-import": "import os\nos._exit(3)\n",
+    "lab-04-syntax-error": "def mul(a, b:\n    return a * b\n",
+    "lab-05-loop-on-import": "import time\nwhile True:\n    time.sleep(0.01)\n",
+    "lab-06-sys-exit-on-import": "import sys\nsys.exit(5)\n",
+}
+
+
+def write_lab(root: Path, name: str, starter: str, tests: str, solution: str | None = None):
+    lab = root / "labs" / name
+    lab.mkdir(parents=True)
+    (lab / "starter.py").write_text(textwrap.dedent(starter).lstrip())
+    (lab / "test_lab.py").write_text(textwrap.dedent(tests).lstrip())
+    (lab / "README.md").write_text(f"# {name}\n\n![figure](figures/plot.png)\n")
+    if solution is not None:
+        (lab / "solution.py").write_text(textwrap.dedent(solution).lstrip())
+    return lab
+
+
+def fake_project(root: Path) -> Path:
+    """conftest, pyproject, Makefile, requirements and common/ of the real project, no labs."""
+    root.mkdir(parents=True, exist_ok=True)
+    for name in ("conftest.py", "pyproject.toml", "Makefile", "requirements-cpu.txt", ".gitignore"):
+        if (ROOT / name).exists():
+            shutil.copy2(ROOT / name, root / name)
+    shutil.copytree(ROOT / "common", root / "common", ignore=shutil.ignore_patterns("__pycache__"))
+    (root / "README.md").write_text("# The course\n\nHow the course works.\n")
+    return root
+
+
+def clean_project(root: Path) -> Path:
+    """Two well-behaved labs with starters, solutions, a figure script and its PNG."""
+    fake_project(root)
+    add = write_lab(root, "lab-00-add", ADD_STARTER, ADD_TESTS, ADD_SOLUTION)
+    (add / "figures.py").write_text(ADD_FIGURES)
+    (add / "figures").mkdir()
+    (add / "figures" / "plot.png").write_bytes(b"\x89PNG\r\n\x1a\n fake")
+    write_lab(root, "lab-01-mul", MUL_STARTER, MUL_TESTS, MUL_SOLUTION)
+    return root
+
+
+def no_triton(folder: Path) -> Path:
+    """A folder whose ``triton`` package refuses to import (put on PYTHONPATH)."""
+    (folder / "triton").mkdir(parents=True, exist_ok=True)
+    (folder / "triton" / "__init__.py").write_text(
+        'raise ImportError("the fake labs of the grader tests do not use triton")\n'
+    )
+    return folder
+
+
+def env(pythonpath: Path | None = None, **extra: str) -> dict[str, str]:
+    """The graded processes' environment: no torch (TRITON_INTERPRET set), and with
+    ``pythonpath=no_triton(...)`` no triton either: conftest.py imports it only to mark
+    ``triton`` tests skippable, the fake labs have none, and it is a fifth of a start-up.
+    """
+    e = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(pythonpath or ""), **extra)
+    for name in ("GRADE_LAB_TIMEOUT", "GRADE_TEST_TIMEOUT", "GRADE_JOBS", "PYTEST_ADDOPTS"):
+        e.pop(name, None)
+    return e
+
+
+def by_lab(results: dict) -> dict[str, dict]:
+    return {lab["name"]: lab for lab in results["extra_data"]["labs"]}
+
+
+def output_of(results: dict, lab: str, test: str) -> str:
+    [found] = [t for t in results["tests"] if t["name"] == f"{lab} › {test}"]
+    return found["output"]
+
+
+def start_grading(
+    root: Path, impl: str, results: str, *args: str, pythonpath: Path | None = None
+) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "common.grading", "--root", str(root), "--results", results]
+        + ["--test-timeout", "5", "--lab-timeout", "20", "--jobs", "2", *args],
+        cwd=root,
+        env=env(pythonpath, LAB_IMPL=impl),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def simulated_gradescope(clean: Path, tmp: Path) -> tuple[Path, list[str], dict[str, int]]:
+    """Build the autograder zip and lay out /autograder (source, submission) under ``tmp``."""
+    zip_path = tmp / "autograder.zip"
+    assert autograder.main(["--root", str(clean), "--out", str(zip_path)]) == 0
+    ag = tmp / "autograder"
+    with zipfile.ZipFile(zip_path) as zf:
+        names = zf.namelist()
+        modes = {i.filename: (i.external_attr >> 16) & 0o777 for i in zf.infolist()}
+        zf.extractall(ag / "source")
+    for name, mode in modes.items():  # zipfile does not restore permissions; Gradescope does
+        (ag / "source" / name).chmod(mode)
+    shutil.copy2(ag / "source" / "run_autograder", ag / "run_autograder")  # as Gradescope does
+    sub = ag / "submission" / "my-work"
+    (sub / "labs" / "lab-00-add").mkdir(parents=True)
+    (sub / "labs" / "lab-00-add" / "starter.py").write_text(ADD_SOLUTION)
+    (sub / "lab01_starter.py").write_text("def mul(a, b):\n    return a + b\n")  # wrong
+    (sub / "notes.py").write_text("print('not a lab')\n")
+    return ag, names, modes
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    """Every end-to-end run, started together (they are mostly waiting) and awaited once.
+
+    - ``solution``: the clean project graded with LAB_IMPL=solution;
+    - ``hostile``: a solved lab next to labs that loop, exit, crash and cannot be imported;
+    - ``hangs``: a lab that defeats pytest-timeout, under a 3 s lab limit;
+    - ``release``: the student copy of the clean project, graded (starters);
+    - ``gradescope``: the autograder zip run on a submission in a simulated /autograder.
+    """
+    tmp = tmp_path_factory.mktemp("grading")
+    clean = clean_project(tmp / "clean")
+    hostile = fake_project(tmp / "hostile")
+    write_lab(hostile, "lab-00-add", ADD_SOLUTION, ADD_TESTS)  # a student who solved it
+    write_lab(hostile, "lab-01-hostile", HOSTILE_STARTER, HOSTILE_TESTS)
+    write_lab(hostile, "lab-02-hangs", HANG_STARTER, HANG_TESTS)
+    for name, starter in IMPORT_HOSTILE.items():
+        write_lab(hostile, name, starter, MUL_TESTS)
+    release = tmp / "student"
+    build_release(clean, release, quiet=True)
+    ag, names, modes = simulated_gradescope(clean, tmp)
+
+    fast = no_triton(tmp / "no-triton")
+
+    def start(root: Path, impl: str, results: str, *args: str) -> subprocess.Popen:
+        return start_grading(root, impl, results, *args, pythonpath=fast)
+
+    jobs = {
+        "solution": (clean, start(clean, "solution", "solution.json")),
+        "hostile": (
+            hostile,
+            start(hostile, "starter", "h.json", "--lab", "0,1,3,4,5,6", "--test-timeout", "2"),
+        ),
+        "hangs": (
+            hostile,
+            start(hostile, "starter", "hangs.json", "--lab", "2", "--lab-timeout", "3"),
+        ),
+        "release": (release, start(release, "starter", "results.json")),
+    }
+    gradescope = subprocess.Popen(
+        ["bash", str(ag / "run_autograder")],
+        env=env(
+            fast,
+            AUTOGRADER_ROOT=str(ag),
+            AUTOGRADER_PYTHON=sys.executable,
+            GRADE_TEST_TIMEOUT="5",
+            GRADE_LAB_TIMEOUT="30",
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    out: dict = {"release_dir": release, "zip_names": names, "zip_modes": modes}
+    for key, (root, proc) in jobs.items():
+        text, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 0, text
+        results = {"solution": "solution.json", "hostile": "h.json", "hangs": "hangs.json"}
+        path = root / results.get(key, "results.json")
+        out[key] = (json.loads(path.read_text()), text)
+    text, _ = gradescope.communicate(timeout=120)
+    assert gradescope.returncode == 0, text
+    out["gradescope"] = (json.loads((ag / "results" / "results.json").read_text()), text)
+    return out
+
+
+# ---- grading -------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_solutions_get_full_marks(runs):
+    results, out = runs["solution"]
+    assert validate_gradescope(results) == []
+    labs = by_lab(results)
+    assert (labs["lab-00-add"]["score"], labs["lab-00-add"]["possible"]) == (5, 5)
+    assert (labs["lab-01-mul"]["score"], labs["lab-01-mul"]["possible"]) == (6, 6)
+    assert labs["lab-00-add"]["skipped"] == 1  # the GPU test: not counted on a CPU machine
+    assert results["score"] == 11 and all(t["status"] == "passed" for t in results["tests"])
+    assert "Total" in out and "11 / 11" in out
+
+
+@pytest.mark.slow
+def test_a_solved_lab_keeps_full_marks_next_to_hostile_labs(runs):
+    results, out = runs["hostile"]
+    assert validate_gradescope(results) == []
+    labs = by_lab(results)
+    assert (labs["lab-00-add"]["score"], labs["lab-00-add"]["possible"]) == (5, 5)
+    assert set(labs) == {"lab-00-add", "lab-01-hostile", *IMPORT_HOSTILE}
+    assert "What went wrong" in out
+
+
+@pytest.mark.slow
+def test_each_hostile_test_costs_only_itself_with_its_reason(runs):
+    results, _ = runs["hostile"]
+    lab = "lab-01-hostile"
+    assert (by_lab(results)[lab]["score"], by_lab(results)[lab]["possible"]) == (2, 10)
+    out = {t["name"].split(" › ")[1]: t for t in results["tests"] if t["name"].startswith(lab)}
+    assert out["test_a_fine_function_passes"]["score"] == 1
+    assert out["test_i_a_test_after_the_crashes_still_runs"]["score"] == 1  # ran after a re-run
+    expected = {
+        "test_b_an_endless_loop_times_out": "timed out after 2 s",
+        "test_c_sys_exit_is_a_failure": "sys.exit(4)",
+        "test_d_megabytes_of_prints_do_not_block": "NotImplementedError: TODO: stop printing",
+        "test_e_nan_is_explained": "NaN reached the output",
+        "test_f_skip_from_graded_code_is_a_failure": "called pytest.skip()",
+        "test_g_os_exit_kills_the_process": "the interpreter exited with code 3",
+        "test_h_a_segfault_kills_the_process": "crashed with signal SIGSEGV",
+    }
+    for test, reason in expected.items():
+        assert out[test]["score"] == 0 and reason in out[test]["output"], out[test]
+        assert len(out[test]["output"]) < 1000  # a message, not a traceback or the prints
+    assert "starter.py:" in out["test_b_an_endless_loop_times_out"]["output"]  # where it looped
+
+
+@pytest.mark.slow
+def test_a_lab_that_hangs_beyond_pytest_timeout_hits_the_lab_time_limit(runs):
+    results, _ = runs["hangs"]
+    lab = by_lab(results)["lab-02-hangs"]
+    assert (lab["score"], lab["possible"]) == (0, 3)
+    assert lab["notes"] == "timed out (3 s)"
+    assert "timed out after 3 s (the lab's time limit)" in lab["problems"][0]
+    assert lab["seconds"] < 8
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("lab", "note", "reason"),
+    [
+        ("lab-03-exit-on-import", "exited (code 3)", "exited with code 3 while importing"),
+        ("lab-04-syntax-error", "tests cannot be imported", "SyntaxError"),
+        ("lab-05-loop-on-import", "tests cannot be imported", "took more than 2 s"),
+        ("lab-06-sys-exit-on-import", "tests cannot be imported", "SystemExit: 5"),
+    ],
+)
+def test_a_starter_that_cannot_be_imported_scores_zero_of_known_points(runs, lab, note, reason):
+    results, _ = runs["hostile"]
+    summary = by_lab(results)[lab]
+    assert (summary["score"], summary["possible"]) == (0, 6)  # points known without importing
+    assert summary["counted_by"] == "stub collection"
+    assert summary["notes"] == note and reason in summary["problems"][0]
+    tests = [t for t in results["tests"] if t["name"].startswith(lab)]
+    assert len(tests) == 2 and all(reason in t["output"] for t in tests)
+
+
+# ---- release ---------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_release_has_no_solution_code_and_keeps_figures(runs):
+    release = runs["release_dir"]
+    files = {p.relative_to(release).as_posix() for p in release.rglob("*") if p.is_file()}
+    assert not [f for f in files if f.endswith("solution.py")]
+    assert "labs/lab-00-add/figures.py" not in files  # it loads the solution
+    assert "labs/lab-00-add/figures/plot.png" in files
+    assert {"labs/lab-00-add/starter.py", "labs/lab-01-mul/test_lab.py"} <= files
+    for path in release.rglob("*.py"):
+        assert "doubled_value_of_the_argument" not in path.read_text()
+    readme = (release / "README.md").read_text()
+    assert readme.startswith("# The course") and "make grade LAB=00" in readme
+    assert "How the course works." in readme
+    assert "LAB_IMPL=solution" not in (release / "Makefile").read_text()
+
+
+@pytest.mark.slow
+def test_the_grader_runs_the_tests_in_the_release_and_untouched_starters_get_zero(runs):
+    results, _ = runs["release"]
+    assert validate_gradescope(results) == []
+    assert results["score"] == 0 and results["extra_data"]["possible"] == 11
+    assert len(results["tests"]) == 6
+    for t in results["tests"]:
+        assert t["output"].startswith("NotImplementedError: TODO"), t
+        assert "(raised at starter.py:" in t["output"]
+
+
+def test_the_release_refuses_a_non_empty_folder_unless_forced(tmp_path):
+    clean = clean_project(tmp_path / "course")
+    release = tmp_path / "student"
+    build_release(clean, release, quiet=True)
+    with pytest.raises(ReleaseError, match="not empty"):
+        build_release(clean, release, quiet=True)
+    (release / "stale.txt").write_text("from an earlier copy")
+    build_release(clean, release, force=True, quiet=True)  # an earlier copy: emptied first
+    assert not (release / "stale.txt").exists()
+    assert (release / "README.md").read_text().count("Student copy") == 1
+    other = tmp_path / "mine"
+    other.mkdir()
+    (other / "notes.txt").write_text("keep me")
+    build_release(clean, other, force=True, quiet=True)
+    assert (other / "notes.txt").exists() and (other / "labs" / "lab-01-mul").is_dir()
+    with pytest.raises(ReleaseError, match="inside the project"):
+        build_release(clean, clean / "labs", force=True, quiet=True)
+    with pytest.raises(ReleaseError, match="the project itself"):
+        build_release(clean, clean, force=True, quiet=True)
+
+
+def test_the_release_stops_when_solution_code_leaks_outside_the_solution(tmp_path):
+    root = clean_project(tmp_path / "course")
+    (root / "common" / "helpers.py").write_text(ADD_SOLUTION)  # someone pasted the solution
+    with pytest.raises(ReleaseError, match="common/helpers.py contains"):
+        plan_release(root)
+    (root / "common" / "helpers.py").unlink()
+    starter = root / "labs" / "lab-00-add" / "starter.py"
+    real_starter = starter.read_text()
+    starter.write_text(ADD_SOLUTION)  # a mutant or solved copy left behind
+    with pytest.raises(ReleaseError, match="starter.py has 100% of the code lines"):
+        plan_release(root)
+    starter.write_text(real_starter)
+    (root / "labs" / "lab-00-add" / "NOTES.md").write_text(ADD_SOLUTION)
+    assert any("NOTES.md" in w for w in plan_release(root).warnings)
+
+
+# ---- autograder ------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_autograder_zip_has_its_scripts_and_no_solution(runs):
+    names, modes = runs["zip_names"], runs["zip_modes"]
+    assert {"setup.sh", "run_autograder", "labs/lab-00-add/test_lab.py"} <= set(names)
+    assert "requirements-cpu.txt" in names
+    assert not [n for n in names if n.endswith("solution.py")]
+    assert modes["run_autograder"] == 0o755 and modes["setup.sh"] == 0o755
+
+
+@pytest.mark.slow
+def test_the_autograder_grades_a_submission_in_a_simulated_gradescope(runs):
+    results, _ = runs["gradescope"]
+    assert validate_gradescope(results) == []
+    labs = by_lab(results)
+    assert (labs["lab-00-add"]["score"], labs["lab-00-add"]["possible"]) == (5, 5)
+    assert (labs["lab-01-mul"]["score"], labs["lab-01-mul"]["possible"]) == (0, 6)
+    assert "mul(2, 3) must be 6" in output_of(results, "lab-01-mul", "test_mul_multiplies")
+    assert "lab-01-mul: my-work/lab01_starter.py" in results["output"]
+    assert "lab-00-add: my-work/labs/lab-00-add/starter.py" in results["output"]
+    assert "notes.py" not in results["output"]  # not a lab's file: silently ignored
+
+
+# ---- pieces, without subprocesses ----------------------------------------------------------
+
+
+def test_labs_are_chosen_by_number_or_folder_name():
+    labs = [Path("labs/lab-00-add"), Path("labs/lab-01-mul"), Path("labs/lab-10-ten")]
+    assert select_labs(labs, []) == labs
+    assert select_labs(labs, ["01"]) == [labs[1]]
+    assert select_labs(labs, ["1", "lab-00-add"]) == [labs[1], labs[0]]
+    assert select_labs(labs, ["00,10"]) == [labs[0], labs[2]]
+    with pytest.raises(ValueError, match="matches no lab; labs: lab-00-add"):
+        select_labs(labs, ["07"])
+
+
+def test_the_static_scan_counts_points_markers_and_literal_parametrize(tmp_path):
+    lab = tmp_path / "labs" / "lab-09-x"
+    lab.mkdir(parents=True)
+    (lab / "test_lab.py").write_text(ADD_TESTS.replace("skipif(True", "gpu  # (") + MUL_TESTS)
+    got = {
+        t["name"]: (t["points"], t["skip"] is not None) for t in static_tests(lab / "test_lab.py")
+    }
+    assert got["test_add_one_adds_one_to_every_entry"] == (2.0, False)
+    assert got["test_twice_doubles_its_argument[0]"] == got["test_twice_doubles_its_argument[1]"]
+    assert got["test_mul_multiplies"] == (2.0, False)  # the module's pytestmark
+    assert got["test_mul_by_zero_is_zero"] == (4.0, False)
+    assert len(got) == 7
+
+
+def test_results_validation_catches_what_gradescope_rejects():
+    good = {"score": 1, "tests": [{"name": "t", "score": 1, "max_score": 1, "output": ""}]}
+    assert validate_gradescope(good) == []
+    assert validate_gradescope({"score": float("nan"), "tests": []})
+    assert validate_gradescope({"tests": [{"score": 2, "max_score": 1}], "score": 2})
+    assert validate_gradescope({"score": 0, "tests": [{"visibility": "sometimes"}]})
+
+
+def test_collection_errors_are_summarized_to_the_exception_and_its_line():
+    text = (
+        "labs/lab-04-x/test_lab.py:3: in <module>\n    impl = load_impl(__file__)\n"
+        "common/loader.py:52: in load_impl\n    spec.loader.exec_module(module)\n"
+        "labs/lab-04-x/starter.py:3: in <module>\n    undefined + 1\n"
+        "E   NameError: name 'undefined' is not defined\n"
+    )
+    assert summarize_collect_error(text) == (
+        "NameError: name 'undefined' is not defined\n  (at starter.py:3)"
+    )
+
+
+def test_submitted_files_are_matched_to_labs_by_folder_or_name(tmp_path):
+    labs = ["lab-00-add", "lab-01-mul", "lab-02-x"]
+    files = {
+        "zip/labs/lab-00-add/starter.py": "",
+        "lab00_starter.py": "",  # the folder form wins
+        "lab-01-mul.py": "",
+        "lab02/starter.py": "",
+        "test_lab.py": "",
+        "starter.py": "",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    found, ignored = find_submission_files(tmp_path, labs)
+    assert {lab: p.relative_to(tmp_path).as_posix() for lab, p in found.items()} == {
+        "lab-00-add": "zip/labs/lab-00-add/starter.py",
+        "lab-01-mul": "lab-01-mul.py",
+        "lab-02-x": "lab02/starter.py",
+    }
+    assert sorted(ignored) == ["lab00_starter.py", "starter.py"]  # test_lab.py: not a starter
