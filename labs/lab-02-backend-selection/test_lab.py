@@ -1,0 +1,509 @@
+"""Lab 02 spec: vLLM 0.33.0's attention-backend selector, and PyTorch SDPA's dispatch.
+
+The expected reasons are vLLM 0.33.0's own strings, in the order its
+``AttentionBackend.validate_configuration`` appends them (``make vllm-check`` compares the
+lab with the real package on ~300,000 cases). SDPA answers are checked against the float64
+reference in ``common``.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import random
+import subprocess
+import sys
+import warnings
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from common import load_impl, reference_attention
+from common.testing import assert_close
+
+impl = load_impl(__file__)
+HERE = pathlib.Path(__file__).resolve().parent
+FACTS = json.loads((HERE / "vllm_0_33_facts.json").read_text())
+
+T4, A100, L4, H100, B200, RTX_PRO_6000 = (7, 5), (8, 0), (8, 9), (9, 0), (10, 0), (12, 0)
+LLAMA = {"head_size": 128, "dtype": "bfloat16", "num_heads": 32, "num_kv_heads": 8}
+DEEPSEEK_V3 = {
+    "head_size": 576, "dtype": "bfloat16", "use_mla": True, "num_heads": 128,
+    "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+}
+MISTRAL = {**LLAMA, "has_sliding_window": True}
+GPT_OSS = {"head_size": 64, "dtype": "bfloat16", "num_heads": 64, "num_kv_heads": 8,
+           "has_sink": True, "has_sliding_window": True}
+NON_MLA_ORDER = ["FLASH_ATTN", "FLASHINFER", "TRITON_ATTN", "FLEX_ATTENTION", "TURBOQUANT"]
+BLACKWELL_ORDER = ["FLASHINFER", "FLASH_ATTN", "TRITON_ATTN", "FLEX_ATTENTION", "TURBOQUANT"]
+
+
+def expect_reasons(backend, config, capability, expected, why=""):
+    got = impl.validate_configuration(backend, config, capability)
+    assert got == expected, (
+        f"{backend} on compute capability {capability} with {config}: expected vLLM 0.33.0's "
+        f"reasons {expected}, got {got}. {why}"
+    )
+
+
+# ---- the classic cases -------------------------------------------------------------------
+
+
+@pytest.mark.points(2)
+def test_an_fp32_model_on_a_t4_is_refused_by_flash_attn_and_flashinfer_and_runs_on_triton():
+    fp32 = {"head_size": 128, "dtype": "float32"}
+    both = ["dtype not supported", "compute capability not supported"]
+    why = ("FlashAttention and FlashInfer kernels exist for fp16/bf16 only and need compute "
+           "capability 8.0; vLLM reports every failed check, in its order, not just the first")
+    expect_reasons("FLASH_ATTN", fp32, T4, both, why)
+    expect_reasons("FLASHINFER", fp32, T4, both, why)
+    expect_reasons("TRITON_ATTN", fp32, T4, [], "the Triton backend runs fp32 on any GPU")
+    assert impl.select_backend(fp32, T4).backend == "TRITON_ATTN"
+
+
+@pytest.mark.points(2)
+def test_head_size_96_is_not_a_flashinfer_head_size_but_flash_attention_takes_it():
+    config = {"head_size": 96, "dtype": "bfloat16"}
+    expect_reasons("FLASHINFER", config, H100, ["head_size not supported"],
+                   "FlashInfer is compiled for head sizes 64, 128, 256 and 512 only")
+    expect_reasons("FLASH_ATTN", config, H100, [],
+                   "FlashAttention takes any multiple of 8 up to 256")
+    expect_reasons("FLASH_ATTN", {**config, "head_size": 100}, H100, ["head_size not supported"],
+                   "FlashAttention needs head_size % 8 == 0")
+
+
+@pytest.mark.points(2)
+def test_an_mla_model_on_a_non_mla_backend_is_refused_and_the_reverse_too():
+    expect_reasons("FLASH_ATTN", DEEPSEEK_V3, H100,
+                   ["head_size not supported", "MLA not supported"],
+                   "the MLA latent head (576) is neither a FlashAttention head size nor MHA")
+    expect_reasons("TRITON_ATTN", DEEPSEEK_V3, H100, ["MLA not supported"])
+    expect_reasons("TRITON_MLA", LLAMA, H100, ["non-MLA not supported"],
+                   "an MLA backend refuses a model without MLA: the check is use_mla != is_mla")
+
+
+@pytest.mark.points(2)
+def test_sinks_on_flash_attn_below_9_0_give_both_sink_reasons():
+    expect_reasons("FLASH_ATTN", GPT_OSS, A100,
+                   ["attention sinks not supported",
+                    "sink not supported on compute capability < 9.0"],
+                   "FA2 (what vLLM runs below 9.0) has no sinks; FLASH_ATTN's own combination "
+                   "check adds the second reason")
+    expect_reasons("FLASH_ATTN", GPT_OSS, H100, [], "FA3 on Hopper serves attention sinks")
+    expect_reasons("FLASH_ATTN", GPT_OSS, RTX_PRO_6000, ["attention sinks not supported"],
+                   "12.x runs FA2 (no sinks), but 12.0 >= 9.0 so only the generic reason appears")
+    expect_reasons("TRITON_ATTN", GPT_OSS, A100, [], "the Triton backend supports sinks everywhere")
+
+
+@pytest.mark.points(2)
+def test_a_sliding_window_filters_backends_but_never_forces_one():
+    for capability in (T4, A100, L4, H100, B200, RTX_PRO_6000):
+        for dtype in ("float16", "bfloat16", "float32"):
+            window = impl.select_backend({**MISTRAL, "dtype": dtype}, capability).backend
+            full = impl.select_backend({**LLAMA, "dtype": dtype}, capability).backend
+            assert window == full, (
+                f"on {capability} {dtype} the sliding-window model got {window} but the same "
+                f"model without a window got {full}: a window only removes the backends that "
+                "cannot do it, and every attention backend at the top of the list can"
+            )
+    expect_reasons("TURBOQUANT", {**MISTRAL, "kv_cache_dtype": "turboquant_k8v4"}, H100,
+                   ["sliding window not supported"])
+    expect_reasons("FLASHMLA", {**DEEPSEEK_V3, "has_sliding_window": True}, H100,
+                   ["sliding window not supported"])
+
+
+@pytest.mark.points(3)
+def test_a_block_size_rules_out_higher_priority_backends_and_vllm_warns():
+    auto = impl.select_backend(DEEPSEEK_V3, B200)
+    assert auto.backend == "FLASHINFER_MLA" and auto.warning is None
+    sel = impl.select_backend({**DEEPSEEK_V3, "block_size": 16}, B200)
+    assert sel.backend == "TRITON_MLA", (
+        f"with --block-size 16 on a B200 the MLA kernels that need 32/64 (FLASHINFER_MLA) or "
+        f"128 (CUTLASS_MLA) token pages are out; expected TRITON_MLA, got {sel.backend}"
+    )
+    assert sel.rejected["FLASHINFER_MLA"] == ["block_size not supported"]
+    assert sel.rejected["CUTLASS_MLA"] == ["block_size not supported"]
+    assert sel.warning is not None and sel.warning.startswith(
+        "--block-size 16 precluded higher-priority backend(s) FLASHINFER_MLA, CUTLASS_MLA. "
+        "Using TRITON_MLA instead"), f"vLLM's warning names the precluded backends: {sel.warning}"
+    assert impl.select_backend({**DEEPSEEK_V3, "block_size": 64}, B200).backend == "FLASHINFER_MLA"
+
+
+@pytest.mark.points(2)
+@settings(max_examples=40)
+@given(block=st.integers(1, 1024))
+def test_a_block_size_fits_when_it_is_a_multiple_of_the_kernel_block(block):
+    def has_block_reason(backend, config, capability):
+        reasons = impl.validate_configuration(backend, {**config, "block_size": block}, capability)
+        return "block_size not supported" in reasons
+
+    hint = "(hybrid blocks: any multiple of the kernel's page size is accepted)"
+    assert has_block_reason("TRITON_ATTN", LLAMA, H100) == (block % 16 != 0), hint
+    assert has_block_reason("FLASHINFER_MLA", DEEPSEEK_V3, B200) == (block % 32 != 0), hint
+    assert has_block_reason("CUTLASS_MLA", DEEPSEEK_V3, B200) == (block % 128 != 0), hint
+    assert has_block_reason("FLASHMLA", DEEPSEEK_V3, H100) == (block % 64 != 0), hint
+
+
+@pytest.mark.points(2)
+def test_reasons_come_in_vllms_order_and_all_of_them_are_reported():
+    config = {"head_size": 96, "dtype": "float32", "kv_cache_dtype": "int8_per_token_head",
+              "block_size": 8, "has_sink": True, "has_sliding_window": True}
+    expect_reasons("FLASHINFER", config, T4, [
+        "head_size not supported", "dtype not supported", "kv_cache_dtype not supported",
+        "block_size not supported", "attention sinks not supported",
+        "compute capability not supported"],
+        "vLLM checks head size, dtype, KV-cache dtype, block size, MLA, sinks, sparse, compute "
+        "capability, sliding window, then the backend's own combination rules")
+    expect_reasons("TURBOQUANT", {**DEEPSEEK_V3, "use_sparse": True, "has_sliding_window": True},
+                   H100, ["kv_cache_dtype not supported", "MLA not supported",
+                          "sparse not supported", "sliding window not supported"])
+    expect_reasons("FLASHMLA", DEEPSEEK_V3, B200,
+                   ["FlashMLA Dense is only supported on Hopper devices."],
+                   "FLASHMLA's capability check allows 9.x and 10.x, its combination check then "
+                   "refuses dense MLA off Hopper")
+
+
+# ---- selection ------------------------------------------------------------------------------
+
+
+@pytest.mark.points(2)
+def test_backend_priorities_follow_the_compute_capability():
+    for capability in (A100, L4, H100, RTX_PRO_6000, (8, 6), (11, 0)):
+        assert impl.backend_priorities(capability, False) == NON_MLA_ORDER, capability
+    for capability in (B200, (10, 3)):
+        assert impl.backend_priorities(capability, False) == BLACKWELL_ORDER, (
+            "on Blackwell (10.x) vLLM 0.33.0 tries FlashInfer first")
+    assert impl.backend_priorities(H100, True)[:4] == [
+        "FLASH_ATTN_MLA", "FLASHMLA", "FLASHINFER_MLA", "TRITON_MLA"]
+    assert impl.backend_priorities(B200, True)[:6] == [
+        "FLASHINFER_MLA", "TOKENSPEED_MLA", "CUTLASS_MLA", "FLASH_ATTN_MLA", "FLASHMLA",
+        "TRITON_MLA"]
+    assert impl.backend_priorities(RTX_PRO_6000, True) == [
+        "TRITON_MLA", "FLASHINFER_MLA_SPARSE_SM120"]
+    lists = FACTS["priorities"]["lists"]
+    assert impl.backend_priorities(A100, False) == lists["non_mla_other"]["backends"][1:]
+
+
+@pytest.mark.points(1)
+@settings(max_examples=25)
+@given(major=st.sampled_from([7, 8, 9, 10, 11, 12]), minor=st.integers(0, 9),
+       use_mla=st.booleans())
+def test_backend_priorities_depend_on_the_major_version_only(major, minor, use_mla):
+    assert impl.backend_priorities((major, minor), use_mla) == impl.backend_priorities(
+        (major, 0), use_mla)
+
+
+@pytest.mark.points(2)
+def test_rejected_lists_every_refused_backend_in_priority_order():
+    sel = impl.select_backend({**LLAMA, "dtype": "float32"}, A100)
+    assert sel.backend == "TRITON_ATTN"
+    assert list(sel.rejected) == ["FLASH_ATTN", "FLASHINFER", "TURBOQUANT"], (
+        "every backend of the list is validated (vLLM logs them all), refused ones in order")
+    assert sel.rejected["FLASH_ATTN"] == ["dtype not supported"]
+    assert sel.rejected["TURBOQUANT"] == ["dtype not supported", "kv_cache_dtype not supported"]
+    assert sel.valid == ["TRITON_ATTN", "FLEX_ATTENTION"]
+
+
+@pytest.mark.points(3)
+def test_an_invalid_override_raises_with_its_reasons_and_never_falls_back():
+    config = {"head_size": 96, "dtype": "bfloat16"}
+    with pytest.raises(ValueError, match=(
+        r"^Selected backend AttentionBackendEnum\.FLASHINFER is not valid for this "
+        r"configuration\. Reason: \['head_size not supported'\]$")):
+        impl.select_backend(config, H100, override="FLASHINFER")
+    with pytest.raises(ValueError, match=r"'attention sinks not supported', 'sink not supported"):
+        impl.select_backend(GPT_OSS, A100, override="FLASH_ATTN")
+    sel = impl.select_backend(LLAMA, H100, override="TRITON_ATTN")
+    assert sel.backend == "TRITON_ATTN", "a valid override wins even over a higher priority"
+    assert impl.select_backend(LLAMA, H100, override="flash_attn").backend == "FLASH_ATTN", (
+        "vLLM upper-cases the name")
+    assert impl.select_backend(LLAMA, B200, override="auto").backend == "FLASHINFER", (
+        "'auto' means automatic selection")
+    with pytest.raises(ValueError, match="Unknown attention backend: 'FOO'"):
+        impl.select_backend(LLAMA, H100, override="FOO")
+
+
+@pytest.mark.points(2)
+def test_no_valid_backend_raises_listing_every_backends_reasons():
+    with pytest.raises(ValueError, match=r"^No valid attention backend found for cuda") as e:
+        impl.select_backend({**DEEPSEEK_V3, "dtype": "float32"}, H100)
+    assert "FLASH_ATTN_MLA: [dtype not supported]" in str(e.value)
+    assert "TRITON_MLA: [dtype not supported]" in str(e.value)
+    with pytest.raises(ValueError, match="No valid attention backend"):
+        impl.select_backend({**LLAMA, "block_size": 8}, B200)
+
+
+@pytest.mark.points(2)
+@settings(max_examples=20)
+@given(seed=st.integers(0, 10_000), model=st.sampled_from([LLAMA, DEEPSEEK_V3, MISTRAL, GPT_OSS]),
+       capability=st.sampled_from([T4, A100, H100, B200, RTX_PRO_6000]))
+def test_selection_does_not_depend_on_the_order_of_the_config_keys(seed, model, capability):
+    items = list({**model, "dtype": "float16", "block_size": 64}.items())
+    shuffled = items[:]
+    random.Random(seed).shuffle(shuffled)
+    a = impl.select_backend(dict(items), capability)
+    b = impl.select_backend(dict(shuffled), capability)
+    assert (a.backend, a.rejected) == (b.backend, b.rejected), "the config is a set of facts"
+
+
+@pytest.mark.points(1)
+@settings(max_examples=25)
+@given(model=st.sampled_from([LLAMA, DEEPSEEK_V3, MISTRAL, GPT_OSS]),
+       dtype=st.sampled_from(["float16", "bfloat16", "float32"]),
+       block=st.sampled_from([None, 16, 32, 64, 128]),
+       capability=st.sampled_from([T4, A100, L4, H100, B200, RTX_PRO_6000]))
+def test_the_chosen_backend_is_the_first_valid_one_of_the_priority_list(model, dtype, block,
+                                                                       capability):
+    config = {**model, "dtype": dtype, "block_size": block}
+    order = impl.backend_priorities(capability, config.get("use_mla", False), config)
+    verdicts = [(b, impl.validate_configuration(b, config, capability)) for b in order]
+    first = next((b for b, r in verdicts if not r), None)
+    if first is None:
+        with pytest.raises(ValueError, match="No valid attention backend"):
+            impl.select_backend(config, capability)
+    else:
+        assert impl.select_backend(config, capability).backend == first
+
+
+@pytest.mark.points(2)
+def test_bad_inputs_raise_value_error_naming_the_argument():
+    cases = [
+        (({"dtype": "bfloat16"}, H100), "head_size"),
+        (({"head_size": 128, "dtype": "float64"}, H100), "dtype"),
+        (({"head_size": 128, "dtype": "bfloat16", "kv_cache_dtype": "fp9"}, H100),
+         "kv_cache_dtype"),
+        (({"head_size": 128, "dtype": "bfloat16", "head_dim": 128}, H100), "head_dim"),
+        (({"head_size": 128, "dtype": "bfloat16", "block_size": 0}, H100), "block_size"),
+        (({"head_size": 128, "dtype": "bfloat16"}, "nine"), "capability"),
+    ]
+    for (config, capability), name in cases:
+        with pytest.raises(ValueError, match=name):
+            impl.validate_configuration("FLASH_ATTN", config, capability)
+    with pytest.raises(ValueError, match="Unknown attention backend"):
+        impl.validate_configuration("XFORMERS", LLAMA, H100)
+
+
+# ---- the matrix ------------------------------------------------------------------------------
+
+
+@pytest.mark.points(3)
+def test_the_selection_matrix_over_real_gpus_dtypes_and_models():
+    gpus = {"T4": T4, "A100": A100, "L4": L4, "H100": H100, "B200": B200,
+            "RTX PRO 6000": RTX_PRO_6000}
+    models = {"llama": LLAMA, "deepseek": DEEPSEEK_V3, "mistral": MISTRAL, "gpt-oss": GPT_OSS}
+    m = impl.selection_matrix(gpus, ["float16", "bfloat16", "float32"], models)
+    assert len(m) == 6 * 3 * 4
+    expected = {
+        ("H100", "bfloat16", "llama"): "FLASH_ATTN",
+        ("B200", "bfloat16", "llama"): "FLASHINFER",
+        ("T4", "float16", "llama"): "TRITON_ATTN",
+        ("A100", "float32", "llama"): "TRITON_ATTN",
+        ("H100", "bfloat16", "deepseek"): "FLASH_ATTN_MLA",
+        ("B200", "bfloat16", "deepseek"): "FLASHINFER_MLA",
+        ("A100", "bfloat16", "deepseek"): "TRITON_MLA",
+        ("RTX PRO 6000", "bfloat16", "deepseek"): "TRITON_MLA",
+        ("H100", "float32", "deepseek"): None,
+        ("A100", "bfloat16", "gpt-oss"): "TRITON_ATTN",
+        ("H100", "bfloat16", "gpt-oss"): "FLASH_ATTN",
+        ("B200", "bfloat16", "gpt-oss"): "FLASHINFER",
+        ("RTX PRO 6000", "bfloat16", "gpt-oss"): "FLASHINFER",
+        ("L4", "float16", "mistral"): "FLASH_ATTN",
+    }
+    wrong = {k: (m[k], v) for k, v in expected.items() if m[k] != v}
+    assert not wrong, f"(got, expected) per cell: {wrong}"
+
+
+@pytest.mark.points(1)
+def test_the_matrix_command_prints_a_table_with_every_gpu():
+    out = subprocess.run([sys.executable, impl.__file__, "--matrix"], capture_output=True,
+                         text=True, timeout=60, cwd=HERE.parent.parent)
+    assert out.returncode == 0, out.stderr[-2000:]
+    for name in ("T4 (7.5)", "H100 (9.0)", "B200 (10.0)", "RTX PRO 6000 (12.0)", "gpt-oss-20b",
+                 "FLASH_ATTN_MLA", "FLASHINFER"):
+        assert name in out.stdout, f"{name!r} missing from the printed matrix"
+
+
+# ---- vocabulary ------------------------------------------------------------------------------
+
+
+@pytest.mark.points(2)
+def test_classify_sorts_the_terms_of_the_field():
+    table = {
+        "softmax(QKᵀ/√d)V": "math", "online softmax": "math", "grouped-query attention": "math",
+        "multi-head latent attention": "math", "causal mask": "math",
+        "SDPA": "api", "torch.nn.functional.scaled_dot_product_attention": "api",
+        "--attention-backend": "api",
+        "FlashAttention-2": "kernel", "FlashAttention-3": "kernel", "FlashInfer": "kernel",
+        "FlashMLA": "kernel", "paged_attention_v2": "kernel",
+        "PagedAttention": "runtime", "KV cache": "runtime", "continuous batching": "runtime",
+        "chunked prefill": "runtime",
+    }
+    wrong = {t: (impl.classify(t), want) for t, want in table.items() if impl.classify(t) != want}
+    assert not wrong, f"(got, expected): {wrong}"
+    with pytest.raises(ValueError):
+        impl.classify("warp specialisation of the softmax")
+
+
+@pytest.mark.points(1)
+def test_sdpa_is_an_api_not_a_kernel():
+    assert impl.classify("SDPA") == "api", (
+        "misconception 'SDPA is a kernel': scaled_dot_product_attention is an API that "
+        "dispatches to one of several kernels (flash, efficient, cuDNN, math)")
+
+
+@pytest.mark.points(1)
+def test_pagedattention_is_runtime_memory_management_not_a_kernel_backend():
+    assert impl.classify("PagedAttention") == "runtime", (
+        "misconception 'PagedAttention is a kernel backend': it is how the serving runtime "
+        "stores the KV cache in blocks; kernels (paged_attention_v1/v2, FlashAttention, "
+        "FlashInfer) read those blocks")
+
+
+@pytest.mark.points(1)
+def test_flashattention_is_a_kernel_that_computes_the_exact_math():
+    assert impl.classify("FlashAttention") == "kernel" and impl.classify(
+        "scaled dot-product attention") == "math", (
+        "misconception 'FlashAttention approximates attention': it is a kernel computing "
+        "exactly softmax(QKᵀ/√d)V, tiled so the score matrix never reaches HBM")
+
+
+# ---- PyTorch SDPA on this machine ------------------------------------------------------------
+
+
+def _qkv(dtype, b=2, h=4, kvh=4, lq=16, lk=16, d=32, seed=0, device="cpu"):
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, h, lq, d, generator=g, dtype=torch.float64)
+    k = torch.randn(b, kvh, lk, d, generator=g, dtype=torch.float64)
+    v = torch.randn(b, kvh, lk, d, generator=g, dtype=torch.float64)
+    return (t.to(device=device, dtype=dtype) for t in (q, k, v))
+
+
+def _runs_alone(name, q, k, v, **kw):
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            with sdpa_kernel([SDPBackend.__members__[name]]):
+                torch.nn.functional.scaled_dot_product_attention(q, k, v, **kw)
+        except RuntimeError:
+            return False
+    return True
+
+
+SDPA_NAMES = ["MATH", "FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "OVERRIDEABLE"]
+
+
+@pytest.mark.points(2)
+def test_sdpa_backends_that_run_are_exactly_the_ones_that_run_here():
+    import torch
+
+    q, k, v = _qkv(torch.float32)
+    got = impl.sdpa_backends_that_run(q, k, v, is_causal=True)
+    truth = [n for n in SDPA_NAMES if _runs_alone(n, q, k, v, is_causal=True)]
+    assert sorted(got) == sorted(truth), f"got {got}; trying each backend alone gives {truth}"
+    assert "MATH" in got, "the math backend runs everywhere: it is the fallback"
+    assert "CUDNN_ATTENTION" not in got and "EFFICIENT_ATTENTION" not in got, (
+        "CPU tensors: cuDNN and memory-efficient attention are CUDA kernels")
+
+
+@pytest.mark.points(1)
+def test_inputs_that_no_sdpa_backend_accepts_give_an_empty_list():
+    import torch
+
+    q, _, _ = _qkv(torch.float32, d=32)
+    _, k, v = _qkv(torch.float32, d=16)
+    assert impl.sdpa_backends_that_run(q, k, v) == [], (
+        "q and k with different head dims: every backend refuses, and the answer is [], "
+        "not an exception")
+
+
+@pytest.mark.points(2)
+def test_sdpa_bisect_deviations_are_rounding_not_approximation():
+    import torch
+
+    q, k, v = _qkv(torch.float64)
+    dev64 = impl.sdpa_bisect(q, k, v, is_causal=True)
+    assert set(dev64) == set(impl.sdpa_backends_that_run(q, k, v, is_causal=True))
+    for name, dev in dev64.items():
+        assert dev < 1e-12, (
+            f"{name} deviates {dev:.2e} from the float64 reference in float64: misconception "
+            "'FlashAttention approximates attention' - a backend is exact up to rounding")
+    q32, k32, v32 = _qkv(torch.float32)
+    for name, dev in impl.sdpa_bisect(q32, k32, v32, is_causal=True).items():
+        assert 0 < dev < 2e-5, f"{name}: float32 rounding gives a small non-zero deviation, {dev}"
+
+
+@pytest.mark.points(2)
+def test_sdpa_bisect_measures_against_the_reference_with_the_right_mask_and_scale():
+    import torch
+
+    q, k, v = _qkv(torch.float64, lq=8, lk=16)
+    keep = torch.rand(8, 16, generator=torch.Generator().manual_seed(1)) < 0.7
+    keep[:, 0] = True  # no empty rows
+    dev = impl.sdpa_bisect(q, k, v, attn_mask=keep, scale=0.3)
+    assert dev and max(dev.values()) < 1e-12, dev
+    # the reference itself, for one batch element, to pin the layout convention
+    out, _ = reference_attention(q[0].transpose(0, 1), k[0].transpose(0, 1),
+                                 v[0].transpose(0, 1), scale=0.3, mask=keep.numpy())
+    sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep, scale=0.3)
+    assert_close(sdpa[0].transpose(0, 1), out, what="SDPA vs reference (sanity)")
+
+
+@pytest.mark.points(1)
+def test_sdpa_bisect_handles_grouped_query_attention():
+    import torch
+
+    q, k, v = _qkv(torch.float64, h=4, kvh=2, lq=8, lk=16)
+    dev = impl.sdpa_bisect(q, k, v, is_causal=True, enable_gqa=True)
+    assert dev and max(dev.values()) < 1e-12, (
+        f"{dev}: with enable_gqa query head h reads KV head h // (H // KVH), and SDPA's "
+        "is_causal is the top-left mask (query i sees keys 0..i) even when there are more "
+        "keys than queries")
+
+
+# ---- the same on a CUDA GPU ------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.points(2)
+def test_on_cuda_flash_efficient_and_math_run_bf16_and_cudnn_where_supported():
+    import torch
+
+    q, k, v = _qkv(torch.bfloat16, b=2, h=8, kvh=8, lq=1024, lk=1024, d=128, device="cuda")
+    got = impl.sdpa_backends_that_run(q, k, v, is_causal=True)
+    truth = [n for n in SDPA_NAMES if _runs_alone(n, q, k, v, is_causal=True)]
+    assert sorted(got) == sorted(truth), f"got {got}, each backend alone: {truth}"
+    assert {"FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH"} <= set(got), got
+    if torch.cuda.get_device_capability() >= (9, 0) and torch.backends.cudnn.version() >= 90000:
+        assert "CUDNN_ATTENTION" in got, "cuDNN 9 attention runs bf16 d=128 on Hopper"
+
+
+@pytest.mark.gpu
+@pytest.mark.points(1)
+def test_on_cuda_flash_attention_refuses_float32():
+    import torch
+
+    q, k, v = _qkv(torch.float32, lq=256, lk=256, d=64, device="cuda")
+    got = impl.sdpa_backends_that_run(q, k, v)
+    assert "FLASH_ATTENTION" not in got and "MATH" in got, (
+        f"{got}: the CUDA FlashAttention kernel exists for fp16/bf16 only")
+
+
+@pytest.mark.gpu
+@pytest.mark.points(2)
+def test_on_cuda_every_backend_is_within_bf16_rounding_of_the_reference():
+    import torch
+
+    q, k, v = _qkv(torch.bfloat16, b=1, h=8, kvh=2, lq=512, lk=512, d=128, device="cuda")
+    dev = impl.sdpa_bisect(q, k, v, is_causal=True, enable_gqa=True)
+    assert len(dev) >= 2, dev
+    for name, d in dev.items():  # outputs reach ~3.5, where one bf16 step is 1.6e-2
+        assert d < 6e-2, (
+            f"{name} deviates {d} from the float64 reference in bf16: more than a few rounding "
+            "steps, so something other than summation order differs (mask? GQA mapping?)")
+
