@@ -1,0 +1,68 @@
+"""The course's own rules, checked on every lab that exists (not graded):
+every graded test carries points, and grading a starter never imports a solution."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+LABS = sorted(p for p in (ROOT / "labs").glob("lab-*") if (p / "test_lab.py").is_file())
+
+
+def _has_points(decorators: list[ast.expr]) -> bool:
+    return any("points" in ast.unparse(d) for d in decorators)
+
+
+@pytest.mark.parametrize("lab", LABS, ids=lambda p: p.name)
+def test_every_graded_test_carries_points(lab):
+    tree = ast.parse((lab / "test_lab.py").read_text())
+    module_points = any(
+        isinstance(node, ast.Assign)
+        and any(getattr(t, "id", "") == "pytestmark" for t in node.targets)
+        and "points" in ast.unparse(node.value)
+        for node in tree.body
+    )
+    missing = [
+        node.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef)
+        and node.name.startswith("test_")
+        and not _has_points(node.decorator_list)
+    ]
+    assert module_points or not missing, f"{lab.name}: tests without a points marker: {missing}"
+
+
+@pytest.mark.parametrize("lab", LABS, ids=lambda p: p.name)
+def test_starter_never_mentions_the_solution(lab):
+    source = (lab / "starter.py").read_text()
+    for word in ("import solution", "from solution", "solution.py", '"solution"'):
+        assert word not in source, f"{lab.name}/starter.py refers to the solution ({word!r})"
+
+
+def test_grading_starters_never_imports_a_solution_module():
+    """Import every lab's tests with LAB_IMPL=starter in a fresh interpreter and list the
+    files it loaded: no solution.py may be among them."""
+    script = (
+        "import importlib.util, json, pathlib, sys\n"
+        "for t in sorted(pathlib.Path('labs').glob('lab-*/test_lab.py')):\n"
+        "    spec = importlib.util.spec_from_file_location('t_' + t.parent.name, t)\n"
+        "    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)\n"
+        "    spec.loader.exec_module(module)\n"
+        "files = [getattr(m, '__file__', None) or '' for m in list(sys.modules.values())]\n"
+        "print(json.dumps([f for f in files if f.endswith('solution.py')]))\n"
+    )
+    env = {**os.environ, "LAB_IMPL": "starter", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-c", "import conftest\n" + script],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    assert loaded == [], f"LAB_IMPL=starter imported solution files: {loaded}"
