@@ -67,8 +67,10 @@ vllm-check: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check .
 
+CONTRACT_CHECK ?= ../shared/tools/check_contract.py
 contract:
-	$(PYTHON) ../shared/tools/check_contract.py .
+	@test -f $(CONTRACT_CHECK) || { echo "no contract checker at $(CONTRACT_CHECK) (it lives in the steering repo's shared/tools)"; exit 1; }
+	$(PYTHON) $(CONTRACT_CHECK) .
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .ruff_cache
