@@ -108,7 +108,7 @@ def slot_mapping(block_table: np.ndarray, positions: np.ndarray, block_size: int
         "TODO: split each position into (logical block, offset in the block), look the "
         "logical block up in block_table, and turn (physical block, offset) into one slot "
         "number. Reject block_size < 1, negative positions and positions past the table "
-        "with a ValueError."
+        "with a ValueError that names the argument (block_size, positions, block_table)."
     )
 
 
@@ -126,7 +126,9 @@ def write_kv(
     """
     raise NotImplementedError(
         "TODO: a slot number is (block, offset) in disguise; write token i's K and V there, "
-        "in place. Return nothing. Reject slots outside the cache (ValueError naming slots)."
+        "in place. Return nothing. Reject k or v whose shape is not [n, num_kv_heads, "
+        "head_dim] of the cache, and slots outside the cache, with a ValueError naming k, v "
+        "or slots."
     )
 
 
