@@ -247,7 +247,7 @@ def _attn_fwd_tiles(
     offs_m, lo, hi, qk_scale,
     HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
     D_PAD: tl.constexpr, DV_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, MASKED: tl.constexpr,
+    CAUSAL: tl.constexpr, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Fold key tiles ``[lo, hi)`` into (acc, l_i, m_i). MASKED tiles check ``key < hi`` and,
     if CAUSAL, ``key <= query``; unmasked tiles are entirely visible to every row."""
@@ -265,7 +265,7 @@ def _attn_fwd_tiles(
         k_t = tl.load(
             k_base + cols[None, :] * stride_kn + offs_d[:, None] * stride_kd, mask=k_mask, other=0.0
         )  # [D_PAD, BLOCK_N]
-        s = tl.dot(q, k_t) * qk_scale  # [BLOCK_M, BLOCK_N] in log2 units, fp32
+        s = tl.dot(q, k_t, input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N], log2
         if MASKED:
             keep = cols[None, :] < hi
             if CAUSAL:
@@ -281,7 +281,7 @@ def _attn_fwd_tiles(
             other=0.0,
         )  # [BLOCK_N, DV_PAD]
         acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(v.dtype), v, acc)  # fp32 accumulation
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)  # fp32 accumulate
         m_i = m_new
     return acc, l_i, m_i
 
@@ -298,6 +298,7 @@ def _flash_attn_fwd_kernel(
     D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
     CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,  # "ieee" for float32 inputs (exact), "tf32" otherwise
 ):
     """One program = one tile of BLOCK_M query rows of one (batch, head)."""
     start_m = tl.program_id(0)
@@ -334,12 +335,12 @@ def _flash_attn_fwd_kernel(
     acc, l_i, m_i = _attn_fwd_tiles(
         acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
         offs_m, 0, unmasked_hi, qk_scale,
-        HEAD_DIM, HEAD_DIM_V, D_PAD, DV_PAD, BLOCK_N, CAUSAL, False,
+        HEAD_DIM, HEAD_DIM_V, D_PAD, DV_PAD, BLOCK_N, CAUSAL, False, DOT_PRECISION,
     )
     acc, l_i, m_i = _attn_fwd_tiles(
         acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
         offs_m, unmasked_hi, hi, qk_scale,
-        HEAD_DIM, HEAD_DIM_V, D_PAD, DV_PAD, BLOCK_N, CAUSAL, True,
+        HEAD_DIM, HEAD_DIM_V, D_PAD, DV_PAD, BLOCK_N, CAUSAL, True, DOT_PRECISION,
     )
 
     # Epilogue: one division per row (FlashAttention-2's final diag(l)^-1).
@@ -423,6 +424,8 @@ def _flash_attention_triton(
         HEAD_DIM=d, HEAD_DIM_V=dv,
         D_PAD=max(16, triton.next_power_of_2(d)), DV_PAD=max(16, triton.next_power_of_2(dv)),
         CAUSAL=bool(causal), STORE_LSE=with_lse,
+        # float32 tl.dot defaults to TF32 on a GPU (~1e-3 error): ask for IEEE fp32
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
     )
     # fmt: on
     return out, lse

@@ -190,6 +190,7 @@ def _flash_attn_fwd_kernel(
     D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
     CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,  # "ieee" for float32 inputs (exact), "tf32" otherwise
 ):
     """One program = one tile of BLOCK_M query rows of one (batch, head).
 
@@ -200,8 +201,10 @@ def _flash_attn_fwd_kernel(
          HEAD_DIM with other=0: tl.dot needs dims >= 16, so small head dims are padded).
       3. m_i = -inf, l_i = 0 (shape [BLOCK_M]), acc = 0 ([BLOCK_M, DV_PAD]), all float32.
       4. Loop over key tiles of BLOCK_N: load k transposed ([D_PAD, BLOCK_N]), s = tl.dot(q, k)
-         * qk_scale (log2 units, use tl.math.exp2), mask keys >= the bound (and, if CAUSAL,
-         keys after the row), update m_i, l_i, acc; acc = tl.dot(p.to(v.dtype), v, acc).
+         * qk_scale (log2 units, use tl.math.exp2; pass input_precision=DOT_PRECISION to
+         both tl.dot calls: float32 on a GPU is otherwise TF32, ~1e-3 off), mask keys >= the
+         bound (and, if CAUSAL, keys after the row), update m_i, l_i, acc;
+         acc = tl.dot(p.to(v.dtype), v, acc).
          Causal: this tile's last row is its bound, so stop the loop there, and never load
          keys past it (they may be NaN). Tiles that every row sees in full need no mask.
       5. acc / l_i[:, None], stored with a row mask; if STORE_LSE, (m_i + log2(l_i)) * LN2.
@@ -276,7 +279,8 @@ def flash_attention_triton(
     #   grid = lambda meta: (triton.cdiv(Lq, meta["BLOCK_M"]), B * H)
     #   _flash_attn_fwd[grid](q, k, v, out, lse, *q.stride(), *k.stride(), *v.stride(),
     #       *out.stride(), H, Lq, Lk, scale * LOG2E, HEAD_DIM=d, HEAD_DIM_V=dv,
-    #       D_PAD=max(16, triton.next_power_of_2(d)), DV_PAD=..., CAUSAL=causal, STORE_LSE=False)
+    #       D_PAD=max(16, triton.next_power_of_2(d)), DV_PAD=..., CAUSAL=causal, STORE_LSE=False,
+    #       DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
     raise NotImplementedError(
         "TODO: write _flash_attn_fwd_kernel (the numpy flash_attention_forward, one program "
         "per query tile and batch*head, tl.dot for both matmuls), then launch it here"
