@@ -26,6 +26,10 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 settings.register_profile("thorough", parent=settings.get_profile("course"), max_examples=300)
+# For instructors hunting edge cases: fresh random examples on every run.
+settings.register_profile(
+    "explore", parent=settings.get_profile("course"), max_examples=200, derandomize=False
+)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "course"))
 
 
