@@ -16,7 +16,12 @@ or point ``--source`` at a directory that holds an unpacked ``vllm/`` tree.
 
 What it cannot read as data (a rule that asks the GPU which FlashAttention version
 loads, for instance) it records as a ``rule`` with the source text and its line, and
-``solution.py`` implements that rule by hand with the same citation. The layout of
+``solution.py`` implements that rule by hand with the same citation. Each backend's
+``combination_reasons`` lists every string its ``supports_combination`` can return, in
+the order the method tries them, with ``when`` (the source text of the tests around that
+``return``); a string a helper returns (FlashMLA's ``is_flashmla_dense_supported()[1]``)
+is followed into the helper and carries ``via`` and the helper's ``cite``. The README's
+"Reference" section says the same conditions in plain words. The layout of
 ``_get_backend_priorities`` is checked against the structure this lab expects: if a new
 vLLM version reshapes it, the script stops instead of writing wrong facts.
 """
@@ -180,16 +185,106 @@ def _capability_rule(expr: ast.AST) -> dict:
     return rule
 
 
-def _reason_templates(fn: ast.FunctionDef) -> list[dict]:
-    """Every string ``supports_combination`` can return, in source order."""
-    out = []
-    for ret in _returns(fn):
-        v = ret.value
-        if isinstance(v, ast.Constant) and isinstance(v.value, str):
-            out.append({"text": v.value, "line": ret.lineno})
-        elif isinstance(v, ast.JoinedStr):
-            out.append({"text": ast.unparse(v), "line": ret.lineno, "f_string": True})
-    return sorted(out, key=lambda r: r["line"])
+def _resolve_function(src: Source, module: str, fn: ast.FunctionDef, name: str):
+    """``(module, def)`` of the function ``name`` called inside ``fn`` (or None).
+
+    Looks where Python would: an import inside ``fn``, a function of ``module``, an
+    import at the top of ``module``.
+    """
+    imports = [n for n in ast.walk(fn) if isinstance(n, ast.ImportFrom)]
+    imports += [n for n in src.tree(module).body if isinstance(n, ast.ImportFrom)]
+    for node in src.tree(module).body:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            return module, node
+    for node in imports:
+        for alias in node.names:
+            if (alias.asname or alias.name) == name and node.module:
+                target = src.tree(node.module)
+                for d in target.body:
+                    if isinstance(d, ast.FunctionDef) and d.name == alias.name:
+                        return node.module, d
+    return None
+
+
+def _binding(fn: ast.FunctionDef, name: str) -> tuple[ast.Call, int | None] | None:
+    """The call whose result ``name`` holds in ``fn``: ``x := f()`` or ``a, x = f()``."""
+    for node in ast.walk(fn):
+        if isinstance(node, ast.NamedExpr) and node.target.id == name:
+            if isinstance(node.value, ast.Call):
+                return node.value, None
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+            target = node.targets[0]
+            if isinstance(target, ast.Name) and target.id == name:
+                return node.value, None
+            if isinstance(target, ast.Tuple):
+                for i, elt in enumerate(target.elts):
+                    if isinstance(elt, ast.Name) and elt.id == name:
+                        return node.value, i
+    return None
+
+
+def _reason_templates(
+    src: Source, module: str, fn: ast.FunctionDef, index: int | None = None, depth: int = 0
+) -> list[dict]:
+    """Every string ``supports_combination`` can return, in source order, with its condition.
+
+    ``when`` is the source text of the ``if`` (or ``except``) tests around the ``return``;
+    a reason fires only when its ``when`` holds *and no earlier reason fired* (the method
+    returns one string, the first that applies). A string that a helper returns
+    (``return is_flashmla_dense_supported()[1]``, ``return reason`` after
+    ``reason := helper()``) is followed into the helper: it gets ``via`` (the call) and
+    ``cite`` (the helper's file and line), and its ``when`` joins both conditions.
+    ``index`` picks one element of a helper's ``return flag, reason`` tuples.
+    """
+    out: list[dict] = []
+
+    def strings(value: ast.AST, conditions: list[str], line: int) -> None:
+        if index is not None and isinstance(value, ast.Tuple):
+            value = value.elts[index]
+        when = " and ".join(f"({c})" if len(conditions) > 1 else c for c in conditions)
+        entry = {"when": when or "always"}
+        if isinstance(value, ast.Constant) and isinstance(value.value, str):
+            out.append({"text": value.value, "line": line, **entry})
+        elif isinstance(value, ast.JoinedStr):
+            out.append({"text": ast.unparse(value), "line": line, "f_string": True, **entry})
+        else:
+            call, pick = value, None
+            if isinstance(value, ast.Subscript) and isinstance(value.slice, ast.Constant):
+                call, pick = value.value, value.slice.value
+            elif isinstance(value, ast.Name) and (bound := _binding(fn, value.id)):
+                call, pick = bound
+            if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Name):
+                return  # None, a flag, or super().supports_combination(...)
+            found = _resolve_function(src, module, fn, call.func.id)
+            if found is None or depth > 3:
+                raise ValueError(f"cannot follow {ast.unparse(value)} at line {line}")
+            helper_module, helper = found
+            for r in _reason_templates(src, helper_module, helper, pick, depth + 1):
+                outer, inner = entry["when"], r["when"]
+                if outer != "always":
+                    r["when"] = outer if inner == "always" else f"({outer}) and ({inner})"
+                r["via"] = ast.unparse(value) + (f" -> {r['via']}" if "via" in r else "")
+                r.setdefault("cite", src.cite(helper_module, helper, helper.name))
+                out.append(r)
+
+    def walk(stmts: list[ast.stmt], conditions: list[str]) -> None:
+        for stmt in stmts:
+            if isinstance(stmt, ast.If):
+                test = ast.unparse(stmt.test)
+                walk(stmt.body, [*conditions, test])
+                walk(stmt.orelse, [*conditions, f"not ({test})"])
+            elif isinstance(stmt, ast.Try):
+                walk(stmt.body, conditions)
+                for handler in stmt.handlers:
+                    caught = ast.unparse(handler.type) if handler.type else "any exception"
+                    walk(handler.body, [*conditions, f"the try block raised {caught}"])
+            elif isinstance(stmt, ast.With | ast.For | ast.While):
+                walk(stmt.body, conditions)
+            elif isinstance(stmt, ast.Return) and stmt.value is not None:
+                strings(stmt.value, conditions, stmt.lineno)
+
+    walk(fn.body, [])
+    return out
 
 
 def backend_facts(src: Source, enum_paths: dict[str, str], name: str) -> dict:
@@ -280,7 +375,7 @@ def backend_facts(src: Source, enum_paths: dict[str, str], name: str) -> dict:
         cite(key, module, cls, fn)
 
     module, cls, fn = _member(chain, "supports_combination")
-    facts["combination_reasons"] = _reason_templates(fn)
+    facts["combination_reasons"] = _reason_templates(src, module, fn)
     if facts["combination_reasons"] or cls.name != "AttentionBackend":
         facts["cite"]["combination_reasons"] = src.cite(
             module, fn, f"{cls.name}.supports_combination"
@@ -290,7 +385,7 @@ def backend_facts(src: Source, enum_paths: dict[str, str], name: str) -> dict:
             parent = _member(
                 chain[[c.name for _, c in chain].index(cls.name) + 1 :], "supports_combination"
             )
-            facts["combination_reasons_then"] = _reason_templates(parent[2])
+            facts["combination_reasons_then"] = _reason_templates(src, parent[0], parent[2])
             facts["cite"]["combination_reasons_then"] = src.cite(
                 parent[0], parent[2], f"{parent[1].name}.supports_combination"
             )

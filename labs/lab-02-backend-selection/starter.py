@@ -238,45 +238,86 @@ def trtllm_available(capability: tuple[int, int], prefill: bool) -> bool:
 def validate_configuration(backend: str, config: Any, capability: Any) -> list[str]:
     """Why ``backend`` cannot serve ``config`` on a GPU of ``capability``; [] = it can.
 
-    Mirrors ``AttentionBackend.validate_configuration`` (vllm/v1/attention/backend.py):
-    the same reasons, worded as vLLM 0.33.0 words them, in the order it appends them.
+    Mirrors ``AttentionBackend.validate_configuration`` (vllm/v1/attention/backend.py:279):
+    the same reasons, worded as vLLM 0.33.0 words them, in the order it appends them:
+    every generic check that fails (head size, dtype, KV-cache dtype, block size, MLA,
+    sinks, sparse, compute capability, sliding window), then at most one reason from the
+    backend's ``supports_combination`` (the first of its own checks that fails). Every
+    check and its condition in plain words: README, "Reference: every rule the selector
+    applies"; the data and vLLM's wording: ``load_facts()``.
 
     Args:
         backend: vLLM's enum name, e.g. ``"FLASH_ATTN"`` or ``"TRITON_MLA"``.
         config: ``{"head_size": 128, "dtype": "bfloat16", ...}``; missing keys take
             their defaults (kv_cache_dtype "auto", block_size None, flags False).
         capability: ``(major, minor)``, e.g. ``(9, 0)`` for an H100.
+
+    Raises:
+        ValueError: a bad config, capability or backend name, naming it (the given
+            ``normalize_config``, ``parse_capability`` and ``_backend_facts`` do this).
     """
     raise NotImplementedError(
         "TODO: ask the backend the questions of AttentionBackend.validate_configuration in "
         "vLLM's order (head size, dtype, KV-cache dtype, block size, MLA, sinks, sparse, "
         "compute capability, sliding window, then the backend's supports_combination) and "
-        "collect a reason string for each 'no'. load_facts()['base_reasons'] has the wording; "
-        "load_facts()['backends'][name] the facts and, under 'rules', the source of every check"
-        " that is not a plain list"
+        "collect a reason string for each 'no'. load_facts()['base_reasons'] has the wording, "
+        "load_facts()['backends'][name] the facts, the README's Reference section the rules"
     )
 
 
 def backend_priorities(capability: Any, use_mla: bool, config: Any = None) -> list[str]:
-    """``_get_backend_priorities``: the backends to try, best first, for this GPU.
+    """``_get_backend_priorities`` (vllm/platforms/cuda.py:84): the backends to try, best first.
 
-    ``config`` (optional) refines the sparse-MLA tail, which depends on the KV-cache dtype,
-    the head count and the head size; without it those are unknown (None).
+    Depends on the major version only, and for MLA on three config values that choose the
+    sparse-MLA part of the list: whether the KV cache is quantized, whether ``num_heads``
+    is at most 16 and whether ``head_size`` is 512 (README, Reference R4). ``config`` is
+    optional; without it those are unknown: not quantized, not few heads, not 512.
     """
     raise NotImplementedError(
         "TODO: pick the list of load_facts()['priorities']['lists'] that "
         "_get_backend_priorities returns for this major version and use_mla, splicing in the "
-        "sparse-MLA tail it names"
+        "sparse-MLA tail it names (README, Reference R4)"
     )
 
 
 def select_backend(config: Any, capability: Any, override: str | None = None) -> Selection:
-    """Pick the attention backend as ``CudaPlatformBase.get_attn_backend_cls`` does.
+    """Pick the attention backend as ``CudaPlatformBase.get_attn_backend_cls`` does
+    (vllm/platforms/cuda.py:420-518 in vLLM 0.33.0).
 
-    With ``override`` (``--attention-backend NAME``) only that backend is checked; any
-    reason raises ``ValueError`` listing them: there is no fallback. Without it every
-    backend of the priority list is checked and the highest-priority valid one wins;
-    if none is valid, ``ValueError`` lists every backend's reasons.
+    Without ``override``: validate every backend of ``backend_priorities(capability,
+    use_mla, config)``, in that order. ``Selection.backend`` is the first one with no
+    reasons; ``rejected`` maps each refused backend to its reasons and ``valid`` lists
+    the accepted ones, both in priority order. ``warning`` is set only when the config
+    gives a ``block_size`` and backends *above* the chosen one were refused with exactly
+    ``["block_size not supported"]`` (cuda.py:489-507); it is this text, on one line,
+    with those backends joined by ", " in priority order:
+
+        --block-size 16 precluded higher-priority backend(s) FLASHINFER_MLA, CUTLASS_MLA.
+        Using TRITON_MLA instead, which may result in reduced performance. Consider
+        removing --block-size to auto-select the optimal block size.
+
+    If no backend is valid, raise ``ValueError`` with vLLM's message (cuda.py:458-475),
+    one line:
+
+        No valid attention backend found for cuda with {config}. Reasons:
+        {FLASH_ATTN_MLA: [dtype not supported], FLASHMLA: [dtype not supported], ...}.
+
+    Each refused backend appears as ``NAME: [reason, reason]``: its reasons joined by
+    ", " inside square brackets *without quotes* (vLLM joins the strings, it does not
+    print a list), the backends joined by ", " inside braces, then a final ".".
+    ``{config}`` is vLLM's ``AttentionSelectorConfig(head_size=..., ...)`` repr
+    (vllm/v1/attention/selector.py:45); the tests read only the text around it.
+
+    With ``override`` (``--attention-backend NAME``): ``"auto"`` means no override and
+    any case is accepted (``"flash_attn"``); an unknown name raises ``ValueError``
+    starting ``Unknown attention backend: 'NAME'`` (the given ``_backend_facts`` does
+    that). Otherwise only that backend is validated. No reasons: it is chosen
+    (``rejected`` empty, ``valid == [NAME]``). Any reason: ``ValueError`` (cuda.py:442-446),
+    never a fallback, with the reasons as a Python list (``str(list)``, quoted), one line:
+
+        Selected backend AttentionBackendEnum.FLASH_ATTN is not valid for this
+        configuration. Reason: ['attention sinks not supported', 'sink not supported
+        on compute capability < 9.0']
     """
     raise NotImplementedError(
         "TODO: with an override, validate only that backend and raise if it has reasons (no "

@@ -170,19 +170,29 @@ def test_reasons_come_in_vllms_order_and_all_of_them_are_reported():
 @pytest.mark.points(2)
 def test_backend_priorities_follow_the_compute_capability():
     for capability in (A100, L4, H100, RTX_PRO_6000, (8, 6), (11, 0)):
-        assert impl.backend_priorities(capability, False) == NON_MLA_ORDER, capability
+        got = impl.backend_priorities(capability, False)
+        assert got == NON_MLA_ORDER, (
+            f"{capability}, not MLA: expected {NON_MLA_ORDER} (the 'non_mla_other' list without "
+            f"its multimodal-prefix entry), got {got}")
     for capability in (B200, (10, 3)):
-        assert impl.backend_priorities(capability, False) == BLACKWELL_ORDER, (
-            "on Blackwell (10.x) vLLM 0.33.0 tries FlashInfer first")
-    assert impl.backend_priorities(H100, True)[:4] == [
-        "FLASH_ATTN_MLA", "FLASHMLA", "FLASHINFER_MLA", "TRITON_MLA"]
-    assert impl.backend_priorities(B200, True)[:6] == [
-        "FLASHINFER_MLA", "TOKENSPEED_MLA", "CUTLASS_MLA", "FLASH_ATTN_MLA", "FLASHMLA",
-        "TRITON_MLA"]
-    assert impl.backend_priorities(RTX_PRO_6000, True) == [
-        "TRITON_MLA", "FLASHINFER_MLA_SPARSE_SM120"]
+        got = impl.backend_priorities(capability, False)
+        assert got == BLACKWELL_ORDER, (
+            f"{capability}: on Blackwell (10.x) vLLM 0.33.0 tries FlashInfer first, "
+            f"expected {BLACKWELL_ORDER}, got {got}")
+    mla_orders = [
+        (H100, 4, ["FLASH_ATTN_MLA", "FLASHMLA", "FLASHINFER_MLA", "TRITON_MLA"],
+         "'mla_other' starts with FA3's MLA path, then FlashMLA"),
+        (B200, 6, ["FLASHINFER_MLA", "TOKENSPEED_MLA", "CUTLASS_MLA", "FLASH_ATTN_MLA",
+                   "FLASHMLA", "TRITON_MLA"], "'mla_major_10' starts with FlashInfer's MLA"),
+        (RTX_PRO_6000, None, ["TRITON_MLA", "FLASHINFER_MLA_SPARSE_SM120"],
+         "12.x has its own short MLA list, 'mla_major_12'"),
+    ]
+    for capability, n, expected, why in mla_orders:
+        got = impl.backend_priorities(capability, True)[:n]
+        assert got == expected, f"{capability}, MLA: {why}; expected {expected}, got {got}"
     lists = FACTS["priorities"]["lists"]
-    assert impl.backend_priorities(A100, False) == lists["non_mla_other"]["backends"][1:]
+    assert impl.backend_priorities(A100, False) == lists["non_mla_other"]["backends"][1:], (
+        "the facts file's list, minus its {'only_if': ...} entry (multimodal prefix only)")
 
 
 @pytest.mark.points(1)
@@ -190,8 +200,13 @@ def test_backend_priorities_follow_the_compute_capability():
 @given(major=st.sampled_from([7, 8, 9, 10, 11, 12]), minor=st.integers(0, 9),
        use_mla=st.booleans())
 def test_backend_priorities_depend_on_the_major_version_only(major, minor, use_mla):
-    assert impl.backend_priorities((major, minor), use_mla) == impl.backend_priorities(
-        (major, 0), use_mla)
+    got = impl.backend_priorities((major, minor), use_mla)
+    base = impl.backend_priorities((major, 0), use_mla)
+    assert got == base, (
+        f"use_mla={use_mla}: ({major}, {minor}) gave {got} but ({major}, 0) gave {base}. "
+        "_get_backend_priorities reads only device_capability.major: a 10.3 is tried like a "
+        "10.0 and an 8.6 like an 8.0 (whether the GPU is new enough is each backend's own "
+        "compute-capability check, not the list's)")
 
 
 @pytest.mark.points(2)
@@ -268,20 +283,28 @@ def test_the_chosen_backend_is_the_first_valid_one_of_the_priority_list(model, d
 
 @pytest.mark.points(2)
 def test_bad_inputs_raise_value_error_naming_the_argument():
+    ok = {"head_size": 128, "dtype": "bfloat16"}
     cases = [
-        (({"dtype": "bfloat16"}, H100), "head_size"),
-        (({"head_size": 128, "dtype": "float64"}, H100), "dtype"),
-        (({"head_size": 128, "dtype": "bfloat16", "kv_cache_dtype": "fp9"}, H100),
-         "kv_cache_dtype"),
-        (({"head_size": 128, "dtype": "bfloat16", "head_dim": 128}, H100), "head_dim"),
-        (({"head_size": 128, "dtype": "bfloat16", "block_size": 0}, H100), "block_size"),
-        (({"head_size": 128, "dtype": "bfloat16"}, "nine"), "capability"),
+        ("a config without head_size", "FLASH_ATTN", {"dtype": "bfloat16"}, H100, "head_size"),
+        ("dtype float64 (vLLM serves float16, bfloat16, float32)", "FLASH_ATTN",
+         {**ok, "dtype": "float64"}, H100, "dtype"),
+        ("kv_cache_dtype 'fp9' (not one of the facts' kv_cache_dtypes values)", "FLASH_ATTN",
+         {**ok, "kv_cache_dtype": "fp9"}, H100, "kv_cache_dtype"),
+        ("an unknown config key 'head_dim' (a typo must not be ignored)", "FLASH_ATTN",
+         {**ok, "head_dim": 128}, H100, "head_dim"),
+        ("block_size 0", "FLASH_ATTN", {**ok, "block_size": 0}, H100, "block_size"),
+        ("capability 'nine' (not a (major, minor) tuple or a GPUS name)", "FLASH_ATTN", ok,
+         "nine", "capability"),
+        ("backend 'XFORMERS' (not a vLLM 0.33.0 backend)", "XFORMERS", LLAMA, H100,
+         "Unknown attention backend"),
     ]
-    for (config, capability), name in cases:
-        with pytest.raises(ValueError, match=name):
-            impl.validate_configuration("FLASH_ATTN", config, capability)
-    with pytest.raises(ValueError, match="Unknown attention backend"):
-        impl.validate_configuration("XFORMERS", LLAMA, H100)
+    for case, backend, config, capability, name in cases:
+        try:
+            impl.validate_configuration(backend, config, capability)
+        except ValueError as e:
+            assert name in str(e), f"case {case}: the ValueError should name {name!r}, got: {e}"
+        else:
+            pytest.fail(f"case {case}: expected a ValueError naming {name!r}, none was raised")
 
 
 # ---- the matrix ------------------------------------------------------------------------------
