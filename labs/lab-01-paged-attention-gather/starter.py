@@ -225,7 +225,8 @@ def _paged_decode_kernel(
     # TODO 3: m = -inf, l = 0 ([GROUP_PAD], fp32); acc = 0 ([GROUP_PAD, HEAD_DIM_PAD], fp32).
     # TODO 4: for start_pos in range(0, seq_len, BLOCK_N):
     #           logical positions of the tile, a mask "inside the sequence", their physical
-    #           blocks through the block table (masked load), their slots in the block;
+    #           blocks through the block table (masked load; cast them to tl.int64 before
+    #           multiplying by a stride: a 100k-block cache overflows int32), their slots;
     #           masked loads of the K and V tiles [BLOCK_N, HEAD_DIM_PAD] with other=0
     #           (NaN * 0 = NaN inside tl.dot: masking only the scores is not enough);
     #           s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale, set to -inf

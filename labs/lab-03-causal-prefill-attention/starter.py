@@ -162,9 +162,13 @@ def _varlen_prefill_kernel(
     4. Loop over K/V tiles of BLOCK_N positions, only up to the tile's last query (the
        loop bound is the causal mask; tiles wholly above the diagonal are never visited).
        Gather each key's page through the block table: block_tables[seq, pos // PAGE_SIZE],
-       slot pos % PAGE_SIZE. Masked loads use other=0.0: NaN * 0 = NaN inside tl.dot.
+       slot pos % PAGE_SIZE (cast the page number to tl.int64 before multiplying by its
+       stride: a large cache overflows int32). Masked loads use other=0.0: NaN * 0 = NaN
+       inside tl.dot.
     5. Online softmax in fp32 with tl.dot (scores * qk_scale are in log2 units: use
-       tl.exp2); mask key_pos > query_pos with -inf only on tiles that cross the diagonal.
+       tl.exp2; pass input_precision=DOT_PRECISION to both tl.dot calls, or float32 on a
+       GPU runs as TF32); mask key_pos > query_pos with -inf only on tiles that cross the
+       diagonal.
     6. Store out = acc / l (in out's dtype) and lse = ln(2) * m + ln(l) for valid rows.
     """
 

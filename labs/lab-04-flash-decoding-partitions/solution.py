@@ -483,9 +483,17 @@ def _check_paged_inputs(q, k_cache, v_cache, block_tables, seq_lens, partition_s
         )
     if seq_lens.ndim != 1 or seq_lens.shape[0] != batch:
         raise ValueError(f"seq_lens must be [{batch}], got {tuple(seq_lens.shape)}")
-    if batch and int(seq_lens.min()) < 0:
-        raise ValueError(f"seq_lens must be >= 0, got {seq_lens.tolist()}")
-    max_seq_len = int(seq_lens.max()) if batch else 0
+    if q.dtype != k_cache.dtype or v_cache.dtype != k_cache.dtype:
+        raise ValueError(
+            f"q, k_cache and v_cache must share a dtype (tl.dot needs equal operand types), got "
+            f"{q.dtype}, {k_cache.dtype}, {v_cache.dtype}"
+        )
+    # One copy of the lengths to the host (a single sync on a GPU, not one per min/max); the
+    # grid needs the longest length anyway. A serving engine passes it from host metadata.
+    lens = seq_lens.detach().cpu()
+    if batch and int(lens.min()) < 0:
+        raise ValueError(f"seq_lens must be >= 0, got {lens.tolist()}")
+    max_seq_len = int(lens.max()) if batch else 0
     if blocks_needed(max_seq_len, k_cache.shape[1]) > block_tables.shape[1]:
         raise ValueError(
             f"block_tables has {block_tables.shape[1]} columns, too few for seq_len "
@@ -523,9 +531,13 @@ def split_kv_decode_triton(
     group = num_heads // num_kv_heads
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
     num_partitions = max(1, triton.cdiv(max_seq_len, partition_size))
-    q, k_cache, v_cache = q.contiguous(), k_cache.contiguous(), v_cache.contiguous()
-    block_tables = block_tables.to(torch.int32).contiguous()
-    seq_lens = seq_lens.to(torch.int32).contiguous()
+    # The kernels index the last dimension with stride 1. Copy only when that is not so:
+    # .contiguous() on a strided view of a whole KV cache would copy gigabytes every step.
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    k_cache = k_cache if k_cache.stride(-1) == 1 else k_cache.contiguous()
+    v_cache = v_cache if v_cache.stride(-1) == 1 else v_cache.contiguous()
+    block_tables = block_tables.to(device=q.device, dtype=torch.int32).contiguous()
+    seq_lens = seq_lens.to(device=q.device, dtype=torch.int32).contiguous()
 
     device = q.device
     part_out = torch.empty(batch, num_heads, num_partitions, head_dim_v, device=device,
