@@ -8,8 +8,9 @@ LAB ?=
 LAB_IMPL ?= starter
 OUT ?=
 BENCH_ARGS ?=
-# `make bench PY=python3` uses an existing (e.g. CUDA) Python and installs nothing.
-BENCH_DEPS := $(if $(filter $(VENV)/bin/python,$(PY)),$(STAMP))
+# `make test PY=python3` (or bench, grade, ...) uses an existing Python, e.g. one with a CUDA
+# build of torch, and installs nothing.
+DEPS := $(if $(filter $(VENV)/bin/python,$(PY)),$(STAMP))
 
 .DEFAULT_GOAL := help
 .PHONY: help setup test test-lab grade release autograder bench figures vllm-check lint contract clean
@@ -36,28 +37,28 @@ setup: $(STAMP)
 
 # The instructor's tree tests the solutions; a student copy (no solution.py) tests the starters.
 TEST_IMPL := $(if $(wildcard labs/*/solution.py),solution,starter)
-test: $(STAMP)
+test: $(DEPS)
 	@echo ">> running the CPU suite (LAB_IMPL=$(TEST_IMPL))"
 	LAB_IMPL=$(TEST_IMPL) $(PY) -m pytest -q
 
-test-lab: $(STAMP)
+test-lab: $(DEPS)
 	LAB_IMPL=solution $(PY) -m pytest -q $$(ls -d labs/lab-$(LAB)* | head -n1)
 
-grade: $(STAMP)
+grade: $(DEPS)
 	@echo ">> grading LAB_IMPL=$(LAB_IMPL) $(if $(LAB),lab $(LAB),all labs)"
 	LAB_IMPL=$(LAB_IMPL) $(PY) -m common.grading $(if $(LAB),--lab $(LAB))
 
-release: $(STAMP)
+release: $(DEPS)
 	$(PY) -m common.release --out "$(OUT)" $(if $(FORCE),--force)
 
-autograder: $(STAMP)
+autograder: $(DEPS)
 	$(PY) -m common.autograder $(if $(OUT),--out "$(OUT)")
 
-bench: $(BENCH_DEPS)
+bench: $(DEPS)
 	@echo ">> benchmarking the lab kernels"
 	$(PY) -m bench $(BENCH_ARGS)
 
-figures: $(STAMP)
+figures: $(DEPS)
 	@echo ">> drawing every lab's figures from the lab's own code"
 	@set -e; shopt -s nullglob; for f in labs/*/figures.py; do echo "   $$f"; MPLBACKEND=Agg PYTHONPATH=. $(PY) $$f; done
 
