@@ -5,9 +5,10 @@
     LAB_IMPL=solution python -m common.grading   # the instructor's check: full marks
 
 Points come from the tests' ``points(n)`` markers (default 1). Labs are discovered, never
-listed: a new ``labs/lab-NN-*/test_lab.py`` is graded with no change here. Only
-``test_lab.py`` is graded; other test files in a lab folder (lab-02's conformance tests
-against the real vLLM) are not.
+listed: a new ``labs/lab-NN-*/test_lab.py`` is graded with no change here. Graded files are
+``test_lab.py`` plus any instructor-only ``test_hidden*.py`` beside it (same conventions:
+``impl = load_impl(__file__)``, ``points`` markers; ``make release`` leaves them out); other
+test files in a lab folder (lab-02's conformance tests against the real vLLM) are not graded.
 
 Nothing the graded code does can stop the report. Each lab runs in its own ``pytest``
 process (``common.pytest_points`` records every test's result as soon as it finishes) with:
@@ -171,6 +172,12 @@ def discover_labs(root: Path) -> list[Path]:
     return sorted(p.parent for p in (root / "labs").glob("lab-*/test_lab.py"))
 
 
+def graded_files(lab: Path) -> list[Path]:
+    """The test files that carry a lab's points: ``test_lab.py`` plus any instructor-only
+    ``test_hidden*.py`` dropped beside it (never part of a student release)."""
+    return [lab / "test_lab.py", *sorted(lab.glob("test_hidden*.py"))]
+
+
 def select_labs(labs: list[Path], wanted: list[str]) -> list[Path]:
     """Labs named by number (``1``, ``01``) or folder name; ``ValueError`` names the choices."""
     if not wanted:
@@ -293,7 +300,7 @@ def run_pytest(
             opts.python,
             "-m",
             "pytest",
-            str((lab / "test_lab.py").relative_to(opts.root)),
+            *(str(f.relative_to(opts.root)) for f in graded_files(lab)),
             "-p",
             "common.pytest_points",
             "--points-log",
@@ -474,7 +481,8 @@ def count_tests(lab: Path, opts: Options) -> tuple[list[dict], str]:
     run = run_pytest(lab, opts, STUB_COLLECT_TIMEOUT, ["--collect-only", "--points-stub-impl"])
     if run.collected and not run.of("collect_error"):
         return run.collected, "stub collection"
-    return static_tests(lab / "test_lab.py"), "static scan of test_lab.py (approximate)"
+    tests = [t for f in graded_files(lab) for t in static_tests(f)]
+    return tests, "static scan of the test files (approximate)"
 
 
 def _mark(node: ast.expr) -> tuple[str, list[ast.expr]] | None:

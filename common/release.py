@@ -9,6 +9,7 @@ caches, ``results.json`` or build output.
 
 What is left out, and checked afterwards in the output folder:
 - every ``solution.py`` (and ``solution_*.py``, ``*_solution.py``, ``solutions/``);
+- instructors' hidden tests (``labs/<lab>/test_hidden*.py``, graded by ``make grade``);
 - every lab's ``figures.py`` that loads the solution or embeds its code (the PNGs it drew
   stay, so the READMEs still show them);
 - nothing else is dropped silently: a Python file outside ``figures.py`` that embeds
@@ -210,6 +211,9 @@ def plan_release(root: Path, skip: Path | None = None) -> Plan:
     for rel in everything:
         if is_solution_file(rel):
             plan.dropped[rel] = "solution"
+            continue
+        if rel.name.startswith("test_hidden") and rel.suffix == ".py":
+            plan.dropped[rel] = "instructor-only hidden tests"
             continue
         text = None
         if rel.suffix in TEXT_SUFFIXES or rel.name in ("Makefile", "run"):

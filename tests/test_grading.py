@@ -658,3 +658,36 @@ def test_submitted_files_are_matched_to_labs_by_folder_or_name(tmp_path):
         "lab-02-x": "lab02/starter.py",
     }
     assert sorted(ignored) == ["lab00_starter.py", "starter.py"]  # test_lab.py: not a starter
+
+
+HIDDEN_TESTS = """
+import pytest
+
+from common import load_impl
+
+impl = load_impl(__file__)
+
+
+@pytest.mark.points(3)
+def test_mul_is_commutative():
+    assert impl.mul(3, 4) == impl.mul(4, 3) == 12
+"""
+
+
+def test_instructors_hidden_tests_are_graded_and_never_released(tmp_path):
+    course = fake_project(tmp_path / "course")
+    lab = write_lab(course, "lab-01-mul", MUL_STARTER, MUL_TESTS, MUL_SOLUTION)
+    (lab / "test_hidden_extra.py").write_text(HIDDEN_TESTS.lstrip())
+    proc = start_grading(
+        course, "solution", "r.json", pythonpath=no_triton(tmp_path / "no-triton")
+    )
+    text, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, text
+    results = json.loads((course / "r.json").read_text())
+    summary = by_lab(results)["lab-01-mul"]
+    assert (summary["score"], summary["possible"]) == (9, 9), text  # 6 + 3 hidden points
+    assert any("test_mul_is_commutative" in t["name"] for t in results["tests"])
+    release = tmp_path / "student"
+    build_release(course, release, quiet=True)
+    assert not (release / "labs" / "lab-01-mul" / "test_hidden_extra.py").exists()
+    assert (release / "labs" / "lab-01-mul" / "test_lab.py").exists()
