@@ -53,7 +53,13 @@ from common.grading import (
     plain_summary,
     write_json,
 )
-from common.release import PROJECT_ROOT, ReleaseError, build_release, is_solution_file
+from common.release import (
+    HIDDEN_TESTS,
+    PROJECT_ROOT,
+    ReleaseError,
+    build_release,
+    is_solution_file,
+)
 
 SETUP_SH = """#!/usr/bin/env bash
 # Gradescope runs this once, as root, when it builds the autograder image. It installs the
@@ -116,6 +122,9 @@ def build_zip(root: Path, out: Path) -> list[str]:
         plan = build_release(root, source, quiet=True)
         for warning in plan.warnings:
             print(f"  warning: {warning}")
+        for rel, why in plan.dropped.items():  # the grader, unlike a student, gets hidden tests
+            if why == HIDDEN_TESTS:
+                shutil.copy2(root / rel, source / rel)
         (source / "setup.sh").write_text(SETUP_SH, encoding="utf-8")
         (source / "run_autograder").write_text(RUN_AUTOGRADER, encoding="utf-8")
         out.parent.mkdir(parents=True, exist_ok=True)

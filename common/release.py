@@ -45,6 +45,7 @@ EXCLUDED_DIRS = {
 }  # fmt: skip
 EXCLUDED_FILES = {"results.json", "results.json.tmp", ".DS_Store"}
 EXCLUDED_SUFFIXES = (".pyc", ".pyo", ".egg-info")
+HIDDEN_TESTS = "instructor-only hidden tests"  # dropped from the release, kept by the autograder
 SOLUTION_NAME = re.compile(r"^(solution([_.-].*)?|.*_solution)\.py$")
 TEXT_SUFFIXES = {".py", ".md", ".txt", ".json", ".csv", ".toml", ".cfg", ".ini", ".sh", ".yaml"}
 LOADS_SOLUTION = re.compile(r"""(load_impl\([^)]*["']solution["']|\bimport\s+solution\b|"""
@@ -213,7 +214,7 @@ def plan_release(root: Path, skip: Path | None = None) -> Plan:
             plan.dropped[rel] = "solution"
             continue
         if rel.name.startswith("test_hidden") and rel.suffix == ".py":
-            plan.dropped[rel] = "instructor-only hidden tests"
+            plan.dropped[rel] = HIDDEN_TESTS
             continue
         text = None
         if rel.suffix in TEXT_SUFFIXES or rel.name in ("Makefile", "run"):

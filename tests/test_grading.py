@@ -691,3 +691,7 @@ def test_instructors_hidden_tests_are_graded_and_never_released(tmp_path):
     build_release(course, release, quiet=True)
     assert not (release / "labs" / "lab-01-mul" / "test_hidden_extra.py").exists()
     assert (release / "labs" / "lab-01-mul" / "test_lab.py").exists()
+    zip_path = tmp_path / "autograder.zip"  # Gradescope's copy is the instructor's: it keeps them
+    assert autograder.main(["--root", str(course), "--out", str(zip_path)]) == 0
+    with zipfile.ZipFile(zip_path) as zf:
+        assert "labs/lab-01-mul/test_hidden_extra.py" in zf.namelist()
