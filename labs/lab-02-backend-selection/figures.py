@@ -33,6 +33,18 @@ COLORS = {
 }
 
 
+def _save_grid(fig, ax, name: str) -> pathlib.Path:
+    """A table-like figure: no ticks, no frame; saved under figures/ and closed."""
+    ax.tick_params(length=0)
+    for spine in ax.spines.values():
+        spine.set_visible(False)
+    fig.tight_layout()
+    path = OUT / name
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def selection_matrix_figure() -> pathlib.Path:
     matrix = lab.selection_matrix()
     rows = list(dict.fromkeys((g, d) for g, d, _ in matrix))
@@ -57,14 +69,7 @@ def selection_matrix_figure() -> pathlib.Path:
         ax.axhline(i, color="black", lw=1.5)
     ax.set_title(f"vLLM {lab.VLLM_VERSION}: the attention backend chosen at start-up "
                  "(computed by solution.select_backend)", pad=28)
-    ax.tick_params(length=0)
-    for spine in ax.spines.values():
-        spine.set_visible(False)
-    fig.tight_layout()
-    path = OUT / "selection_matrix.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save_grid(fig, ax, "selection_matrix.png")
 
 
 def why_rejected_figure() -> pathlib.Path:
@@ -100,14 +105,7 @@ def why_rejected_figure() -> pathlib.Path:
     ax.set_title("gpt-oss-20b (head 64, attention sinks, sliding window), bf16: each backend's "
                  "verdict in vLLM 0.33.0's words. #n = its place in that GPU's priority list",
                  pad=34, fontsize=10)
-    ax.tick_params(length=0)
-    for spine in ax.spines.values():
-        spine.set_visible(False)
-    fig.tight_layout()
-    path = OUT / "why_rejected.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save_grid(fig, ax, "why_rejected.png")
 
 
 def sdpa_deviation_figure() -> pathlib.Path:
