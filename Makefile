@@ -13,7 +13,7 @@ BENCH_ARGS ?=
 DEPS := $(if $(filter $(VENV)/bin/python,$(PY)),$(STAMP))
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-lab grade release autograder bench figures vllm-check lint contract clean
+.PHONY: help setup test test-lab grade release autograder mutants bench figures vllm-check lint clean
 
 help:
 	@echo "make test            set up .venv if needed, then run the whole CPU suite (solutions)"
@@ -23,6 +23,7 @@ help:
 	@echo "make bench           benchmark the Triton kernels (interpreter mode without CUDA)"
 	@echo "make release OUT=dir build the student copy (no solutions)"
 	@echo "make autograder      build the Gradescope autograder zip"
+	@echo "make mutants [LAB=03] every planted mistake under tests/mutants must fail its lab's tests"
 	@echo "make vllm-check      conformance of lab-02 against the real vLLM 0.33.0 (own venv)"
 	@echo "make lint            ruff"
 
@@ -49,10 +50,14 @@ grade: $(DEPS)
 	LAB_IMPL=$(LAB_IMPL) $(PY) -m common.grading $(if $(LAB),--lab $(LAB))
 
 release: $(DEPS)
-	$(PY) -m common.release --out "$(OUT)" $(if $(FORCE),--force)
+	$(PY) -m common.grading.release --out "$(OUT)" $(if $(FORCE),--force)
 
 autograder: $(DEPS)
-	$(PY) -m common.autograder $(if $(OUT),--out "$(OUT)")
+	$(PY) -m common.grading.autograder $(if $(OUT),--out "$(OUT)")
+
+mutants: $(DEPS)
+	@echo ">> planting each mistake of tests/mutants/ in a scratch copy of the solution"
+	$(PY) -m common.grading.mutants $(if $(LAB),--lab $(LAB))
 
 bench: $(DEPS)
 	@echo ">> benchmarking the lab kernels"
@@ -67,11 +72,6 @@ vllm-check: $(STAMP)
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
-
-CONTRACT_CHECK ?= ../shared/tools/check_contract.py
-contract:
-	@test -f $(CONTRACT_CHECK) || { echo "no contract checker at $(CONTRACT_CHECK) (it lives in the steering repo's shared/tools)"; exit 1; }
-	$(PYTHON) $(CONTRACT_CHECK) .
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .ruff_cache

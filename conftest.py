@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from common.device import configure_triton, describe, has_cuda
-from common.loader import ALLOWED_IMPLS
+from common.loader import lab_impl
 
 configure_triton()
 
@@ -34,35 +34,26 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "course"))
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    impl = os.environ.get("LAB_IMPL", "solution").strip() or "solution"
-    if impl not in ALLOWED_IMPLS:
+    try:
+        lab_impl()
+    except ValueError as e:
         raise pytest.UsageError(
-            f"LAB_IMPL={impl!r} is not allowed; use one of: {', '.join(ALLOWED_IMPLS)} "
-            "(e.g. LAB_IMPL=starter pytest labs/lab-00-online-softmax)"
-        )
+            f"{e} (e.g. LAB_IMPL=starter python -m pytest labs/lab-00-online-softmax)"
+        ) from None
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
-    impl = os.environ.get("LAB_IMPL", "solution") or "solution"
+    impl = lab_impl()
     return [f"LAB_IMPL={impl} (grading {impl}.py in each lab)", describe()]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     no_cuda = pytest.mark.skip(reason="needs a CUDA GPU: none on this machine (gpu marker)")
-    try:
-        import triton  # noqa: F401
+    from common.triton_env import HAVE_TRITON, TRITON_MISSING
 
-        no_triton = None
-    except ImportError:
-        no_triton = pytest.mark.skip(reason="needs the triton package (pip install triton)")
+    no_triton = None if HAVE_TRITON else pytest.mark.skip(reason=f"not run: {TRITON_MISSING}")
     for item in items:
         if "gpu" in item.keywords and not has_cuda():
             item.add_marker(no_cuda)
         if "triton" in item.keywords and no_triton is not None:
             item.add_marker(no_triton)
-
-
-def points_of(item: pytest.Item) -> float:
-    """The points a test is worth: its ``points(n)`` marker, default 1."""
-    marker = item.get_closest_marker("points")
-    return float(marker.args[0]) if marker and marker.args else 1.0

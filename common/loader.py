@@ -1,7 +1,13 @@
 """Load the implementation a lab's tests grade: ``starter.py`` or ``solution.py``.
 
-``LAB_IMPL=solution`` (the default) or ``LAB_IMPL=starter``. With ``starter`` the
+``LAB_IMPL=solution`` or ``LAB_IMPL=starter``; unset, it is ``solution`` in the instructor's
+tree and ``starter`` in a student copy (which has no solution.py). With ``starter`` the
 solution file is never opened, so a student's grade can only come from their own code.
+:func:`lab_impl` is the one place the variable is read.
+
+A lab's given code (validation, constants, types both files share) lives in
+``<lab>/provided.py``; ``starter.py`` and ``solution.py`` load it with
+``provided = load_lab_module(__file__, "provided")``.
 """
 
 from __future__ import annotations
@@ -15,9 +21,17 @@ from types import ModuleType
 ALLOWED_IMPLS = ("solution", "starter")
 
 
+REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def default_impl(root: pathlib.Path = REPO_ROOT) -> str:
+    """``solution`` where the tree has solutions (the instructor's), else ``starter``."""
+    return "solution" if any(root.glob("labs/*/solution.py")) else "starter"
+
+
 def lab_impl() -> str:
     """The value of ``LAB_IMPL``; raises ``ValueError`` naming the allowed values."""
-    impl = os.environ.get("LAB_IMPL", "solution").strip() or "solution"
+    impl = os.environ.get("LAB_IMPL", "").strip() or default_impl()
     if impl not in ALLOWED_IMPLS:
         raise ValueError(
             f"LAB_IMPL={impl!r} is not allowed: use one of {', '.join(ALLOWED_IMPLS)} "
@@ -38,19 +52,32 @@ def load_impl(path: str | os.PathLike[str], impl: str | None = None) -> ModuleTy
     lab_dir = pathlib.Path(path).resolve()
     if lab_dir.is_file():
         lab_dir = lab_dir.parent
-    file = lab_dir / f"{impl}.py"
+    if not (lab_dir / f"{impl}.py").is_file():
+        raise FileNotFoundError(f"{lab_dir / f'{impl}.py'} does not exist (LAB_IMPL={impl})")
+    return load_lab_module(lab_dir, impl)
+
+
+def load_lab_module(path: str | os.PathLike[str], module: str) -> ModuleType:
+    """Import ``<lab>/<module>.py`` (``path`` is the lab folder or a file inside it) once.
+
+    Used for a lab's given code: ``provided = load_lab_module(__file__, "provided")``.
+    """
+    lab_dir = pathlib.Path(path).resolve()
+    if lab_dir.is_file():
+        lab_dir = lab_dir.parent
+    file = lab_dir / f"{module}.py"
     if not file.is_file():
-        raise FileNotFoundError(f"{file} does not exist (LAB_IMPL={impl})")
-    name = f"{lab_dir.name.replace('-', '_')}.{impl}"
+        raise FileNotFoundError(f"{file} does not exist")
+    name = f"{lab_dir.name.replace('-', '_')}.{module}"
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, file)
     assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
+    loaded = importlib.util.module_from_spec(spec)
+    sys.modules[name] = loaded
     try:
-        spec.loader.exec_module(module)
+        spec.loader.exec_module(loaded)
     except BaseException:
         del sys.modules[name]
         raise
-    return module
+    return loaded

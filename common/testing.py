@@ -7,6 +7,11 @@ classic mistake would produce) and names the misconception that matches.
 
 from __future__ import annotations
 
+import contextlib
+import sys
+import tracemalloc
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -99,14 +104,25 @@ def assert_close(
 # ---- hypothesis strategies shared by the labs ------------------------------------------
 
 
+# (num_heads, num_kv_heads) every lab with heads tries: MHA, MQA, GQA with group sizes 1, 2,
+# 3, 4, 8, 16 and 32 (a group larger than 16), and ratios where swapping "group size" and
+# "number of KV heads" in the head mapping gives a different answer ((8, 2), (6, 3), (32, 8)).
+HEAD_RATIOS: tuple[tuple[int, int], ...] = (
+    (1, 1), (4, 4), (4, 2), (8, 2), (8, 1), (6, 3), (6, 2), (32, 8), (32, 2), (32, 1),
+)
+# Head dims that are not powers of two: a kernel pads them to a tl.dot tile, and a scale
+# computed from the padded size (or a mask that forgets the pad) is caught here.
+ODD_HEAD_DIMS: tuple[int, ...] = (24, 40, 80, 96)
+
+
 @st.composite
 def head_counts(draw: st.DrawFn, max_heads: int = 8) -> tuple[int, int]:
     """``(num_heads, num_kv_heads)`` covering MHA, GQA and MQA."""
-    num_kv_heads = draw(st.sampled_from([1, 2, 4]))
-    group = draw(st.sampled_from([1, 2, 4]))
+    num_kv_heads = draw(st.sampled_from([1, 2, 3, 4]))
+    group = draw(st.sampled_from([1, 2, 3, 4, 8, 16]))
     num_heads = min(num_kv_heads * group, max_heads)
     num_heads -= num_heads % num_kv_heads
-    return num_heads, num_kv_heads
+    return max(num_heads, num_kv_heads), num_kv_heads
 
 
 def chunkings(total: int) -> st.SearchStrategy[list[int]]:
@@ -117,3 +133,81 @@ def chunkings(total: int) -> st.SearchStrategy[list[int]]:
         set()
     )
     return cuts.map(lambda c: np.diff([0, *sorted(c), total]).astype(int).tolist())
+
+
+# ---- instrumented calls: what a test measures about the code under test ---------------------
+#
+# Tests measure the student's code only through these two functions. Under the grader, the
+# function under test lives in another process; it then carries ``__instrumented_call__`` and
+# the measurement is taken where the code runs.
+
+
+def peak_memory(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, int]:
+    """``(fn(*args, **kwargs), peak bytes allocated by Python/numpy during the call)``."""
+    remote = getattr(fn, "__instrumented_call__", None)
+    if remote is not None:
+        return remote("peak_memory", args, kwargs)
+    was_tracing = tracemalloc.is_tracing()
+    if not was_tracing:
+        tracemalloc.start()
+    tracemalloc.reset_peak()
+    base = tracemalloc.get_traced_memory()[0]
+    try:
+        result = fn(*args, **kwargs)
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        if not was_tracing:
+            tracemalloc.stop()
+    return result, max(int(peak), 0)
+
+
+_SYNC_METHODS = ("cpu", "item", "tolist", "numpy", "__bool__", "__int__", "__float__",
+                 "__index__", "__array__")
+
+
+@contextlib.contextmanager
+def _recording_host_syncs(folder: Path) -> Iterator[list[str]]:
+    import torch
+
+    seen: list[str] = []
+    originals = {name: getattr(torch.Tensor, name) for name in _SYNC_METHODS}
+
+    def wrap(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        def method(self: Any, *a: Any, **k: Any) -> Any:
+            caller = sys._getframe(1).f_code.co_filename
+            if Path(caller).resolve().parent == folder:
+                seen.append(f"Tensor.{name}() in {Path(caller).name}")
+            return original(self, *a, **k)
+
+        return method
+
+    for name, original in originals.items():
+        setattr(torch.Tensor, name, wrap(name, original))
+    try:
+        yield seen
+    finally:
+        for name, original in originals.items():
+            setattr(torch.Tensor, name, original)
+
+
+def host_syncs(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, list[str]]:
+    """``(fn(...), the host synchronisations its lab's own code made)``.
+
+    Counts ``.cpu()``, ``.item()``, ``.tolist()``, ``.numpy()`` and conversions to Python
+    numbers or booleans of torch tensors, called from a file in the folder of ``fn`` (the
+    lab's starter/solution and its provided code), not from Triton's own launch machinery.
+    On a GPU each is a device-to-host copy that stalls the stream.
+    """
+    remote = getattr(fn, "__instrumented_call__", None)
+    if remote is not None:
+        return remote("host_syncs", args, kwargs)
+    folder = Path(fn.__code__.co_filename).resolve().parent
+    with _recording_host_syncs(folder) as seen:
+        result = fn(*args, **kwargs)
+    return result, list(seen)
+
+
+INSTRUMENTS: dict[str, Callable[..., tuple[Any, Any]]] = {
+    "peak_memory": peak_memory,
+    "host_syncs": host_syncs,
+}

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from common import autograder
-from common.autograder import find_submission_files
-from common.grading import select_labs, static_tests, validate_gradescope
-from common.pytest_points import summarize_collect_error
-from common.release import ReleaseError, build_release, plan_release
+from common.grading import autograder
+from common.grading.autograder import find_submission_files
+from common.grading.grader import select_labs, static_tests, validate_gradescope
+from common.grading.pytest_points import summarize_collect_error
+from common.grading.release import ReleaseError, build_release, plan_release
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,9 +1,9 @@
 """The Gradescope autograder: build its zip, and grade a submission inside it.
 
-    python -m common.autograder [--out dist/autograder.zip]   # make autograder
-    python -m common.autograder run                           # what run_autograder runs
+    python -m common.grading.autograder [--out dist/autograder.zip]   # make autograder
+    python -m common.grading.autograder run                           # what run_autograder runs
 
-The zip is the student copy (``common.release``: no solutions) plus, at its root, the two
+The zip is the student copy (``common.grading.release``: no solutions) plus, at its root, the two
 files Gradescope wants:
 
 - ``setup.sh``: run once when Gradescope builds the image (Ubuntu base image, as root, in
@@ -45,7 +45,7 @@ import traceback
 import zipfile
 from pathlib import Path
 
-from common.grading import (
+from common.grading.grader import (
     Options,
     discover_labs,
     grade,
@@ -53,7 +53,7 @@ from common.grading import (
     plain_summary,
     write_json,
 )
-from common.release import (
+from common.grading.release import (
     HIDDEN_TESTS,
     PROJECT_ROOT,
     ReleaseError,
@@ -106,7 +106,7 @@ if [ -z "$python" ]; then
   fi
 fi
 cd "$root/source"
-exec "$python" -m common.autograder run --root "$root"
+exec "$python" -m common.grading.autograder run --root "$root"
 """
 
 EXECUTABLE = {"setup.sh", "run_autograder"}
@@ -252,7 +252,7 @@ def run(root: Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m common.autograder",
+        prog="python -m common.grading.autograder",
         description="Build the Gradescope autograder zip (default), or grade a submission (run).",
     )
     p.add_argument("command", nargs="?", choices=("build", "run"), default="build")

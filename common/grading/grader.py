@@ -11,7 +11,7 @@ listed: a new ``labs/lab-NN-*/test_lab.py`` is graded with no change here. Grade
 test files in a lab folder (lab-02's conformance tests against the real vLLM) are not graded.
 
 Nothing the graded code does can stop the report. Each lab runs in its own ``pytest``
-process (``common.pytest_points`` records every test's result as soon as it finishes) with:
+process (``common.grading.pytest_points`` records every test's result as soon as it finishes) with:
 
 - a per-test time limit (pytest-timeout, ``--test-timeout``, default 15 s) and a limit on
   importing the tests (same value), and a wall-clock limit for the whole lab
@@ -60,7 +60,7 @@ try:
     import resource
 except ImportError:  # not on Windows: no file-size cap there
     resource = None  # type: ignore[assignment]
-from common.pytest_points import summarize_collect_error
+from common.grading.pytest_points import summarize_collect_error
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_LAB_TIMEOUT = 60.0
@@ -302,7 +302,7 @@ def run_pytest(
             "pytest",
             *(str(f.relative_to(opts.root)) for f in graded_files(lab)),
             "-p",
-            "common.pytest_points",
+            "common.grading.pytest_points",
             "--points-log",
             str(log),
             "-p",

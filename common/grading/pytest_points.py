@@ -1,11 +1,11 @@
-"""pytest plugin the grader loads into each lab's pytest process (``-p common.pytest_points``).
+"""pytest plugin the grader loads into each lab's pytest process (``-p ...pytest_points``).
 
 It appends one JSON line per event to the file named by ``--points-log``, opening, writing
 and closing the file for every line, so whatever was written before the graded code
 crashes the process (``os._exit``, a segfault, a kill on timeout) is already on disk:
 
 - ``{"event": "collected", "tests": [{"nodeid", "name", "points", "skip"}]}``: every test
-  with its points (the ``points(n)`` marker, default 1, as ``conftest.points_of``) and, if
+  with its points (the ``points(n)`` marker, default 1) and, if
   it will be skipped on this machine (``gpu`` without CUDA, ``skipif``), why;
 - ``{"event": "collect_error", "nodeid", "message"}``: a module that failed to import;
 - ``{"event": "collect_skip", "nodeid", "message"}``: a module skipped as a whole;
@@ -46,7 +46,7 @@ _state: dict[str, Any] = {"log": None, "pid": None, "phases": {}}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("points", "grading (common.pytest_points)")
+    group = parser.getgroup("points", "grading (common.grading.pytest_points)")
     group.addoption("--points-log", default=None, help="append JSON-line events to this file")
     group.addoption("--points-deselect", default=None, help="file of node ids not to run")
     group.addoption(
