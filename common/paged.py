@@ -70,6 +70,7 @@ def build_paged_kv(
     extra_table_entries: int = 1,
     padding: str = "minus_one",
     shuffle: bool = True,
+    share_blocks: bool = False,
 ) -> PagedKV:
     """Scatter dense per-sequence K/V into a shuffled, NaN-poisoned paged cache.
 
@@ -83,6 +84,10 @@ def build_paged_kv(
         padding: ``"minus_one"`` (padding entries are -1) or ``"poisoned"`` (they name an
             unreferenced, all-NaN block; needs ``extra_blocks >= 1``).
         shuffle: False keeps physical == logical order (only for pictures).
+        share_blocks: a full block whose K and V equal those of a full block already placed
+            at the same logical index (a shared prompt prefix, see
+            :func:`random_kv_shared_prefix`) reuses that physical block, as prefix caching
+            does: several tables then name the same physical block.
     """
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
@@ -101,7 +106,8 @@ def build_paged_kv(
 
     seq_lens = np.array([k.shape[0] for k in ks], dtype=np.int64)
     per_seq = [blocks_needed(n, block_size) for n in seq_lens]
-    used = int(sum(per_seq))
+    owner = _shared_blocks(ks, vs, block_size) if share_blocks else {}
+    used = int(sum(per_seq)) - len(owner)
     num_blocks = used + extra_blocks
     physical = rng.permutation(num_blocks) if shuffle else np.arange(num_blocks)
     unused = np.sort(physical[used:])
@@ -115,6 +121,9 @@ def build_paged_kv(
     cursor = 0
     for b, (k, v) in enumerate(zip(ks, vs)):
         for logical in range(per_seq[b]):
+            if (b, logical) in owner:  # the same full block as an earlier sequence's
+                block_tables[b, logical] = block_tables[owner[b, logical]]
+                continue
             block = int(physical[cursor])
             cursor += 1
             block_tables[b, logical] = block
@@ -123,6 +132,41 @@ def build_paged_kv(
             k_cache[block, : hi - lo] = k[lo:hi]
             v_cache[block, : hi - lo] = v[lo:hi]
     return PagedKV(k_cache, v_cache, block_tables, seq_lens, block_size, unused)
+
+
+def _shared_blocks(
+    ks: list[np.ndarray], vs: list[np.ndarray], block_size: int
+) -> dict[tuple[int, int], tuple[int, int]]:
+    """``(b, logical) -> (earlier b, logical)`` for full blocks equal to an earlier one."""
+    first: dict[tuple[int, bytes, bytes], int] = {}
+    owner: dict[tuple[int, int], tuple[int, int]] = {}
+    for b, (k, v) in enumerate(zip(ks, vs)):
+        for logical in range(len(k) // block_size):
+            hi = (logical + 1) * block_size
+            key = (logical, k[:hi].tobytes(), v[:hi].tobytes())  # the block and its prefix
+            if key in first:
+                owner[b, logical] = (first[key], logical)
+            else:
+                first[key] = b
+    return owner
+
+
+def random_kv_shared_prefix(
+    rng: np.random.Generator,
+    seq_lens: list[int],
+    prefix_len: int,
+    num_kv_heads: int,
+    head_dim: int,
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Like :func:`random_kv`, but every sequence starts with the same ``prefix_len`` tokens
+    (a shared system prompt); build with ``share_blocks=True`` to share their full blocks."""
+    ks, vs = random_kv(rng, seq_lens, num_kv_heads, head_dim)
+    longest = max(seq_lens, default=0)
+    pk, pv = random_kv(rng, [min(prefix_len, longest)], num_kv_heads, head_dim)
+    for k, v in zip(ks, vs):
+        n = min(prefix_len, len(k))
+        k[:n], v[:n] = pk[0][:n], pv[0][:n]
+    return ks, vs
 
 
 def random_kv(

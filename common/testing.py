@@ -161,6 +161,7 @@ def peak_memory(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any,
     return result, max(int(peak), 0)
 
 
+REPO_ROOT = Path(__file__).resolve().parent.parent
 _SYNC_METHODS = ("cpu", "item", "tolist", "numpy", "__bool__", "__int__", "__float__",
                  "__index__", "__array__")
 
@@ -174,9 +175,9 @@ def _recording_host_syncs(folder: Path) -> Iterator[list[str]]:
 
     def wrap(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
         def method(self: Any, *a: Any, **k: Any) -> Any:
-            caller = sys._getframe(1).f_code.co_filename
-            if Path(caller).resolve().parent == folder:
-                seen.append(f"Tensor.{name}() in {Path(caller).name}")
+            caller = Path(sys._getframe(1).f_code.co_filename).resolve()
+            if caller.is_relative_to(folder):
+                seen.append(f"Tensor.{name}() in {caller.relative_to(folder)}")
             return original(self, *a, **k)
 
         return method
@@ -194,15 +195,14 @@ def host_syncs(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, 
     """``(fn(...), the host synchronisations its lab's own code made)``.
 
     Counts ``.cpu()``, ``.item()``, ``.tolist()``, ``.numpy()`` and conversions to Python
-    numbers or booleans of torch tensors, called from a file in the folder of ``fn`` (the
-    lab's starter/solution and its provided code), not from Triton's own launch machinery.
-    On a GPU each is a device-to-host copy that stalls the stream.
+    numbers or booleans of torch tensors, called from the course's own files (the lab's code,
+    its provided code, ``common``), not from Triton's or torch's launch machinery. On a GPU
+    each is a device-to-host copy that stalls the stream.
     """
     remote = getattr(fn, "__instrumented_call__", None)
     if remote is not None:
         return remote("host_syncs", args, kwargs)
-    folder = Path(fn.__code__.co_filename).resolve().parent
-    with _recording_host_syncs(folder) as seen:
+    with _recording_host_syncs(REPO_ROOT) as seen:
         result = fn(*args, **kwargs)
     return result, list(seen)
 
