@@ -211,3 +211,55 @@ INSTRUMENTS: dict[str, Callable[..., tuple[Any, Any]]] = {
     "peak_memory": peak_memory,
     "host_syncs": host_syncs,
 }
+
+
+# ---- scripts of a lab that run the code under test in other processes -----------------------
+
+
+class LabScript:
+    """Run ``python <lab>/<script> *args`` in its own session (e.g. lab-04's torch.distributed
+    ring, whose ranks import the code under test); ``result()`` waits, ``stop()`` kills every
+    process it started. Under the grader, ``COURSE_SCRIPT_PREFIX`` (a shell-split command, set
+    by the grader) is put in front, so the script runs sandboxed like the rest of the code.
+    """
+
+    def __init__(self, lab_file: str | Path, script: str, *args: str,
+                 env: dict[str, str] | None = None) -> None:
+        import os
+        import shlex
+        import subprocess
+
+        lab_dir = Path(lab_file).resolve()
+        lab_dir = lab_dir.parent if lab_dir.is_file() else lab_dir
+        full_env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), **(env or {}))
+        prefix = shlex.split(os.environ.get("COURSE_SCRIPT_PREFIX", ""))
+        cmd = [*prefix, sys.executable, str(lab_dir / script), *args]
+        self.proc = subprocess.Popen(cmd, env=full_env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True,
+                                     start_new_session=True)
+        self.script = script
+        self.output: str | None = None
+
+    def result(self, timeout: float = 60) -> tuple[int | None, str]:
+        """``(returncode, output)``; a script still running after ``timeout`` s is killed."""
+        import subprocess
+
+        if self.output is None:
+            try:
+                self.output, _ = self.proc.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.output = f"{self.script} did not finish in {timeout:.0f} s"
+            finally:
+                self.stop()
+        return self.proc.returncode, self.output
+
+    def stop(self) -> None:
+        """Kill the script's session (it and every process it forked), if any is left."""
+        import os
+        import signal
+
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass  # everyone already exited
+        self.proc.wait()
