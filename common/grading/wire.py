@@ -1,0 +1,431 @@
+"""What crosses between the grader's trusted test process and the sandboxed worker.
+
+Both sides import this module (the worker its copy in the scratch tree). It holds:
+
+- **framing**: length-prefixed frames on a socket, optionally carrying file descriptors,
+  read with a deadline (a worker that stops half-way through a frame cannot hang the
+  trusted side);
+- **the pickling rules**. Arguments go to the worker as ordinary pickles (the worker trusts
+  the test process). Results come back through :class:`SafeUnpickler`, which builds only
+  an allow-list of types: plain Python data, numpy arrays and scalars, torch CPU tensors
+  (re-encoded here, never through ``torch.load``), and the data types (NamedTuples,
+  dataclasses, enums, exceptions) of a lab's ``provided.py`` and of ``common``, resolved
+  to the *trusted* process's own copies. Anything else the worker would return (an object
+  of a class the student defined, a generator, a function) stays in the worker and comes
+  back as a handle (``persistent_id``), whose use is forwarded.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import decimal
+import enum
+import fractions
+import io
+import pickle
+import re
+import select
+import socket
+import struct
+import sys
+import time
+from typing import Any
+
+HEADER = struct.Struct("!Q")
+MAX_FRAME = 1 << 30  # 1 GiB: far above any lab's arrays, far below a memory bomb
+MAX_FDS = 8
+PROTOCOL = 5
+
+
+class FrameError(Exception):
+    """The peer sent something that is not a frame (too large, or cut short)."""
+
+
+# ---- framing ---------------------------------------------------------------------------------
+
+
+def send_frame(sock: socket.socket, payload: bytes, fds: list[int] | tuple[int, ...] = ()) -> None:
+    """One frame: an 8-byte length, then the payload; ``fds`` ride with the length."""
+    header = HEADER.pack(len(payload))
+    if fds:
+        sent = socket.send_fds(sock, [header], list(fds))
+        if sent < len(header):
+            sock.sendall(header[sent:])
+    else:
+        sock.sendall(header)
+    if payload:
+        sock.sendall(payload)
+
+
+def _remaining(deadline: float | None) -> float | None:
+    if deadline is None:
+        return None
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("deadline passed")
+    return left
+
+
+def _wait_readable(sock: socket.socket, deadline: float | None) -> None:
+    while True:
+        left = _remaining(deadline)
+        ready, _, _ = select.select([sock], [], [], left)
+        if ready:
+            return
+
+
+def recv_frame(
+    sock: socket.socket, deadline: float | None = None, max_size: int = MAX_FRAME,
+    max_fds: int = 0,
+) -> tuple[bytes, list[int]]:
+    """Read one frame before ``deadline`` (``time.monotonic()``); ``TimeoutError`` after it,
+    ``EOFError`` when the peer closed, ``FrameError`` for a frame larger than ``max_size``."""
+    fds: list[int] = []
+    header = b""
+    while len(header) < HEADER.size:
+        _wait_readable(sock, deadline)
+        if max_fds and not header:
+            chunk, got, _, _ = socket.recv_fds(sock, HEADER.size, max_fds)
+            fds.extend(got)
+        else:
+            chunk = sock.recv(HEADER.size - len(header))
+        if not chunk:
+            for fd in fds:
+                _close(fd)
+            raise EOFError("the peer closed the connection")
+        header += chunk
+    (size,) = HEADER.unpack(header)
+    if size > max_size:
+        for fd in fds:
+            _close(fd)
+        raise FrameError(f"a frame of {size} bytes is larger than the {max_size}-byte limit")
+    buf = bytearray(size)
+    view = memoryview(buf)
+    got_bytes = 0
+    while got_bytes < size:
+        _wait_readable(sock, deadline)
+        n = sock.recv_into(view[got_bytes:], size - got_bytes)
+        if n == 0:
+            raise EOFError("the peer closed the connection in the middle of a frame")
+        got_bytes += n
+    return bytes(buf), fds
+
+
+def _close(fd: int) -> None:
+    import os
+
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
+# ---- torch values: encoded here so that no torch.load ever runs on the trusted side ----------
+
+_TORCH_VIEW_AS = {"bfloat16": "int16", "float8_e4m3fn": "uint8", "float8_e5m2": "uint8",
+                  "float8_e4m3fnuz": "uint8", "float8_e5m2fnuz": "uint8"}
+
+
+def _torch() -> Any:
+    return sys.modules.get("torch")
+
+
+def is_plain_tensor(obj: Any) -> bool:
+    torch = _torch()
+    if torch is None:
+        return False
+    return type(obj) in (torch.Tensor, torch.nn.Parameter)
+
+
+def encode_tensor(t: Any) -> tuple:
+    """``(rebuild, args)`` for a CPU tensor, keeping its strides (a strided view stays one)."""
+    torch = _torch()
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    name = str(t.dtype).replace("torch.", "")
+    size, stride = tuple(t.shape), tuple(t.stride())
+    span = 0 if t.numel() == 0 else 1 + sum((n - 1) * s for n, s in zip(size, stride))
+    flat = torch.as_strided(t, (span,), (1,), t.storage_offset())
+    if name in _TORCH_VIEW_AS:
+        flat = flat.view(getattr(torch, _TORCH_VIEW_AS[name]))
+    data = flat.numpy().copy()
+    requires_grad = bool(t.requires_grad) if t.is_leaf else False
+    return (_tensor, (data, name, size, stride, requires_grad))
+
+
+def _tensor(data: Any, dtype: str, size: tuple, stride: tuple, requires_grad: bool) -> Any:
+    """Rebuild a tensor from :func:`encode_tensor` (validated: the worker is not trusted)."""
+    import numpy as np
+    import torch
+
+    target = getattr(torch, str(dtype), None)
+    if not isinstance(target, torch.dtype) or type(data) is not np.ndarray or data.ndim != 1:
+        raise ValueError(f"not a tensor encoding: dtype {dtype!r}")
+    size, stride = tuple(int(n) for n in size), tuple(int(s) for s in stride)
+    if len(size) != len(stride) or min((*size, *stride, 0)) < 0:
+        raise ValueError("bad tensor size/stride")
+    span = 0 if 0 in size else 1 + sum((n - 1) * s for n, s in zip(size, stride))
+    if span > data.shape[0]:
+        raise ValueError("tensor strides reach past its data")
+    flat = torch.from_numpy(np.ascontiguousarray(data))
+    if str(dtype) in _TORCH_VIEW_AS:
+        flat = flat.view(target)
+    elif flat.dtype != target:
+        raise ValueError(f"tensor data of dtype {flat.dtype} declared as {dtype}")
+    out = torch.as_strided(flat, size, stride, 0)
+    if requires_grad and out.is_floating_point():
+        out.requires_grad_(True)
+    return out
+
+
+def _dtype(name: str) -> Any:
+    import torch
+
+    value = getattr(torch, str(name), None)
+    if not isinstance(value, torch.dtype):
+        raise ValueError(f"not a torch dtype: {name!r}")
+    return value
+
+
+def _device(name: str) -> Any:
+    import torch
+
+    return torch.device(str(name))
+
+
+def _size(dims: tuple) -> Any:
+    import torch
+
+    return torch.Size(int(d) for d in dims)
+
+
+def _readonly(array: Any) -> Any:
+    """A read-only numpy array stays read-only on the other side (a test may pass one to
+    catch a function that writes into its input)."""
+    import numpy as np
+
+    if type(array) is not np.ndarray:
+        raise ValueError("not an array")
+    array.flags.writeable = False
+    return array
+
+
+def reduce_special(obj: Any) -> Any:
+    """``reducer_override`` body: tensors, dtypes, devices and sizes by our encodings;
+    read-only numpy arrays marked as such."""
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and type(obj) is numpy.ndarray and not obj.flags.writeable:
+        return (_readonly, (numpy.array(obj),))
+    torch = _torch()
+    if torch is None:
+        return NotImplemented
+    if is_plain_tensor(obj):
+        return encode_tensor(obj)
+    if isinstance(obj, torch.dtype):
+        return (_dtype, (str(obj).replace("torch.", ""),))
+    if isinstance(obj, torch.device):
+        return (_device, (str(obj),))
+    if type(obj) is torch.Size:
+        return (_size, (tuple(obj),))
+    return NotImplemented
+
+
+# ---- what may be built on the trusted side -----------------------------------------------------
+
+_BUILTIN_DATA = {
+    "int", "float", "complex", "str", "bytes", "bytearray", "list", "tuple", "dict", "set",
+    "frozenset", "slice", "range", "bool", "object", "Ellipsis", "NotImplemented",
+}
+_NUMPY_GLOBALS = {
+    ("numpy", "ndarray"), ("numpy", "dtype"),
+    ("numpy._core.multiarray", "_reconstruct"), ("numpy.core.multiarray", "_reconstruct"),
+    ("numpy._core.multiarray", "scalar"), ("numpy.core.multiarray", "scalar"),
+    ("numpy._core.numeric", "_frombuffer"), ("numpy.core.numeric", "_frombuffer"),
+}
+_STDLIB_GLOBALS = {
+    ("collections", "OrderedDict"), ("collections", "deque"), ("collections", "defaultdict"),
+    ("collections", "Counter"), ("fractions", "Fraction"), ("decimal", "Decimal"),
+}
+_WIRE = __name__
+_WIRE_GLOBALS = {"_tensor", "_dtype", "_device", "_size", "_readonly"}
+PROVIDED_MODULE = re.compile(r"^lab_\w+\.provided$")
+
+
+def is_data_class(cls: Any) -> bool:
+    """A class whose instances are plain data: a NamedTuple, a dataclass, an enum, an
+    exception. These may be rebuilt on the trusted side (from its own class)."""
+    if not isinstance(cls, type):
+        return False
+    if issubclass(cls, BaseException) or issubclass(cls, enum.Enum):
+        return True
+    if issubclass(cls, tuple) and hasattr(cls, "_fields"):
+        return True
+    return dataclasses.is_dataclass(cls)
+
+
+def given_module(module: str) -> bool:
+    """A module of given (instructor) code: a lab's ``provided.py`` or ``common`` (not the
+    grading tools)."""
+    return bool(PROVIDED_MODULE.match(module)) or (
+        (module == "common" or module.startswith("common."))
+        and not module.startswith("common.grading")
+    )
+
+
+def _walk(module_obj: Any, qualname: str) -> Any:
+    obj = module_obj
+    for part in qualname.split("."):
+        if part.startswith("__") or part == "<locals>":
+            raise AttributeError(qualname)
+        obj = getattr(obj, part)
+    return obj
+
+
+def resolve_global(module: str, qualname: str, modules: dict[str, Any] | None = None) -> Any:
+    """The trusted object that ``module.qualname`` names, if it is on the allow-list;
+    ``pickle.UnpicklingError`` otherwise. Never imports a module that is not loaded (except
+    a few standard-library ones)."""
+    modules = sys.modules if modules is None else modules
+    found: Any = None
+    if module == "builtins" and qualname in _BUILTIN_DATA:
+        found = _builtin(qualname)
+    elif module == "builtins":
+        candidate = _builtin(qualname)
+        if isinstance(candidate, type) and issubclass(candidate, BaseException):
+            found = candidate
+    elif (module, qualname) in _NUMPY_GLOBALS and module in modules:
+        found = _walk(modules[module], qualname)
+    elif (module, qualname) in _STDLIB_GLOBALS:
+        found = _walk(__import__(module), qualname)
+    elif module == _WIRE and qualname in _WIRE_GLOBALS:
+        found = globals()[qualname]
+    elif module.startswith("numpy.dtypes") and "numpy" in modules:
+        candidate = _walk(modules[module], qualname) if module in modules else None
+        if isinstance(candidate, type) and issubclass(candidate, modules["numpy"].dtype):
+            found = candidate
+    elif given_module(module) and module in modules:
+        try:
+            candidate = _walk(modules[module], qualname)
+        except AttributeError:
+            candidate = None
+        if is_data_class(candidate):
+            found = candidate
+    if found is None:
+        raise pickle.UnpicklingError(f"{module}.{qualname} is not allowed in a result")
+    return found
+
+
+def _builtin(name: str) -> Any:
+    import builtins
+
+    return getattr(builtins, name, None)
+
+
+def allowed_by_name(obj: Any) -> bool:
+    """Would :func:`resolve_global` accept the class or function ``obj`` (by its name)?"""
+    module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+    if not isinstance(module, str) or not isinstance(qualname, str):
+        return False
+    try:
+        return resolve_global(module, qualname) is obj
+    except (pickle.UnpicklingError, AttributeError, ImportError):
+        return False
+
+
+_PLAIN = (type(None), pickle.PickleBuffer, bool, int, float, complex, str, bytes, bytearray,
+          list, tuple, dict, set, frozenset, slice, range, type(Ellipsis), type(NotImplemented),
+          collections.OrderedDict, collections.deque, collections.defaultdict,
+          collections.Counter, fractions.Fraction, decimal.Decimal)
+
+
+def by_value(obj: Any) -> bool:
+    """Whether the worker sends ``obj`` itself (pickled) rather than a handle to it."""
+    cls = type(obj)
+    if cls in _PLAIN:
+        return True
+    if isinstance(obj, type) or callable(obj) and hasattr(obj, "__qualname__"):
+        return allowed_by_name(obj)  # classes and pickling helpers, by name
+    if cls.__module__ == "builtins" and issubclass(cls, BaseException):
+        return True
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        if cls is numpy.ndarray or isinstance(obj, numpy.dtype):
+            return True
+        if isinstance(obj, numpy.generic) and cls.__module__ == "numpy":
+            return True
+    if is_plain_tensor(obj):
+        return True
+    torch = _torch()
+    if torch is not None and (isinstance(obj, torch.dtype | torch.device) or cls is torch.Size):
+        return True
+    return is_data_class(cls) and allowed_by_name(cls)
+
+
+class SafeUnpickler(pickle.Unpickler):
+    """Unpickles what the worker sent: allow-listed globals only; handles via ``on_handle``."""
+
+    def __init__(self, data: bytes, on_handle: Any) -> None:
+        super().__init__(io.BytesIO(data))
+        self._on_handle = on_handle
+
+    def find_class(self, module: str, name: str) -> Any:
+        return resolve_global(module, name)
+
+    def persistent_load(self, pid: Any) -> Any:
+        return self._on_handle(pid)
+
+
+def loads_untrusted(data: bytes, on_handle: Any) -> Any:
+    return SafeUnpickler(data, on_handle).load()
+
+
+# ---- arguments written in place -----------------------------------------------------------------
+
+
+def _is_leaf(obj: Any) -> bool:
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and type(obj) is numpy.ndarray:
+        return obj.dtype != object
+    return is_plain_tensor(obj)
+
+
+def iter_leaves(args: tuple, kwargs: dict, max_depth: int = 3):
+    """``(path, array)`` for every numpy array and tensor among the arguments, looking into
+    lists, tuples (NamedTuples too) and dicts; both sides walk in the same order."""
+
+    def walk(obj: Any, path: tuple, depth: int):
+        if _is_leaf(obj):
+            yield path, obj
+        elif depth >= max_depth:
+            return
+        elif type(obj) in (list, tuple) or (isinstance(obj, tuple) and hasattr(obj, "_fields")):
+            for i, item in enumerate(obj):
+                yield from walk(item, (*path, i), depth + 1)
+        elif type(obj) is dict:
+            for key, item in obj.items():
+                if isinstance(key, str | int):
+                    yield from walk(item, (*path, key), depth + 1)
+
+    for i, arg in enumerate(args):
+        yield from walk(arg, ("a", i), 0)
+    for key, arg in kwargs.items():
+        yield from walk(arg, ("k", key), 0)
+
+
+def find_leaf(args: tuple, kwargs: dict, path: tuple) -> Any:
+    obj: Any = args if path[0] == "a" else kwargs
+    for step in path[1:]:
+        obj = obj[step]
+    return obj
+
+
+def leaf_bytes(leaf: Any) -> bytes:
+    if is_plain_tensor(leaf):
+        return encode_tensor(leaf)[1][0].tobytes()
+    return leaf.tobytes()
+
+
+def leaf_grad(leaf: Any) -> Any:
+    return leaf.grad if is_plain_tensor(leaf) else None
