@@ -427,7 +427,7 @@ def build_exception(info: dict[str, Any], what: str, client: Client) -> BaseExce
 
 class _ArgsPickler(pickle.Pickler):
     def reducer_override(self, obj: Any) -> Any:
-        return wire.reduce_special(obj)
+        return wire.reduce_special(obj, strict=False)
 
     def persistent_id(self, obj: Any) -> Any:
         if isinstance(obj, RemoteMethod):

@@ -212,9 +212,25 @@ def _readonly(array: Any) -> Any:
     return array
 
 
-def reduce_special(obj: Any) -> Any:
+def _global(module: str, qualname: str) -> Any:
+    """A class of a lab's ``provided.py`` (allow-listed as :func:`resolve_global` says)."""
+    return resolve_global(str(module), str(qualname))
+
+
+def _given(module: str, qualname: str) -> Any:
+    """Any class of a lab's ``provided.py`` (arguments: the worker trusts the test process)."""
+    if not PROVIDED_MODULE.match(module):
+        raise pickle.UnpicklingError(f"{module} is not a lab's provided module")
+    return _walk(sys.modules[module], qualname)
+
+
+def reduce_special(obj: Any, strict: bool = True) -> Any:
     """``reducer_override`` body: tensors, dtypes, devices and sizes by our encodings;
-    read-only numpy arrays marked as such."""
+    read-only numpy arrays marked as such; classes of a lab's ``provided.py`` by name (it is
+    loaded from its path, so pickle could not import it). ``strict``: results (the trusted
+    side accepts only data classes), else arguments."""
+    if isinstance(obj, type) and PROVIDED_MODULE.match(getattr(obj, "__module__", "") or ""):
+        return (_global if strict else _given, (obj.__module__, obj.__qualname__))
     numpy = sys.modules.get("numpy")
     if numpy is not None and type(obj) is numpy.ndarray and not obj.flags.writeable:
         return (_readonly, (numpy.array(obj),))
@@ -249,7 +265,7 @@ _STDLIB_GLOBALS = {
     ("collections", "Counter"), ("fractions", "Fraction"), ("decimal", "Decimal"),
 }
 _WIRE = __name__
-_WIRE_GLOBALS = {"_tensor", "_dtype", "_device", "_size", "_readonly"}
+_WIRE_GLOBALS = {"_tensor", "_dtype", "_device", "_size", "_readonly", "_global"}
 PROVIDED_MODULE = re.compile(r"^lab_\w+\.provided$")
 
 
