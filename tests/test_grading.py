@@ -21,7 +21,9 @@ import pytest
 
 from common.grading import autograder
 from common.grading.autograder import find_submission_files
-from common.grading.grader import select_labs, static_tests, validate_gradescope
+from common.grading.counting import static_tests
+from common.grading.discovery import select_labs
+from common.grading.gradescope import validate_gradescope
 from common.grading.pytest_points import summarize_collect_error
 from common.grading.release import ReleaseError, build_release, plan_release
 
@@ -678,9 +680,7 @@ def test_instructors_hidden_tests_are_graded_and_never_released(tmp_path):
     course = fake_project(tmp_path / "course")
     lab = write_lab(course, "lab-01-mul", MUL_STARTER, MUL_TESTS, MUL_SOLUTION)
     (lab / "test_hidden_extra.py").write_text(HIDDEN_TESTS.lstrip())
-    proc = start_grading(
-        course, "solution", "r.json", pythonpath=no_triton(tmp_path / "no-triton")
-    )
+    proc = start_grading(course, "solution", "r.json", pythonpath=no_triton(tmp_path / "no-triton"))
     text, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, text
     results = json.loads((course / "r.json").read_text())
