@@ -15,9 +15,11 @@ default 15 s, also bounding the import of the tests) and a limit for the whole l
 graded code crashes, hangs or cannot be imported.
 
 Tests that are skipped on this machine (``gpu`` without CUDA) are not counted: "possible"
-is what this machine can grade. A ``pytest.skip()`` raised from the graded code counts as
-a failure. The grader guards against accidents, not against deliberate tampering: the
-graded code runs inside the pytest process that records its results.
+is what this machine can grade. Tests that need triton where it is not installed (macOS,
+Windows) are "not run on this machine": not failed, not counted, and the table says so.
+A ``pytest.skip()`` raised from the graded code counts as a failure. The grader guards
+against accidents, not against deliberate tampering: the graded code runs inside the
+pytest process that records its results.
 """
 
 from __future__ import annotations
@@ -30,7 +32,14 @@ from pathlib import Path
 from common.grading.discovery import PROJECT_ROOT, discover_labs, select_labs
 from common.grading.gradescope import gradescope_results, write_json
 from common.grading.lab import grade
-from common.grading.report import Table, details, fmt_points, plain_summary, problem_lines
+from common.grading.report import (
+    Table,
+    details,
+    fmt_points,
+    not_run_lines,
+    plain_summary,
+    problem_lines,
+)
 from common.grading.results import Report
 from common.grading.runner import (
     DEFAULT_LAB_TIMEOUT,
@@ -164,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
         for lab in report.labs:
             say(table.row(lab))
     say(table.footer(report))
+    if not_run_lines(report):
+        say(not_run_lines(report))
     if show_details:
         ascii_only = "utf" not in (sys.stdout.encoding or "").lower()
         for lab in report.labs:

@@ -79,9 +79,19 @@ def _cases(marks: Marks) -> int:
     return cases
 
 
+@lru_cache(maxsize=1)
+def _triton_missing() -> str | None:
+    """conftest.py's reason for skipping ``triton`` tests here, or None if triton imports."""
+    from common.triton_env import HAVE_TRITON, TRITON_MISSING
+
+    return None if HAVE_TRITON else f"not run: {TRITON_MISSING}"
+
+
 def _skip_reason(marks: Marks) -> str | None:
     if any(name == "gpu" for name, _ in marks) and not _has_cuda():
         return "needs a CUDA GPU (gpu marker)"
+    if any(name == "triton" for name, _ in marks):
+        return _triton_missing()
     return None
 
 
@@ -104,9 +114,10 @@ def static_tests(test_file: Path) -> list[dict]:
     """Tests and points read from the source of ``test_file`` (no import).
 
     Understands ``@pytest.mark.points(n)`` (also on a class or in ``pytestmark``), ``gpu``
-    (not counted without CUDA) and ``parametrize`` with a literal list of cases (each case is
-    a test). Not understood, so counted as one test: parametrize over a computed list,
-    ``pytest_generate_tests``, tests imported from elsewhere.
+    (not counted without CUDA), ``triton`` (not run without triton) and ``parametrize``
+    with a literal list of cases (each case is a test). Not understood, so counted as one
+    test: parametrize over a computed list, ``pytest_generate_tests``, tests imported from
+    elsewhere.
     """
     try:
         tree = ast.parse(test_file.read_text(encoding="utf-8"))

@@ -45,6 +45,7 @@ def gradescope_results(report: Report, summary: str = "") -> dict[str, Any]:
                     "passed": lab.passed,
                     "tests": len(lab.graded),
                     "skipped": lab.skipped,
+                    "not_run": lab.not_run,
                     "seconds": round(lab.duration, 2),
                     "notes": lab.note(),
                     "problems": lab.problems,

@@ -3,7 +3,9 @@
 A lab is run in its own pytest process (:mod:`common.grading.runner`). If the process dies
 in the middle (``os._exit``, a segfault, a kill), the test that was running gets 0 points
 with the reason, the tests that had finished keep their results, and the lab is re-run
-without them (at most ``max_restarts`` times, within the lab's time limit). When the tests
+without them (at most ``max_restarts`` times, within the lab's time limit). A test stopped
+at the per-test limit costs only itself: the re-run after it is not counted as a crash,
+and the lab's limit grows by that test's budget (``runner.timeout_allowance``). When the tests
 cannot even be imported, the lab scores 0 of points counted without importing its code
 (:mod:`common.grading.counting`).
 """
@@ -33,7 +35,11 @@ class _Progress:
     problems: list[str] = field(default_factory=list)
     stopped: str | None = None  # why tests that never ran did not run
     collect_problem: str | None = None
-    restarts: int = 0
+    restarts: int = 0  # re-runs after a crash (not after a test stopped at its time limit)
+    allowance: float = 0.0  # seconds added to the lab's limit for tests that timed out
+
+    def remaining(self, opts: Options) -> float:
+        return opts.lab_timeout + self.allowance - (time.monotonic() - self.start)
 
 
 def grade_lab(lab: Path, opts: Options) -> LabResult:
@@ -41,7 +47,7 @@ def grade_lab(lab: Path, opts: Options) -> LabResult:
     result = LabResult(name=lab.name)
     progress = _Progress(start=time.monotonic())
     while _run_again(lab, opts, progress):
-        progress.restarts += 1
+        pass
     if progress.collect_problem is not None:
         progress.problems.insert(0, progress.collect_problem)
         if not progress.collected:
@@ -55,8 +61,10 @@ def grade_lab(lab: Path, opts: Options) -> LabResult:
 
 def _run_again(lab: Path, opts: Options, p: _Progress) -> bool:
     """Run the tests not done yet; True when the lab must be run again (after a crash)."""
-    remaining = opts.lab_timeout - (time.monotonic() - p.start)
-    run = run_pytest(lab, opts, remaining, [], deselect=set(p.done))
+    run = run_pytest(
+        lab, opts, p.remaining(opts), [], deselect=set(p.done), shown_limit=opts.lab_timeout
+    )
+    p.allowance += run.allowance
     if p.collected is None:
         p.collected = run.collected
     for nodeid, event in run.results.items():
@@ -87,12 +95,14 @@ def _after_stop(run: Run, opts: Options, p: _Progress) -> bool:
         p.problems.append(f"{reason} during {_short(culprit)}")
     else:
         p.problems.append(reason)
-    out_of_time = run.timed_out or time.monotonic() - p.start >= opts.lab_timeout - 0.5
-    if out_of_time or culprit is None or p.restarts >= opts.max_restarts:
+    hung = bool(run.of("timeout"))  # stopped by the per-test watchdog: not a crash
+    out_of_time = run.timed_out or p.remaining(opts) <= 0.5
+    if out_of_time or culprit is None or (not hung and p.restarts >= opts.max_restarts):
         p.stopped = reason if culprit is None else f"{reason} during {_short(culprit)}"
         if not out_of_time and culprit is not None:
             p.stopped += f" (after {p.restarts} re-runs of this lab)"
         return False
+    p.restarts += 0 if hung else 1
     return True
 
 

@@ -3,7 +3,7 @@ notes, and the per-test details."""
 
 from __future__ import annotations
 
-from common.grading.results import LabResult, Report
+from common.grading.results import NOT_RUN, LabResult, Report
 
 
 def fmt_points(x: float) -> str:
@@ -58,11 +58,28 @@ def problem_lines(report: Report) -> str:
     return "\nWhat went wrong:\n" + "\n".join(lines) if lines else ""
 
 
+def not_run_lines(report: Report) -> str:
+    """Why some tests were not run on this machine ("" when every test could run)."""
+    count = sum(lab.not_run for lab in report.labs)
+    if not count:
+        return ""
+    reasons = {
+        t.message.removeprefix(NOT_RUN).strip()
+        for lab in report.labs
+        for t in lab.tests
+        if t.outcome == "skipped" and t.message.startswith(NOT_RUN)
+    }
+    return (
+        f"\nNot run on this machine: {count} test(s), neither failed nor counted in the "
+        "possible points above.\n" + "\n".join(f"  {reason}" for reason in sorted(reasons))
+    )
+
+
 def plain_summary(report: Report) -> str:
     """The table and the reasons, without colours (Gradescope's top-level output)."""
     table = Table([lab.name for lab in report.labs])
     lines = [table.header(), *map(table.row, report.labs), table.footer(report)]
-    return "\n".join(lines) + problem_lines(report)
+    return "\n".join(lines) + not_run_lines(report) + problem_lines(report)
 
 
 def markdown_block(text: str) -> str:

@@ -5,6 +5,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+# conftest.py skips a test this machine cannot run (no triton installed) with a reason that
+# starts with this: "not run on this machine", neither failed nor in the possible points.
+NOT_RUN = "not run:"
+
 
 @dataclass
 class TestResult:
@@ -46,15 +50,23 @@ class LabResult:
 
     @property
     def skipped(self) -> int:
+        """Tests not graded here: skipped (``gpu`` without CUDA) or not run (no triton)."""
         return sum(t.outcome == "skipped" for t in self.tests)
+
+    @property
+    def not_run(self) -> int:
+        """Skipped tests this machine cannot run (triton is not installed)."""
+        return sum(t.outcome == "skipped" and t.message.startswith(NOT_RUN) for t in self.tests)
 
     def note(self) -> str:
         """A few words for the table; the full reasons are in ``problems``."""
         notes = list(dict.fromkeys(tag(p) for p in self.problems))
         if self.count_source.startswith("static"):
             notes.append("points estimated")
-        if self.skipped:
-            notes.append(f"{self.skipped} skipped, not counted")
+        if self.not_run:
+            notes.append(f"{self.not_run} not run on this machine")
+        if self.skipped > self.not_run:
+            notes.append(f"{self.skipped - self.not_run} skipped, not counted")
         return ", ".join(notes)
 
 
