@@ -3,7 +3,7 @@
 They never touch the real labs: each builds a small fake project in a temporary folder (a
 copy of conftest.py, pyproject.toml and common/, plus tiny labs written below) and runs the
 real commands on it. ``TRITON_INTERPRET=1`` keeps torch out of the graded processes, so a
-lab costs well under a second; the hostile labs run three at a time.
+lab costs well under a second; the end-to-end runs start together in one fixture.
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ import pytest
 
 from common.grading import autograder
 from common.grading.autograder import find_submission_files
-from common.grading.grader import select_labs, static_tests, validate_gradescope
+from common.grading.counting import static_tests
+from common.grading.discovery import select_labs
+from common.grading.gradescope import validate_gradescope
 from common.grading.pytest_points import summarize_collect_error
 from common.grading.release import ReleaseError, build_release, plan_release
 
@@ -172,11 +174,20 @@ def segfault(x):
 def skip_me(x):
     import pytest
     pytest.skip("nothing to see")
+
+
+def count_and_check(x, log):
+    with open(log, "a") as f:
+        f.write(f"{x}\\n")
+    return x % 5 != 3  # wrong on some inputs
 """
 
 HOSTILE_TESTS = """
+import os
+
 import numpy as np
 import pytest
+from hypothesis import Phase, given, settings, strategies as st
 
 from common import load_impl
 from common.testing import assert_close
@@ -227,16 +238,42 @@ def test_h_a_segfault_kills_the_process():
 @pytest.mark.points(1)
 def test_i_a_test_after_the_crashes_still_runs():
     assert impl.fine(2) == 3
-"""  # possible 10; earned 2 (a and i)
+
+
+@pytest.mark.points(1)
+@given(st.integers(0, 10))
+def test_j_an_endless_loop_inside_given_costs_only_itself(x):
+    impl.loop(x)
+
+
+@pytest.mark.points(1)
+@settings(max_examples=50, phases=list(Phase))  # the test asks for shrinking: not under the grader
+@given(st.integers(0, 10**6))
+def test_k_a_failing_property_stops_at_its_first_counterexample(x):
+    assert impl.count_and_check(x, os.environ["CALL_LOG"]), f"wrong for {x}"
+
+
+@pytest.mark.points(1)
+def test_l_a_test_after_the_loops_still_runs():
+    assert impl.fine(3) == 4
+"""  # possible 13; earned 3 (a, i and l)
 
 HANG_STARTER = """
 import signal
 import time
 
 
-def fine(x):
-    signal.signal(signal.SIGALRM, signal.SIG_IGN)  # pytest-timeout cannot stop it now
+def deaf(x):
+    signal.signal(signal.SIGALRM, signal.SIG_IGN)  # the per-test alarm cannot stop it now
     time.sleep(600)
+
+
+def slow(x):
+    time.sleep(600)
+
+
+def fine(x):
+    return x + 1
 """
 
 HANG_TESTS = """
@@ -248,8 +285,18 @@ impl = load_impl(__file__)
 
 
 @pytest.mark.points(3)
-def test_hangs_beyond_the_reach_of_pytest_timeout():
-    impl.fine(1)
+def test_a_hangs_beyond_the_reach_of_the_alarm():
+    impl.deaf(1)
+
+
+@pytest.mark.points(1)
+def test_b_runs_after_the_hang():
+    assert impl.fine(1) == 2
+
+
+@pytest.mark.points(2)
+def test_c_sleeps_past_the_lab_limit():
+    impl.slow(1)
 """
 
 IMPORT_HOSTILE = {  # lab -> starter whose import goes wrong (the tests are MUL_TESTS: 6 points)
@@ -323,13 +370,20 @@ def output_of(results: dict, lab: str, test: str) -> str:
 
 
 def start_grading(
-    root: Path, impl: str, results: str, *args: str, pythonpath: Path | None = None
+    root: Path,
+    impl: str,
+    results: str,
+    *args: str,
+    pythonpath: Path | None = None,
+    **extra_env: str,
 ) -> subprocess.Popen:
+    """The grader on ``root``. Its time limits are backstops that a run on a busy machine
+    never reaches (a few seconds per lab when idle); the tests check mechanisms, not times."""
     return subprocess.Popen(
         [sys.executable, "-m", "common.grading", "--root", str(root), "--results", results]
-        + ["--test-timeout", "5", "--lab-timeout", "20", "--jobs", "2", *args],
+        + ["--test-timeout", "10", "--lab-timeout", "100", "--jobs", "2", *args],
         cwd=root,
-        env=env(pythonpath, LAB_IMPL=impl),
+        env=env(pythonpath, LAB_IMPL=impl, **extra_env),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -356,13 +410,24 @@ def simulated_gradescope(clean: Path, tmp: Path) -> tuple[Path, list[str], dict[
     return ag, names, modes
 
 
+RESULTS_FILES = {
+    "solution": "solution.json",
+    "hostile": "h.json",
+    "imports": "imports.json",
+    "hangs": "hangs.json",
+    "lab_limit": "limit.json",
+}
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:
     """Every end-to-end run, started together (they are mostly waiting) and awaited once.
 
     - ``solution``: the clean project graded with LAB_IMPL=solution;
-    - ``hostile``: a solved lab next to labs that loop, exit, crash and cannot be imported;
-    - ``hangs``: a lab that defeats pytest-timeout, under a 3 s lab limit;
+    - ``hostile``: a solved lab next to a lab whose functions loop, exit and crash;
+    - ``imports``: labs whose starters cannot be imported (exit, syntax error, loop);
+    - ``hangs``: a test that ignores the per-test alarm, then one that sleeps past a 3 s lab
+      limit (its per-test limit is longer);
     - ``release``: the student copy of the clean project, graded (starters);
     - ``gradescope``: the autograder zip run on a submission in a simulated /autograder.
     """
@@ -380,18 +445,38 @@ def runs(tmp_path_factory) -> dict:
 
     fast = no_triton(tmp / "no-triton")
 
+    calls = tmp / "calls.txt"
+
     def start(root: Path, impl: str, results: str, *args: str) -> subprocess.Popen:
-        return start_grading(root, impl, results, *args, pythonpath=fast)
+        return start_grading(root, impl, results, *args, pythonpath=fast, CALL_LOG=str(calls))
 
     jobs = {
         "solution": (clean, start(clean, "solution", "solution.json")),
         "hostile": (
             hostile,
-            start(hostile, "starter", "h.json", "--lab", "0,1,3,4,5,6", "--test-timeout", "2"),
+            start(hostile, "starter", "h.json", "--lab", "0,1", "--test-timeout", "2"),
+        ),
+        "imports": (
+            hostile,
+            start(hostile, "starter", "imports.json", "--lab", "3,4,5,6", "--test-timeout", "2"),
         ),
         "hangs": (
             hostile,
-            start(hostile, "starter", "hangs.json", "--lab", "2", "--lab-timeout", "3"),
+            start(hostile, "starter", "hangs.json", "--lab", "2", "--test-timeout", "1"),
+        ),
+        "lab_limit": (
+            hostile,
+            start(
+                hostile,
+                "starter",
+                "limit.json",
+                "--lab",
+                "2",
+                "--test-timeout",
+                "60",
+                "--lab-timeout",
+                "3",
+            ),
         ),
         "release": (release, start(release, "starter", "results.json")),
     }
@@ -401,19 +486,19 @@ def runs(tmp_path_factory) -> dict:
             fast,
             AUTOGRADER_ROOT=str(ag),
             AUTOGRADER_PYTHON=sys.executable,
-            GRADE_TEST_TIMEOUT="5",
-            GRADE_LAB_TIMEOUT="30",
+            GRADE_TEST_TIMEOUT="10",
+            GRADE_LAB_TIMEOUT="100",
         ),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
     )
     out: dict = {"release_dir": release, "zip_names": names, "zip_modes": modes}
+    out.update(calls=calls, hostile_root=hostile)
     for key, (root, proc) in jobs.items():
         text, _ = proc.communicate(timeout=120)
         assert proc.returncode == 0, text
-        results = {"solution": "solution.json", "hostile": "h.json", "hangs": "hangs.json"}
-        path = root / results.get(key, "results.json")
+        path = root / RESULTS_FILES.get(key, "results.json")
         out[key] = (json.loads(path.read_text()), text)
     text, _ = gradescope.communicate(timeout=120)
     assert gradescope.returncode == 0, text
@@ -442,7 +527,7 @@ def test_a_solved_lab_keeps_full_marks_next_to_hostile_labs(runs):
     assert validate_gradescope(results) == []
     labs = by_lab(results)
     assert (labs["lab-00-add"]["score"], labs["lab-00-add"]["possible"]) == (5, 5)
-    assert set(labs) == {"lab-00-add", "lab-01-hostile", *IMPORT_HOSTILE}
+    assert set(labs) == {"lab-00-add", "lab-01-hostile"}
     assert "What went wrong" in out
 
 
@@ -450,33 +535,65 @@ def test_a_solved_lab_keeps_full_marks_next_to_hostile_labs(runs):
 def test_each_hostile_test_costs_only_itself_with_its_reason(runs):
     results, _ = runs["hostile"]
     lab = "lab-01-hostile"
-    assert (by_lab(results)[lab]["score"], by_lab(results)[lab]["possible"]) == (2, 10)
+    assert (by_lab(results)[lab]["score"], by_lab(results)[lab]["possible"]) == (3, 13)
     out = {t["name"].split(" › ")[1]: t for t in results["tests"] if t["name"].startswith(lab)}
     assert out["test_a_fine_function_passes"]["score"] == 1
     assert out["test_i_a_test_after_the_crashes_still_runs"]["score"] == 1  # ran after a re-run
+    assert out["test_l_a_test_after_the_loops_still_runs"]["score"] == 1
     expected = {
-        "test_b_an_endless_loop_times_out": "timed out after 2 s",
+        "test_b_an_endless_loop_times_out": "timed out after 2 s (the per-test limit)",
         "test_c_sys_exit_is_a_failure": "sys.exit(4)",
         "test_d_megabytes_of_prints_do_not_block": "NotImplementedError: TODO: stop printing",
         "test_e_nan_is_explained": "NaN reached the output",
         "test_f_skip_from_graded_code_is_a_failure": "called pytest.skip()",
         "test_g_os_exit_kills_the_process": "the interpreter exited with code 3",
         "test_h_a_segfault_kills_the_process": "crashed with signal SIGSEGV",
+        "test_j_an_endless_loop_inside_given_costs_only_itself": "timed out after 2 s",
+        "test_k_a_failing_property_stops_at_its_first_counterexample": "Failing test case:",
     }
     for test, reason in expected.items():
         assert out[test]["score"] == 0 and reason in out[test]["output"], out[test]
         assert len(out[test]["output"]) < 1000  # a message, not a traceback or the prints
-    assert "starter.py:" in out["test_b_an_endless_loop_times_out"]["output"]  # where it looped
+    for looped in (
+        "test_b_an_endless_loop_times_out",
+        "test_j_an_endless_loop_inside_given_costs_only_itself",
+    ):
+        assert "(raised at starter.py:" in out[looped]["output"]  # where it looped
 
 
 @pytest.mark.slow
-def test_a_lab_that_hangs_beyond_pytest_timeout_hits_the_lab_time_limit(runs):
+def test_a_failing_property_is_not_shrunk_and_uses_no_example_database(runs):
+    results, _ = runs["hostile"]
+    test = "test_k_a_failing_property_stops_at_its_first_counterexample"
+    message = output_of(results, "lab-01-hostile", test)
+    calls = [int(x) for x in runs["calls"].read_text().split()]
+    # Generation stops at the first counterexample, which is replayed once to report it; a
+    # shrinking run would go on calling with ever smaller examples (down to x=3).
+    bad = [i for i, x in enumerate(calls) if x % 5 == 3]
+    assert bad and len(calls) == bad[0] + 2 and calls[-1] == calls[bad[0]], calls
+    assert f"wrong for {calls[-1]}" in message and f"x={calls[-1]}" in message
+    assert not (runs["hostile_root"] / ".hypothesis" / "examples").exists()  # no database
+
+
+@pytest.mark.slow
+def test_a_test_that_ignores_its_time_limit_is_stopped_and_costs_only_itself(runs):
     results, _ = runs["hangs"]
     lab = by_lab(results)["lab-02-hangs"]
-    assert (lab["score"], lab["possible"]) == (0, 3)
+    assert (lab["score"], lab["possible"]) == (1, 6)
+    deaf = output_of(results, "lab-02-hangs", "test_a_hangs_beyond_the_reach_of_the_alarm")
+    assert "timed out after 1 s (the per-test limit) during this test" in deaf
+    assert "test_b_runs_after_the_hang" not in " ".join(lab["problems"])
+    slow = output_of(results, "lab-02-hangs", "test_c_sleeps_past_the_lab_limit")
+    assert slow.startswith("timed out after 1 s (the per-test limit)")
+
+
+@pytest.mark.slow
+def test_a_lab_that_outlives_its_time_limit_is_stopped_with_its_tests_known(runs):
+    results, _ = runs["lab_limit"]  # per-test limit 60 s, lab limit 3 s: the lab limit acts
+    lab = by_lab(results)["lab-02-hangs"]
+    assert (lab["score"], lab["possible"]) == (0, 6)
     assert lab["notes"] == "timed out (3 s)"
     assert "timed out after 3 s (the lab's time limit)" in lab["problems"][0]
-    assert lab["seconds"] < 8
 
 
 @pytest.mark.slow
@@ -490,7 +607,7 @@ def test_a_lab_that_hangs_beyond_pytest_timeout_hits_the_lab_time_limit(runs):
     ],
 )
 def test_a_starter_that_cannot_be_imported_scores_zero_of_known_points(runs, lab, note, reason):
-    results, _ = runs["hostile"]
+    results, _ = runs["imports"]
     summary = by_lab(results)[lab]
     assert (summary["score"], summary["possible"]) == (0, 6)  # points known without importing
     assert summary["counted_by"] == "stub collection"
@@ -678,9 +795,7 @@ def test_instructors_hidden_tests_are_graded_and_never_released(tmp_path):
     course = fake_project(tmp_path / "course")
     lab = write_lab(course, "lab-01-mul", MUL_STARTER, MUL_TESTS, MUL_SOLUTION)
     (lab / "test_hidden_extra.py").write_text(HIDDEN_TESTS.lstrip())
-    proc = start_grading(
-        course, "solution", "r.json", pythonpath=no_triton(tmp_path / "no-triton")
-    )
+    proc = start_grading(course, "solution", "r.json", pythonpath=no_triton(tmp_path / "no-triton"))
     text, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, text
     results = json.loads((course / "r.json").read_text())

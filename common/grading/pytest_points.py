@@ -18,8 +18,22 @@ crashes the process (``os._exit``, a segfault, a kill on timeout) is already on 
 without the tests that already finished or crashed it). ``--points-stub-impl`` makes
 ``common.load_impl`` return a stub instead of importing anything, so the tests of a lab
 whose starter cannot even be imported can still be *counted* (``--collect-only``).
-``--points-collect-timeout S`` bounds the import of the test modules (pytest-timeout only
-covers tests): an import that takes longer fails collection with a clear message.
+``--points-collect-timeout S`` bounds the import of the test modules: an import that
+takes longer fails collection with a clear message.
+
+``--points-test-timeout S`` is the per-test limit (setup, call and teardown together; it
+replaces pytest-timeout, which the grader turns off). At S seconds a ``SIGALRM`` raises
+``PerTestTimeout`` in the test: a ``BaseException``, so neither ``except Exception`` in the
+graded code nor hypothesis' ``@given`` (which retries what it catches) holds it, and the
+test fails with "timed out after S s" and where the code was. If the test is still running
+``hard_stop_grace(S)`` seconds later (the alarm was caught or ignored, or the code is stuck
+in C), a watchdog thread writes ``{"event": "timeout", "nodeid", "seconds"}`` and ends the
+process; the grader gives that test 0 and re-runs the rest of the lab.
+
+``--points-fast-hypothesis`` makes every ``@given`` test stop at its first failing example:
+no shrinking (a failing property fails in about the time a passing one takes, printing
+the example it failed on), no example database (nothing read or written between runs, so
+the grade does not depend on earlier runs), whatever ``@settings`` the test carries.
 """
 
 from __future__ import annotations
@@ -29,6 +43,7 @@ import json
 import os
 import re
 import signal
+import threading
 import traceback
 import types
 from pathlib import Path
@@ -61,6 +76,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         help="seconds allowed for importing the test modules",
     )
+    group.addoption(
+        "--points-test-timeout",
+        type=float,
+        default=None,
+        help="seconds per test (setup + call + teardown), @given tests included",
+    )
+    group.addoption(
+        "--points-fast-hypothesis",
+        action="store_true",
+        default=False,
+        help="hypothesis stops at the first failing example: no shrinking, no database",
+    )
 
 
 # ---- writing events ---------------------------------------------------------------------
@@ -81,6 +108,7 @@ def _emit(event: str, **fields: Any) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     _state["log"] = config.getoption("points_log")
     _state["pid"] = os.getpid()
+    _state["test_timeout"] = config.getoption("points_test_timeout")
     if config.getoption("points_stub_impl"):
         _install_stub_loader()
 
@@ -139,6 +167,9 @@ def pytest_collection_modifyitems(
             }
         )
     _emit("collected", tests=tests)
+    if config.getoption("points_fast_hypothesis"):
+        for item in items:
+            _fast_hypothesis(item)
 
     deselect_file = config.getoption("points_deselect")
     if deselect_file:
@@ -148,6 +179,22 @@ def pytest_collection_modifyitems(
         if dropped:
             config.hook.pytest_deselected(items=dropped)
             items[:] = keep
+
+
+def _fast_hypothesis(item: pytest.Item) -> None:
+    """Stop ``item``'s ``@given`` test at its first failing example, with no database.
+
+    Hypothesis reads the settings of a ``@given`` test from this attribute when the test
+    runs, so this overrides the profile and the test's own ``@settings`` alike.
+    """
+    test = getattr(item, "obj", None)
+    current = getattr(test, "_hypothesis_internal_use_settings", None)
+    if current is None:
+        return
+    from hypothesis import Phase, settings
+
+    phases = [p for p in current.phases if p in (Phase.explicit, Phase.generate, Phase.target)]
+    test._hypothesis_internal_use_settings = settings(current, phases=phases, database=None)
 
 
 def points_of(item: pytest.Item) -> float:
@@ -170,9 +217,64 @@ def _static_skip_reason(item: pytest.Item) -> str | None:
 # ---- running ------------------------------------------------------------------------------
 
 
+class PerTestTimeout(BaseException):
+    """The test ran past the per-test limit (``--points-test-timeout``)."""
+
+
+def hard_stop_grace(seconds: float) -> float:
+    """How long after the per-test limit the watchdog ends the process: min(5, S) s."""
+    return min(5.0, seconds)
+
+
+_limit: dict[str, Any] = {"seconds": None, "nodeid": None, "watchdog": None, "handler": None}
+
+
+def _on_alarm(signum: int, frame: Any) -> None:
+    raise PerTestTimeout(
+        f"timed out after {_limit['seconds']:g} s (the per-test limit): an endless loop, or "
+        "far slower than it should be"
+    )
+
+
+def _hard_stop(nodeid: str) -> None:
+    """The watchdog: the test ignored its alarm (or is stuck in C code); end the process."""
+    if _limit["nodeid"] != nodeid:
+        return
+    _emit("timeout", nodeid=nodeid, seconds=_limit["seconds"])
+    os._exit(EXIT_TIMEOUT)
+
+
+EXIT_TIMEOUT = 124  # what `timeout(1)` exits with; the grader reads the "timeout" event
+
+
+def _arm(nodeid: str, seconds: float) -> None:
+    _limit.update(seconds=seconds, nodeid=nodeid)
+    if hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread():
+        _limit["handler"] = signal.signal(signal.SIGALRM, _on_alarm)
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+    watchdog = threading.Timer(seconds + hard_stop_grace(seconds), _hard_stop, args=(nodeid,))
+    watchdog.daemon = True
+    watchdog.start()
+    _limit["watchdog"] = watchdog
+
+
+def _disarm() -> None:
+    _limit["nodeid"] = None
+    if _limit["watchdog"] is not None:
+        _limit["watchdog"].cancel()
+        _limit["watchdog"] = None
+    if _limit["handler"] is not None:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, _limit["handler"])
+        _limit["handler"] = None
+
+
 def pytest_runtest_logstart(nodeid: str, location: tuple) -> None:
     _state["phases"][nodeid] = []
     _emit("start", nodeid=nodeid)
+    seconds = _state["test_timeout"]
+    if seconds:
+        _arm(nodeid, seconds)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -193,6 +295,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 
 
 def pytest_runtest_logfinish(nodeid: str, location: tuple) -> None:
+    _disarm()  # before the result is written: a hard stop never follows a recorded result
     phases = _state["phases"].pop(nodeid, [])
     outcome, message = _combine(phases)
     _emit(
@@ -250,12 +353,8 @@ def describe_exception(excinfo: pytest.ExceptionInfo, lab_dir: Path, test_file: 
     lines = "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()
     note_lines = sum(len(n.splitlines()) for n in notes)
     text = "\n".join(lines[: len(lines) - note_lines] if note_lines < len(lines) else lines)
-    timeout = re.match(r"Failed: Timeout \(>([\d.]+)s\) from pytest-timeout", text)
-    if timeout:
-        text = (
-            f"timed out after {float(timeout.group(1)):g} s (the per-test limit): an endless "
-            "loop, or far slower than it should be"
-        )
+    if isinstance(exc, PerTestTimeout):
+        text = str(exc)
     elif isinstance(exc, SystemExit):
         text = (
             f"the graded code called sys.exit({exc.code!r}) (SystemExit): functions must "
