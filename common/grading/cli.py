@@ -14,12 +14,19 @@ default 15 s, also bounding the import of the tests) and a limit for the whole l
 (``--lab-timeout``, default 60 s); see :mod:`common.grading.lab` for what happens when the
 graded code crashes, hangs or cannot be imported.
 
-Tests that are skipped on this machine (``gpu`` without CUDA) are not counted: "possible"
-is what this machine can grade. Tests that need triton where it is not installed (macOS,
-Windows) are "not run on this machine": not failed, not counted, and the table says so.
-A ``pytest.skip()`` raised from the graded code counts as a failure. The grader guards
-against accidents, not against deliberate tampering: the graded code runs inside the
-pytest process that records its results.
+Points: each test is worth its ``points(n)`` marker (default 1), times its lab's weight
+(``--weight 04=2``, default 1); a lab's possible points are the sum over the tests collected
+on this machine, and the report and ``results.json`` (``extra_data.possible``) give the
+total. Tests that are skipped on this machine (``gpu`` without CUDA) are not counted:
+"possible" is what this machine can grade. Tests that need triton where it is not installed
+(macOS, Windows) are "not run on this machine": not failed, not counted, and the table says
+so. A ``pytest.skip()`` raised from the graded code counts as a failure.
+
+The graded code never runs in the process that records the grade: ``load_impl`` returns a
+proxy and the student's module runs in a sandboxed worker (:mod:`common.grading.proxy`,
+:mod:`common.grading.sandbox`): as another uid when the grader runs as root, else as a
+separate process of the same user (the report says which). ``--no-sandbox`` runs it in the
+test process, as plain pytest does.
 """
 
 from __future__ import annotations
@@ -30,7 +37,12 @@ import sys
 from pathlib import Path
 
 from common.grading.discovery import PROJECT_ROOT, discover_labs, select_labs
-from common.grading.gradescope import gradescope_results, write_json
+from common.grading.gradescope import (
+    DEFAULT_HIDDEN_VISIBILITY,
+    GRADESCOPE_VISIBILITY,
+    gradescope_results,
+    write_json,
+)
 from common.grading.lab import grade
 from common.grading.report import (
     Table,
@@ -38,6 +50,7 @@ from common.grading.report import (
     fmt_points,
     not_run_lines,
     plain_summary,
+    possible_line,
     problem_lines,
 )
 from common.grading.results import Report
@@ -121,8 +134,45 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="PERCENT",
         help="exit with status 1 when the score is below PERCENT of possible",
     )
+    p.add_argument(
+        "--sandbox",
+        action=argparse.BooleanOptionalAction,
+        default=os.environ.get("GRADE_SANDBOX", "1").strip() not in ("0", "no", "off"),
+        help="run the graded code in a sandboxed worker (default; env GRADE_SANDBOX=0 to "
+        "turn off)",
+    )
+    p.add_argument(
+        "--weight",
+        action="append",
+        default=[],
+        metavar="NN=FACTOR",
+        help="multiply the points of a lab's tests (repeat; env GRADE_WEIGHTS=04=2,05=0.5)",
+    )
+    p.add_argument(
+        "--hidden-visibility",
+        choices=sorted(GRADESCOPE_VISIBILITY),
+        default=os.environ.get("GRADE_HIDDEN_VISIBILITY", DEFAULT_HIDDEN_VISIBILITY),
+        help="Gradescope visibility of test_hidden*.py tests (default after_published)",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="print only the total")
     return p.parse_args(argv)
+
+
+def parse_weights(specs: list[str], labs: list[Path]) -> dict[str, float]:
+    """``["04=2", "lab-05=0.5"]`` -> ``{lab folder name: factor}``; ``ValueError`` if bad."""
+    weights: dict[str, float] = {}
+    for spec in (s.strip() for w in specs for s in w.split(",")):
+        if not spec:
+            continue
+        name, eq, factor = spec.partition("=")
+        if not eq:
+            raise ValueError(f"--weight {spec!r}: write LAB=FACTOR, e.g. 04=2")
+        value = float(factor)
+        if not value >= 0:
+            raise ValueError(f"--weight {spec!r}: the factor must be >= 0")
+        for lab in select_labs(labs, [name]):
+            weights[lab.name] = value
+    return weights
 
 
 def _choose(args: argparse.Namespace) -> tuple[str, Path, list[Path]]:
@@ -144,12 +194,19 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(exc, file=sys.stderr)
         return 2
+    try:
+        env_weights = [os.environ["GRADE_WEIGHTS"]] if os.environ.get("GRADE_WEIGHTS") else []
+        weights = parse_weights(env_weights + args.weight, discover_labs(root))
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 2
     opts = Options(
         root=root,
         impl=impl,
         lab_timeout=args.lab_timeout,
         test_timeout=args.test_timeout,
         max_restarts=args.max_restarts,
+        sandbox=args.sandbox,
     )
     results_path = (args.results or root / "results.json").resolve()
     show_details = args.details if args.details is not None else len(labs) == 1
@@ -167,12 +224,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     say(table.header())
     report = grade(
-        labs, opts, jobs=args.jobs, on_done=(lambda r: say(table.row(r))) if live else None
+        labs,
+        opts,
+        jobs=args.jobs,
+        on_done=(lambda r: say(table.row(r))) if live else None,
+        weights=weights,
+        results_file=results_path,
+        top_level=True,
     )
     if not live:
         for lab in report.labs:
             say(table.row(lab))
     say(table.footer(report))
+    say(f"  {possible_line(report)}\n  Sandbox: {report.sandbox}")
     if not_run_lines(report):
         say(not_run_lines(report))
     if show_details:
@@ -182,7 +246,10 @@ def main(argv: list[str] | None = None) -> int:
     notes = problem_lines(report)
     if notes:
         say(notes)
-    write_json(results_path, gradescope_results(report, plain_summary(report)))
+    write_json(
+        results_path,
+        gradescope_results(report, plain_summary(report), hidden_visibility=args.hidden_visibility),
+    )
     pct = _print_score(report, results_path)
     if impl == "starter" and report.earned < report.possible and not (args.quiet or show_details):
         one = " LAB=NN" if len(labs) > 1 else ""

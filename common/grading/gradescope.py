@@ -10,9 +10,31 @@ from typing import Any
 from common.grading.report import markdown_block
 from common.grading.results import Report
 
+DEFAULT_HIDDEN_VISIBILITY = "after_published"
 
-def gradescope_results(report: Report, summary: str = "") -> dict[str, Any]:
-    """The dict Gradescope reads from ``/autograder/results/results.json``."""
+
+def redact_hidden(text: str, report: Report) -> str:
+    """``text`` with the names of hidden tests replaced by "a hidden test"."""
+    for lab in report.labs:
+        for t in lab.tests:
+            if t.hidden and t.name:
+                text = text.replace(t.name, "a hidden test")
+    return text
+
+
+def gradescope_results(
+    report: Report, summary: str = "", hidden_visibility: str = DEFAULT_HIDDEN_VISIBILITY
+) -> dict[str, Any]:
+    """The dict Gradescope reads from ``/autograder/results/results.json``.
+
+    Tests of an instructor's ``test_hidden*.py`` get ``hidden_visibility`` (default
+    ``after_published``: name, score and failure output appear once the grades are
+    published); their names are kept out of the top-level output. ``extra_data.possible``
+    is the total of the tests collected on this machine: the assignment's total points.
+    """
+    if hidden_visibility not in GRADESCOPE_VISIBILITY:
+        raise ValueError(f"hidden_visibility={hidden_visibility!r}: one of "
+                         f"{sorted(GRADESCOPE_VISIBILITY)}")
     tests = []
     for lab in report.labs:
         for t in lab.graded:
@@ -23,9 +45,10 @@ def gradescope_results(report: Report, summary: str = "") -> dict[str, Any]:
                     "max_score": round(t.points, 4),
                     "status": "passed" if t.outcome == "passed" else "failed",
                     "output": t.message,
-                    "visibility": "visible",
+                    "visibility": hidden_visibility if t.hidden else "visible",
                 }
             )
+    summary = redact_hidden(summary, report)
     return {
         "score": round(report.earned, 4),
         "execution_time": round(report.duration, 2),
@@ -37,6 +60,8 @@ def gradescope_results(report: Report, summary: str = "") -> dict[str, Any]:
         "extra_data": {
             "impl": report.impl,
             "possible": round(report.possible, 4),
+            "sandbox": report.sandbox,
+            "hidden_tests": sum(t.hidden for lab in report.labs for t in lab.graded),
             "labs": [
                 {
                     "name": lab.name,
@@ -48,8 +73,9 @@ def gradescope_results(report: Report, summary: str = "") -> dict[str, Any]:
                     "not_run": lab.not_run,
                     "seconds": round(lab.duration, 2),
                     "notes": lab.note(),
-                    "problems": lab.problems,
+                    "problems": [redact_hidden(p, report) for p in lab.problems],
                     "counted_by": lab.count_source,
+                    "weight": lab.weight,
                 }
                 for lab in report.labs
             ],

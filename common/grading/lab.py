@@ -23,6 +23,7 @@ from common.grading.counting import count_tests
 from common.grading.pytest_points import summarize_collect_error
 from common.grading.results import LabResult, Report, TestResult
 from common.grading.runner import Options, Run, run_pytest
+from common.grading.sandbox import grading_session
 
 
 @dataclass
@@ -170,8 +171,18 @@ def grade(
     opts: Options,
     jobs: int = 1,
     on_done: Callable[[LabResult], None] | None = None,
+    weights: dict[str, float] | None = None,
+    results_file: Path | None = None,
+    top_level: bool = False,
 ) -> Report:
-    """Grade ``labs`` (``jobs`` at a time); ``on_done(LabResult)`` is called as each ends."""
+    """Grade ``labs`` (``jobs`` at a time); ``on_done(LabResult)`` is called as each ends.
+
+    With ``opts.sandbox`` the graded code runs in sandboxed workers
+    (:func:`common.grading.sandbox.grading_session`: a uid block per lab when running as
+    root, the source tree and ``results_file``'s folder locked meanwhile; ``top_level``:
+    every process left below this one is killed at the end). ``weights`` multiply the
+    points of a lab's tests (``{lab folder name: factor}``, default 1).
+    """
     start = time.monotonic()
     lock = threading.Lock()
 
@@ -180,14 +191,26 @@ def grade(
             res = grade_lab(lab, opts)
         except Exception as exc:  # noqa: BLE001 - a grader bug must not lose the other labs
             res = _grader_error(lab, opts, exc)
+        _weigh(res, (weights or {}).get(lab.name, 1.0))
         if on_done is not None:
             with lock:
                 on_done(res)
         return res
 
-    if jobs <= 1:
-        results = [one(lab) for lab in labs]
-    else:
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
-            results = list(pool.map(one, labs))
-    return Report(opts.impl, results, time.monotonic() - start)
+    names = [lab.name for lab in labs]
+    with grading_session(opts.root, names, opts.sandbox, results_file, opts.impl,
+                         top_level) as (sandbox, blocks):
+        opts.uid_blocks = blocks
+        if jobs <= 1:
+            results = [one(lab) for lab in labs]
+        else:
+            with ThreadPoolExecutor(max_workers=jobs) as pool:
+                results = list(pool.map(one, labs))
+    return Report(opts.impl, results, time.monotonic() - start, sandbox=sandbox)
+
+
+def _weigh(res: LabResult, weight: float) -> None:
+    res.weight = weight
+    if weight != 1.0:
+        for t in res.tests:
+            t.points *= weight

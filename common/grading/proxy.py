@@ -43,6 +43,7 @@ from __future__ import annotations
 import atexit
 import inspect
 import io
+import json
 import os
 import pickle
 import re
@@ -56,6 +57,7 @@ from typing import Any
 
 from common.grading import procs, wire
 from common.grading.sandbox import (
+    ENV_ZYGOTE,
     LabSandbox,
     Mode,
     Registry,
@@ -82,6 +84,8 @@ __all__ = ["GradingError", "ProxyModule", "RemoteClass", "RemoteFunction", "Remo
 class GradingError(BaseException):
     """The sandboxed call failed (not an exception raised by the graded code)."""
 
+    plain_message = True  # the grader's report shows the message alone
+
 
 class WorkerTimeout(GradingError):
     """The call ran past its test's time limit; the worker was killed."""
@@ -101,7 +105,8 @@ for _cls in (GradingError, WorkerTimeout, WorkerCrashed, WorkerError):
 
 # ---- limits --------------------------------------------------------------------------------
 
-_limits: dict[str, Any] = {"deadline": None, "test_limit": None, "import": None}
+_limits: dict[str, Any] = {"deadline": None, "test_limit": None, "import": None,
+                           "per_test": None}
 
 
 def _env_float(name: str, default: float) -> float:
@@ -120,8 +125,12 @@ def current_deadline() -> tuple[float, float]:
 
 
 def import_limit() -> float:
+    """Seconds for a worker to import the graded module. Under the grader the collection
+    limit of ``pytest_points`` (``--points-collect-timeout``) acts first, with its message."""
     value = _limits["import"]
-    return value if value else _env_float("COURSE_SANDBOX_IMPORT_TIMEOUT", DEFAULT_IMPORT_LIMIT)
+    if value:
+        return value + 1.0
+    return _env_float("COURSE_SANDBOX_IMPORT_TIMEOUT", DEFAULT_IMPORT_LIMIT)
 
 
 # ---- sandboxes of this process -------------------------------------------------------------
@@ -152,13 +161,25 @@ def sandbox_for(lab_dir: Path, impl: str) -> LabSandbox:
         if not _state["subreaper"]:
             _state["subreaper"] = procs.set_subreaper()
             atexit.register(shutdown)
-        box = LabSandbox(lab_root(lab_dir), lab_dir, impl, _mode())
+        given = _given_sandboxes().get(lab_dir.name)
+        if given is not None and Path(given["lab"]) == lab_dir and given["impl"] == impl:
+            box = LabSandbox.attach(given)
+        else:
+            box = LabSandbox(lab_root(lab_dir), lab_dir, impl, _mode())
         _sandboxes[lab_dir] = box
         if _state["registry"] is None:
             _state["registry"] = Registry()
             os.environ["COURSE_SCRIPT_PREFIX"] = _state["registry"].prefix()
         _state["registry"].add(lab_dir.name, box.registry_entry())
     return box
+
+
+def _given_sandboxes() -> dict[str, Any]:
+    """Sandboxes the grader started for this process (``COURSE_SANDBOX_ZYGOTE``)."""
+    try:
+        return json.loads(os.environ.get(ENV_ZYGOTE, "") or "{}")
+    except ValueError:
+        return {}
 
 
 def shutdown() -> None:
@@ -231,8 +252,8 @@ class Client:
         __tracebackhide__ = True
         deadline, limit = current_deadline()
         if time.monotonic() >= deadline:
-            raise WorkerTimeout(f"timed out after {limit:g} s in {what}: this test has used "
-                                "all its time") from None
+            raise WorkerTimeout(f"timed out after {limit:g} s (the per-test limit) in {what}: "
+                                "this test has used all its time") from None
         if target[0] == "h" and target[1] != self.generation:
             raise WorkerError(f"{what}: this object lived in a worker that has since been "
                               f"restarted ({self.last_death})") from None
@@ -292,11 +313,12 @@ class Client:
         self._discard()
         self.last_death = f"it timed out in {what}"
         doing = f"while importing {self.impl}.py" if importing else f"in {what}"
-        message = (f"timed out after {limit:g} s {doing}: an endless loop, or far slower than "
-                   "it should be" + (f" (it was running {at})" if at else ""))
-        if importing:
-            raise ImportError(message) from None
-        raise WorkerTimeout(message) from None
+        message = (f"timed out after {limit:g} s (the per-test limit) {doing}: an endless loop, "
+                   "or far slower than it should be")
+        exc: BaseException = ImportError(message) if importing else WorkerTimeout(message)
+        if at:
+            _add_note(exc, f"(it was running {at})")
+        raise exc from None
 
     def _crashed(self, what: str, importing: bool = False) -> None:
         __tracebackhide__ = True
@@ -750,6 +772,9 @@ def remote_impl(lab_dir: Path, impl: str) -> ProxyModule:
 
 
 def _item_timeout(item: Any) -> float | None:
+    """The test's limit: the grader's ``--points-test-timeout``, else pytest-timeout's."""
+    if _limits["per_test"]:
+        return float(_limits["per_test"])
     try:
         from pytest_timeout import _get_item_settings
 
@@ -759,17 +784,24 @@ def _item_timeout(item: Any) -> float | None:
     return float(timeout) if timeout else None
 
 
+def _option(config: Any, name: str) -> Any:
+    try:
+        return config.getoption(name)
+    except ValueError:  # the pytest_points plugin is not loaded
+        return None
+
+
 def pytest_configure(config: Any) -> None:
     if not enabled():
         return
-    try:
-        _limits["import"] = config.getoption("points_collect_timeout")
-    except ValueError:
-        _limits["import"] = None
+    _limits["import"] = _option(config, "points_collect_timeout")
+    _limits["per_test"] = _option(config, "points_test_timeout")
+    if _option(config, "points_stub_impl") or config.option.collectonly:
+        return  # counting tests: nothing of the graded code will run
     from common.loader import lab_impl
 
     impl = lab_impl()
-    for arg in config.args:  # start each lab's sandbox now: it boots while tests are collected
+    for arg in config.args:  # start each lab's sandbox now: it boots while pytest starts
         path = Path(str(arg).split("::")[0]).resolve()
         lab = path if path.is_dir() else path.parent
         if lab.parent.name == "labs" and (lab / f"{impl}.py").is_file():
@@ -779,6 +811,16 @@ def pytest_configure(config: Any) -> None:
                 pass  # reported when a test first needs it
 
 
+def pytest_sessionstart(session: Any) -> None:
+    """Wait for the sandboxes to be ready before collection: importing torch in the zygote
+    is the grader's time, not the time limit of importing the student's code."""
+    for box in list(_sandboxes.values()):
+        try:
+            box.connect()
+        except SandboxError:
+            pass  # reported when a test first needs it
+
+
 def pytest_report_header(config: Any) -> list[str]:
     return [f"sandbox: {describe_mode()}"] if enabled() else []
 
@@ -786,6 +828,7 @@ def pytest_report_header(config: Any) -> list[str]:
 def _set_deadline(item: Any) -> None:
     limit = _item_timeout(item) or _env_float("COURSE_SANDBOX_CALL_TIMEOUT", DEFAULT_CALL_LIMIT)
     _limits["test_limit"] = limit
+    # a little before the per-test alarm, so that the report names the function that hung
     _limits["deadline"] = time.monotonic() + limit - min(1.0, 0.1 * limit)
 
 
@@ -801,4 +844,3 @@ def pytest_runtest_logfinish(nodeid: str, location: Any) -> None:
 def pytest_unconfigure(config: Any) -> None:
     if enabled():
         shutdown()
-

@@ -75,11 +75,25 @@ def not_run_lines(report: Report) -> str:
     )
 
 
+def possible_line(report: Report) -> str:
+    """Where the possible total comes from (what an instructor enters as the total)."""
+    tests = sum(len(lab.graded) for lab in report.labs)
+    weighted = [f"{lab.name} x{fmt_points(lab.weight)}" for lab in report.labs if lab.weight != 1]
+    return (
+        f"Possible: {fmt_points(report.possible)} points, the sum of the points of the "
+        f"{tests} tests collected on this machine"
+        + (f" (weights: {', '.join(weighted)})" if weighted else "")
+    )
+
+
 def plain_summary(report: Report) -> str:
     """The table and the reasons, without colours (Gradescope's top-level output)."""
     table = Table([lab.name for lab in report.labs])
     lines = [table.header(), *map(table.row, report.labs), table.footer(report)]
-    return "\n".join(lines) + not_run_lines(report) + problem_lines(report)
+    extra = "\n" + possible_line(report)
+    if report.sandbox:
+        extra += f"\nSandbox: {report.sandbox}"
+    return "\n".join(lines) + extra + not_run_lines(report) + problem_lines(report)
 
 
 def markdown_block(text: str) -> str:

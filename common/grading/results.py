@@ -20,6 +20,11 @@ class TestResult:
     duration: float = 0.0
 
     @property
+    def hidden(self) -> bool:
+        """From an instructor's ``test_hidden*.py`` (never released to students)."""
+        return self.nodeid.split("::", 1)[0].rsplit("/", 1)[-1].startswith("test_hidden")
+
+    @property
     def earned(self) -> float:
         return self.points if self.outcome == "passed" else 0.0
 
@@ -31,6 +36,7 @@ class LabResult:
     duration: float = 0.0
     problems: list[str] = field(default_factory=list)  # lab-level notes, worst first
     count_source: str = "collected"  # or "stub collection" / "static scan (approximate)"
+    weight: float = 1.0  # every test's points were multiplied by it (--weight)
 
     @property
     def graded(self) -> list[TestResult]:
@@ -75,6 +81,7 @@ class Report:
     impl: str
     labs: list[LabResult]
     duration: float
+    sandbox: str = ""  # how the graded code was isolated, in words
 
     @property
     def earned(self) -> float:

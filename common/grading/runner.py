@@ -15,11 +15,20 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.grading.discovery import PROJECT_ROOT, graded_files
 from common.grading.pytest_points import hard_stop_grace
+from common.grading.sandbox import (
+    ENV_ENABLE,
+    ENV_UIDS,
+    ENV_ZYGOTE,
+    LabSandbox,
+    Mode,
+    SandboxError,
+    kill_block,
+)
 
 try:
     import resource
@@ -53,6 +62,8 @@ class Options:
     test_timeout: float = DEFAULT_TEST_TIMEOUT
     max_restarts: int = DEFAULT_MAX_RESTARTS
     python: str = sys.executable
+    sandbox: bool = True  # the graded code runs in a sandboxed worker (common.grading.proxy)
+    uid_blocks: dict[str, tuple[int, int]] = field(default_factory=dict)  # lab -> its uids
 
 
 @dataclass
@@ -212,21 +223,30 @@ def run_pytest(
         env["PYTHONPATH"] = os.pathsep.join(
             [str(opts.root), *filter(None, [os.environ.get("PYTHONPATH")])]
         )
+        block = opts.uid_blocks.get(lab.name)
+        args += sandbox_args(opts, env, block)
+        box = _start_sandbox(lab, opts, block, env) if "--collect-only" not in extra else None
         start = time.monotonic()
-        with open(out, "wb") as sink:
-            proc = subprocess.Popen(
-                args,
-                cwd=opts.root,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=sink,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own process group: a kill reaches its children
-            )
-            _limit_resources(proc.pid)
-            timed_out, allowance = _wait(proc, log, limit, opts)
-            returncode = proc.wait()
-            _kill_group(proc)  # anything it left running
+        try:
+            with open(out, "wb") as sink:
+                proc = subprocess.Popen(
+                    args,
+                    cwd=opts.root,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=sink,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,  # its own process group: a kill reaches its children
+                )
+                _limit_resources(proc.pid)
+                timed_out, allowance = _wait(proc, log, limit, opts)
+                returncode = proc.wait()
+                _kill_group(proc)  # anything it left running
+        finally:
+            if box is not None:
+                box.close()  # the sandbox: its processes and its scratch copy
+            if block is not None:  # and anything else of the lab's sandbox uids
+                kill_block(block)
         return Run(
             events=_read_events(log),
             returncode=returncode,
@@ -236,6 +256,35 @@ def run_pytest(
             elapsed=time.monotonic() - start,
             allowance=allowance,
         )
+
+
+def sandbox_args(opts: Options, env: dict[str, str], block: tuple[int, int] | None
+                 ) -> list[str]:
+    """The pytest options and environment that put the graded code in its sandbox: the
+    proxy plugin, ``COURSE_SANDBOX=1`` and the lab's uid block (or ``none``). The test
+    process writes no bytecode (no compiled copy of a hidden test left readable)."""
+    for name in (ENV_ENABLE, ENV_UIDS, ENV_ZYGOTE, "COURSE_SCRIPT_PREFIX"):
+        env.pop(name, None)
+    if not opts.sandbox:
+        return []
+    env[ENV_ENABLE] = "1"
+    env[ENV_UIDS] = f"{block[0]}-{block[1] - 1}" if block else "none"
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return ["-p", "common.grading.proxy"]
+
+
+def _start_sandbox(lab: Path, opts: Options, block: tuple[int, int] | None,
+                   env: dict[str, str]) -> LabSandbox | None:
+    """The lab's sandbox, started now so that its zygote imports torch while pytest starts;
+    handed to the test process in ``COURSE_SANDBOX_ZYGOTE`` (it makes its own otherwise)."""
+    if not opts.sandbox:
+        return None
+    try:
+        box = LabSandbox(opts.root, lab, opts.impl, Mode(block, "" if block else "no user"))
+    except (OSError, SandboxError):
+        return None
+    env[ENV_ZYGOTE] = json.dumps({lab.name: box.info()})
+    return box
 
 
 def _limit_resources(pid: int) -> None:

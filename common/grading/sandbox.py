@@ -28,6 +28,7 @@ the test passed becomes a sandbox folder whose files are copied back when the sc
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import pwd
@@ -261,8 +262,19 @@ class WorkerProcess:
     stack: Path
 
 
+ENV_ZYGOTE = "COURSE_SANDBOX_ZYGOTE"  # a sandbox the grader started for the test process
+
+
 class LabSandbox:
-    """The scratch copy, the zygote and the uid block of one lab, for one test process."""
+    """The scratch copy, the zygote and the uid block of one lab, for one test process.
+
+    The grader starts it next to the lab's pytest process (the zygote imports torch while
+    pytest does) and hands it over in ``COURSE_SANDBOX_ZYGOTE`` (:meth:`attach`); the test
+    process holds the zygote's control connection, and when it goes the zygote kills
+    everything it started and exits.
+    """
+
+    owner = True
 
     def __init__(self, root: Path, lab: Path, impl: str, mode: Mode) -> None:
         self.root, self.lab, self.impl, self.mode = root.resolve(), lab.resolve(), impl, mode
@@ -277,6 +289,7 @@ class LabSandbox:
         listener.bind(self.socket_path)
         listener.listen(64)
         config = {"listen_fd": listener.fileno(), "gid": self.gid,
+                  "lab_dir": str(self.scratch / "labs" / self.lab.name),
                   "uids": [uids[0] + 1, uids[1]] if uids else None}
         self.zygote_log = self.private / "zygote.log"
         with open(self.zygote_log, "wb") as log:
@@ -289,6 +302,28 @@ class LabSandbox:
         listener.close()
         self.client: ZygoteClient | None = None
         self.count = 0
+
+    def info(self) -> dict[str, Any]:
+        return {"root": str(self.root), "lab": str(self.lab), "impl": self.impl,
+                "uids": self.mode.uids, "scratch": str(self.scratch),
+                "private": str(self.private), "socket": self.socket_path}
+
+    @classmethod
+    def attach(cls, info: dict[str, Any]) -> LabSandbox:
+        """The test process's view of a sandbox the grader started (it does not own it)."""
+        box = cls.__new__(cls)
+        box.owner = False
+        box.root, box.lab, box.impl = Path(info["root"]), Path(info["lab"]), info["impl"]
+        uids = tuple(info["uids"]) if info.get("uids") else None
+        box.mode = Mode(uids, "" if uids else "set by the grader")  # type: ignore[arg-type]
+        box.gid = uids[0] if uids else None
+        box.scratch, box.private = Path(info["scratch"]), Path(info["private"])
+        box.socket_path = info["socket"]
+        box.zygote_log = box.private / "zygote.log"
+        box.zygote = None  # type: ignore[assignment]
+        box.client = None
+        box.count = 0
+        return box
 
     @property
     def scratch_lab(self) -> Path:
@@ -351,6 +386,8 @@ class LabSandbox:
         if self.client is not None:
             self.client.close()  # the zygote kills everything it started, then exits
             self.client = None
+        if not self.owner:
+            return
         try:
             self.zygote.wait(timeout=10)
         except subprocess.TimeoutExpired:
@@ -360,8 +397,7 @@ class LabSandbox:
             self.zygote.kill()
             self.zygote.wait()
         if self.mode.uids is not None:
-            for uid in range(*self.mode.uids):
-                procs.kill_uid(uid, self.gid)
+            kill_block(self.mode.uids)
         shutil.rmtree(self.scratch, ignore_errors=True)
         shutil.rmtree(self.private, ignore_errors=True)
 
@@ -436,14 +472,44 @@ def lock_tree(root: Path, results: Path | None = None, impl: str = "starter"
     return restore
 
 
-def sweep(blocks: list[tuple[int, int]]) -> None:
-    """Kill every process of the sandbox uids and every descendant of this process."""
-    for lo, hi in blocks:
-        for uid in range(lo, hi):
+def kill_block(block: tuple[int, int]) -> None:
+    """Kill every process running under a uid of ``block``."""
+    lo, hi = block
+    running = {u for _, _, u in procs.proc_table().values()} if procs.have_proc() else set(
+        range(lo, hi))
+    for uid in range(lo, hi):
+        if uid in running:
             procs.kill_uid(uid, lo)
-    if procs.have_proc():
-        killed = procs.kill_tree({os.getpid()}, include_roots=False)
-        procs.reap(killed)
+
+
+def sweep(blocks: list[tuple[int, int]], descendants: bool) -> None:
+    """Kill every process of the sandbox uids and (``descendants``) every process left below
+    this one: with the subreaper set, a double-forked daemon of the graded code is one."""
+    for block in blocks:
+        kill_block(block)
+    if descendants and procs.have_proc():
+        procs.reap(procs.kill_tree({os.getpid()}, include_roots=False))
+
+
+@contextlib.contextmanager
+def grading_session(root: Path, labs: list[str], enabled: bool, results: Path | None = None,
+                    impl: str = "starter", top_level: bool = False):
+    """Around a grading run: choose the mode, give each lab a uid block, lock the source
+    tree, and at the end kill whatever the graded code left behind (``top_level``: also
+    every descendant of this process) and restore the tree. Yields ``(description,
+    {lab: uid block})``."""
+    if not enabled:
+        yield ("none (--no-sandbox): the graded code runs inside the test process", {})
+        return
+    mode, blocks = choose_mode(len(labs))
+    if top_level:
+        procs.set_subreaper()
+    restore = lock_tree(root, results, impl) if mode.uids is not None else (lambda: None)
+    try:
+        yield mode.describe(), dict(zip(labs, blocks))
+    finally:
+        sweep(blocks, descendants=top_level)
+        restore()
 
 
 # ---- the script helper (COURSE_SCRIPT_PREFIX) -----------------------------------------------

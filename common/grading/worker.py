@@ -21,6 +21,7 @@ by :mod:`common.grading.proxy`; see there for the protocol.
 
 from __future__ import annotations
 
+import ast
 import faulthandler
 import importlib
 import inspect
@@ -28,7 +29,6 @@ import io
 import json
 import os
 import pickle
-import pkgutil
 import resource
 import runpy
 import selectors
@@ -62,36 +62,44 @@ COMMON_STDLIB = ("heapq", "bisect", "dataclasses", "itertools", "functools", "co
 # ---- the zygote ------------------------------------------------------------------------------
 
 
-def preimport(full_stdlib: bool) -> None:
-    """Everything a worker needs, imported once (forks share it)."""
-    names = list(COMMON_STDLIB)
-    if full_stdlib:  # the interpreter is not readable by the sandbox uid: import it all now
-        names += sorted(set(getattr(sys, "stdlib_module_names", ())) - SKIP_STDLIB)
+PREIMPORTABLE = {"numpy", "torch", "triton", "scipy", "common"}
+
+
+def lab_imports(lab_dir: Path) -> list[str]:
+    """The modules the lab's files import (read, never run: the zygote runs no graded code)."""
+    names: list[str] = []
+    for path in sorted(lab_dir.glob("*.py")):
+        try:
+            if path.stat().st_size > 1 << 20:
+                continue
+            tree = ast.parse(path.read_bytes())
+        except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names += [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.append(node.module)
+    return list(dict.fromkeys(names))
+
+
+def preimport(lab_dir: Path, full_stdlib: bool) -> None:
+    """What the lab's workers will import, imported once here (forks share it): the
+    installed packages and ``common`` modules its files name, and some standard library
+    (all of it when the sandbox uid cannot read the interpreter's files)."""
+    stdlib = set(getattr(sys, "stdlib_module_names", ())) - SKIP_STDLIB
+    names = list(COMMON_STDLIB) + (sorted(stdlib) if full_stdlib else [])
+    from common.device import configure_triton
+
+    configure_triton()  # TRITON_INTERPRET before anything imports triton
+    names += [n for n in lab_imports(lab_dir)
+              if n.split(".")[0] in PREIMPORTABLE | stdlib]
+    names += ["common.loader", "common.testing"]
     for name in names:
         try:
             importlib.import_module(name)
         except BaseException:  # noqa: BLE001 - a module this platform lacks
             pass
-    for name in ("numpy", "torch"):
-        try:
-            importlib.import_module(name)
-        except ImportError:
-            pass
-    from common.device import configure_triton
-
-    configure_triton()
-    import common
-
-    for info in pkgutil.walk_packages(common.__path__, "common."):
-        if not info.name.startswith("common.grading."):
-            try:
-                importlib.import_module(info.name)
-            except Exception:  # noqa: BLE001 - an optional helper that cannot load here
-                pass
-    try:
-        import torch.distributed  # noqa: F401 - lab scripts use it
-    except ImportError:
-        pass
 
 
 def readable_by(uid: int | None, gid: int | None) -> bool:
@@ -634,7 +642,8 @@ def main(argv: list[str] | None = None) -> int:
     uids, gid = config.get("uids"), config.get("gid")
     procs.set_subreaper()
     probe = uids[0] if uids else None
-    preimport(full_stdlib=not readable_by(probe, gid if gid is not None else probe))
+    full = not readable_by(probe, gid if gid is not None else probe)
+    preimport(Path(config["lab_dir"]), full_stdlib=full)
     zygote = Zygote(config)
     print("zygote ready", flush=True)
     zygote.serve()
