@@ -176,9 +176,7 @@ def skip_me(x):
     pytest.skip("nothing to see")
 
 
-def count_and_check(x, log):
-    with open(log, "a") as f:
-        f.write(f"{x}\\n")
+def count_and_check(x):
     return x % 5 != 3  # wrong on some inputs
 """
 
@@ -250,7 +248,9 @@ def test_j_an_endless_loop_inside_given_costs_only_itself(x):
 @settings(max_examples=50, phases=list(Phase))  # the test asks for shrinking: not under the grader
 @given(st.integers(0, 10**6))
 def test_k_a_failing_property_stops_at_its_first_counterexample(x):
-    assert impl.count_and_check(x, os.environ["CALL_LOG"]), f"wrong for {x}"
+    with open(os.environ["CALL_LOG"], "a") as log:  # the test counts the calls it makes
+        log.write(f"{x}\\n")
+    assert impl.count_and_check(x), f"wrong for {x}"
 
 
 @pytest.mark.points(1)
@@ -458,11 +458,13 @@ def runs(tmp_path_factory) -> dict:
         ),
         "imports": (
             hostile,
-            start(hostile, "starter", "imports.json", "--lab", "3,4,5,6", "--test-timeout", "2"),
+            start(hostile, "starter", "imports.json", "--lab", "3,4,5,6", "--test-timeout", "5"),
         ),
         "hangs": (
             hostile,
-            start(hostile, "starter", "hangs.json", "--lab", "2", "--test-timeout", "1"),
+            # in the test process (--no-sandbox), where code can ignore the per-test alarm
+            start(hostile, "starter", "hangs.json", "--lab", "2", "--test-timeout", "1",
+                  "--no-sandbox"),
         ),
         "lab_limit": (
             hostile,
@@ -528,7 +530,8 @@ def test_a_solved_lab_keeps_full_marks_next_to_hostile_labs(runs):
     labs = by_lab(results)
     assert (labs["lab-00-add"]["score"], labs["lab-00-add"]["possible"]) == (5, 5)
     assert set(labs) == {"lab-00-add", "lab-01-hostile"}
-    assert "What went wrong" in out
+    # every crash and hang cost only its own test: in the sandbox none stops the lab
+    assert labs["lab-01-hostile"]["problems"] == [] and "What went wrong" not in out
 
 
 @pytest.mark.slow
@@ -541,13 +544,13 @@ def test_each_hostile_test_costs_only_itself_with_its_reason(runs):
     assert out["test_i_a_test_after_the_crashes_still_runs"]["score"] == 1  # ran after a re-run
     assert out["test_l_a_test_after_the_loops_still_runs"]["score"] == 1
     expected = {
-        "test_b_an_endless_loop_times_out": "timed out after 2 s (the per-test limit)",
+        "test_b_an_endless_loop_times_out": "timed out after 2 s (the per-test limit) in loop",
         "test_c_sys_exit_is_a_failure": "sys.exit(4)",
         "test_d_megabytes_of_prints_do_not_block": "NotImplementedError: TODO: stop printing",
         "test_e_nan_is_explained": "NaN reached the output",
         "test_f_skip_from_graded_code_is_a_failure": "called pytest.skip()",
-        "test_g_os_exit_kills_the_process": "the interpreter exited with code 3",
-        "test_h_a_segfault_kills_the_process": "crashed with signal SIGSEGV",
+        "test_g_os_exit_kills_the_process": "the worker exited with code 3 in hard_exit",
+        "test_h_a_segfault_kills_the_process": "the worker crashed with signal SIGSEGV",
         "test_j_an_endless_loop_inside_given_costs_only_itself": "timed out after 2 s",
         "test_k_a_failing_property_stops_at_its_first_counterexample": "Failing test case:",
     }
@@ -558,7 +561,7 @@ def test_each_hostile_test_costs_only_itself_with_its_reason(runs):
         "test_b_an_endless_loop_times_out",
         "test_j_an_endless_loop_inside_given_costs_only_itself",
     ):
-        assert "(raised at starter.py:" in out[looped]["output"]  # where it looped
+        assert "(it was running starter.py:" in out[looped]["output"]  # where it looped
 
 
 @pytest.mark.slow
@@ -600,9 +603,9 @@ def test_a_lab_that_outlives_its_time_limit_is_stopped_with_its_tests_known(runs
 @pytest.mark.parametrize(
     ("lab", "note", "reason"),
     [
-        ("lab-03-exit-on-import", "exited (code 3)", "exited with code 3 while importing"),
+        ("lab-03-exit-on-import", "tests cannot be imported", "exited with code 3 while importing"),
         ("lab-04-syntax-error", "tests cannot be imported", "SyntaxError"),
-        ("lab-05-loop-on-import", "tests cannot be imported", "took more than 2 s"),
+        ("lab-05-loop-on-import", "tests cannot be imported", "took more than 5 s"),
         ("lab-06-sys-exit-on-import", "tests cannot be imported", "SystemExit: 5"),
     ],
 )

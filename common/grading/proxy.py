@@ -232,12 +232,19 @@ class Client:
         self.manifest = reply[1]
         return reply[1]
 
-    def _discard(self) -> None:
+    def _discard(self, wait: bool = True, alive: bool = True) -> None:
+        """Kill the worker now (``alive``: it may still run); the zygote ends whatever it
+        started (``wait=False``: in the background, so that a failed test ends at once)."""
         proc, self.proc = self.proc, None
         if proc is None:
             return
+        if alive:
+            try:
+                os.kill(proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
         try:
-            self.box.kill(proc.pid)
+            self.box.kill(proc.pid, wait=wait)
         except (OSError, EOFError, TimeoutError):
             pass
         proc.sock.close()
@@ -294,7 +301,7 @@ class Client:
         except (EOFError, OSError, wire.FrameError):
             self._crashed(what, importing)
         except BaseException:  # the test's own limit, an interrupt: the worker is out of step
-            self._discard()
+            self._discard(wait=False)
             raise
         try:
             reply = wire.loads_untrusted(data, self._handle)
@@ -310,7 +317,7 @@ class Client:
         __tracebackhide__ = True
         _, limit = current_deadline()
         at = self._stack_where()
-        self._discard()
+        self._discard(wait=False)
         self.last_death = f"it timed out in {what}"
         doing = f"while importing {self.impl}.py" if importing else f"in {what}"
         message = (f"timed out after {limit:g} s (the per-test limit) {doing}: an endless loop, "
@@ -324,7 +331,7 @@ class Client:
         __tracebackhide__ = True
         proc = self.proc
         code = self.box.exit_code(proc.pid) if proc is not None else None
-        self._discard()
+        self._discard(wait=False, alive=code is None)
         doing = f"while importing {self.impl}.py" if importing else f"in {what}"
         message = f"{describe_exit(code)} {doing}"
         self.last_death = message
@@ -339,10 +346,10 @@ class Client:
             os.kill(proc.pid, signal.SIGUSR1)
         except OSError:
             return None
-        end = time.monotonic() + 1.0
+        end = time.monotonic() + 0.3
         text = ""
         while time.monotonic() < end:
-            time.sleep(0.05)
+            time.sleep(0.02)
             text = proc.stack.read_text(encoding="utf-8", errors="replace")
             if "File " in text:
                 break
@@ -413,7 +420,7 @@ def build_exception(info: dict[str, Any], what: str, client: Client) -> BaseExce
         return WorkerError(f"{what} returned a value that cannot be sent back: {message}")
     if (module, qualname) == ("builtins", "SystemExit"):
         exc: BaseException = SystemExit(info.get("code"))
-    elif module.split(".")[0] in ("_pytest", "pytest") and qualname in PYTEST_OUTCOMES:
+    elif qualname in PYTEST_OUTCOMES and any(q == "OutcomeException" for _, q in mro):
         return WorkerError(
             f"the graded code called pytest.{PYTEST_OUTCOMES[qualname]}() ({message}): a test "
             "skipped or failed by the code under test counts as failed")

@@ -277,9 +277,31 @@ def pytest_runtest_logstart(nodeid: str, location: tuple) -> None:
         _arm(nodeid, seconds)
 
 
+def _pause_alarm() -> float:
+    """Stop the per-test alarm while pytest writes a report (not the test's time: an alarm
+    raised inside pytest's own reporting would end the session); returns what was left."""
+    if _limit["handler"] is None:
+        return 0.0
+    return signal.setitimer(signal.ITIMER_REAL, 0)[0]
+
+
+def _resume_alarm(left: float) -> None:
+    if left > 0 and _limit["handler"] is not None:
+        signal.setitimer(signal.ITIMER_REAL, left)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
-    report = yield
+    left = _pause_alarm()
+    try:
+        report = yield
+        _record_phase(item, call, report)
+    finally:
+        _resume_alarm(left)
+    return report
+
+
+def _record_phase(item: pytest.Item, call: pytest.CallInfo, report: pytest.TestReport) -> None:
     phase = {"when": call.when, "outcome": report.outcome, "duration": report.duration}
     if call.excinfo is not None and report.outcome != "passed":
         lab_dir = Path(str(item.path)).parent
@@ -291,7 +313,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     if hasattr(report, "wasxfail"):
         phase["wasxfail"] = True
     _state["phases"].setdefault(item.nodeid, []).append(phase)
-    return report
 
 
 def pytest_runtest_logfinish(nodeid: str, location: tuple) -> None:

@@ -120,8 +120,36 @@ def can_switch_user(uid: int) -> str | None:
     return None
 
 
+_reserved: dict[int, int] = {}  # block start -> open, locked file (held by this process)
+
+
+def _reserve(start: int) -> bool:
+    """Hold ``start``'s block for as long as this process lives (a lock file that the
+    kernel releases when the process dies): concurrent gradings never share a uid."""
+    import fcntl
+
+    folder = Path(tempfile.gettempdir()) / "course-sandbox-uids"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    fd = os.open(folder / f"block-{start}", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return False
+    _reserved[start] = fd
+    return True
+
+
+def release(blocks: list[tuple[int, int]]) -> None:
+    for start, _ in blocks:
+        fd = _reserved.pop(start, None)
+        if fd is not None:
+            os.close(fd)
+
+
 def allocate_uid_blocks(count: int, rng: random.Random | None = None) -> list[tuple[int, int]]:
-    """``count`` blocks of :data:`UIDS_PER_LAB` uids that no account and no process uses."""
+    """``count`` blocks of :data:`UIDS_PER_LAB` uids that no account and no process uses,
+    reserved for this process (see :func:`_reserve`)."""
     rng = rng or random.Random()
     running = {u for _, _, u in procs.proc_table().values()} if procs.have_proc() else set()
     lo, hi = UID_RANGE
@@ -129,7 +157,9 @@ def allocate_uid_blocks(count: int, rng: random.Random | None = None) -> list[tu
     rng.shuffle(starts)
     blocks = []
     for start in starts:
-        if not any(_uid_in_use(u, running) for u in range(start, start + UIDS_PER_LAB)):
+        if any(_uid_in_use(u, running) for u in range(start, start + UIDS_PER_LAB)):
+            continue
+        if _reserve(start):
             blocks.append((start, start + UIDS_PER_LAB))
             if len(blocks) == count:
                 return blocks
@@ -241,10 +271,19 @@ class ZygoteClient:
                     raise
                 time.sleep(0.05)
 
+    def send(self, message: dict[str, Any], fds: list[int] | tuple[int, ...] = ()) -> int:
+        """Send a request without waiting; returns its id (replies carry it)."""
+        self.last_id = getattr(self, "last_id", 0) + 1
+        wire.send_frame(self.sock, json.dumps(dict(message, id=self.last_id)).encode(), fds)
+        return self.last_id
+
     def request(self, message: dict[str, Any], fds: list[int] | tuple[int, ...] = (),
                 deadline: float | None = None) -> dict[str, Any]:
-        wire.send_frame(self.sock, json.dumps(message).encode(), fds)
-        return self.receive(deadline)
+        rid = self.send(message, fds)
+        while True:  # replies to requests sent without waiting are dropped here
+            reply = self.receive(deadline)
+            if reply.get("id") == rid:
+                return reply
 
     def receive(self, deadline: float | None = None) -> dict[str, Any]:
         data, _ = wire.recv_frame(self.sock, deadline, max_size=1 << 24)
@@ -364,9 +403,13 @@ class LabSandbox:
         child.close()
         return WorkerProcess(reply["pid"], parent, log, stack)
 
-    def kill(self, pid: int) -> None:
+    def kill(self, pid: int, wait: bool = True) -> None:
+        """End ``pid`` and everything it started (``wait=False``: do not wait for it)."""
         if self.client is not None:
-            self.client.request({"op": "kill", "pid": pid}, deadline=time.monotonic() + 60)
+            if wait:
+                self.client.request({"op": "kill", "pid": pid}, deadline=time.monotonic() + 60)
+            else:
+                self.client.send({"op": "kill", "pid": pid})
 
     def exit_code(self, pid: int, timeout: float = 2.0) -> int | None:
         if self.client is None:
@@ -510,6 +553,7 @@ def grading_session(root: Path, labs: list[str], enabled: bool, results: Path | 
     finally:
         sweep(blocks, descendants=top_level)
         restore()
+        release(blocks)
 
 
 # ---- the script helper (COURSE_SCRIPT_PREFIX) -----------------------------------------------

@@ -187,7 +187,7 @@ class Zygote:
         self.sel = selectors.DefaultSelector()
         self.children: dict[int, dict[str, Any]] = {}  # pid -> {kind, uid, conn}
         self.statuses: dict[int, int] = {}
-        self.waiters: dict[int, list[socket.socket]] = {}
+        self.waiters: dict[int, list[tuple[socket.socket, Any]]] = {}
         self.control: socket.socket | None = None
         self.wake_r, wake_w = os.pipe()
         os.set_blocking(wake_w, False)
@@ -238,27 +238,27 @@ class Zygote:
             self.closed(conn)
             return
         request = json.loads(data)
-        op = request["op"]
+        op, rid = request["op"], request.get("id")
         if op in ("worker", "script"):
-            self.reply(conn, {"pid": self.fork(request, fds, conn)})
+            self.reply(conn, {"id": rid, "pid": self.fork(request, fds, conn)})
         elif op == "wait":
             pid = request["pid"]
             if pid in self.statuses or pid not in self.children:
-                self.reply(conn, {"pid": pid, "code": self.statuses.get(pid)})
+                self.reply(conn, {"id": rid, "pid": pid, "code": self.statuses.get(pid)})
             else:
-                self.waiters.setdefault(pid, []).append(conn)
+                self.waiters.setdefault(pid, []).append((conn, rid))
         elif op == "kill":
             self.kill(request["pid"])
-            self.reply(conn, {"ok": True})
+            self.reply(conn, {"id": rid, "ok": True})
         elif op == "control":  # the trusted test process: when it goes, everything goes
             self.control = conn
-            self.reply(conn, {"ok": True, "pid": os.getpid()})
+            self.reply(conn, {"id": rid, "ok": True, "pid": os.getpid()})
         elif op == "ping":
-            self.reply(conn, {"ok": True})
+            self.reply(conn, {"id": rid, "ok": True})
         elif op == "shutdown":
             self.shutdown()
         else:
-            self.reply(conn, {"error": f"unknown op {op!r}"})
+            self.reply(conn, {"id": rid, "error": f"unknown op {op!r}"})
 
     def closed(self, conn: socket.socket) -> None:
         self.sel.unregister(conn)
@@ -306,8 +306,8 @@ class Zygote:
             if child is None:
                 continue  # an orphan that came back to us (subreaper) and was killed
             self.statuses[pid] = code
-            for conn in self.waiters.pop(pid, []):
-                self.reply(conn, {"pid": pid, "code": code})
+            for conn, rid in self.waiters.pop(pid, []):
+                self.reply(conn, {"id": rid, "pid": pid, "code": code})
             if child["kind"] == "script":
                 self.reply(child["conn"], {"exit": pid, "code": code})
 
