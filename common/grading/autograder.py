@@ -12,8 +12,12 @@ files Gradescope wants:
   image with Python >= 3.10 (Ubuntu 22.04 or 24.04).
 - ``run_autograder``: run for each submission. It copies the submitted ``starter.py``
   files into ``/autograder/source/labs/<lab>/``, grades ``LAB_IMPL=starter`` with
-  ``common.grading`` (each lab in its own process, time limits, crash-proof) and writes
-  ``/autograder/results/results.json``.
+  ``common.grading`` and writes ``/autograder/results/results.json``. The tests run in a
+  trusted process; the submitted code runs in sandboxed workers under uids of their own
+  (Gradescope runs this as root; no account needs creating), which cannot read the tests,
+  write the source tree or the results, or outlive the run (:mod:`common.grading.sandbox`).
+  Labs are graded in parallel, one per core (``GRADE_JOBS`` overrides). Instructors' hidden
+  tests (``test_hidden*.py``) are ``after_published`` (``GRADE_HIDDEN_VISIBILITY``).
 
 Accepted submission layouts (searched anywhere under ``/autograder/submission``, so a
 zip with a top-level folder works too):
@@ -46,7 +50,7 @@ import zipfile
 from pathlib import Path
 
 from common.grading.discovery import discover_labs
-from common.grading.gradescope import gradescope_results, write_json
+from common.grading.gradescope import DEFAULT_HIDDEN_VISIBILITY, gradescope_results, write_json
 from common.grading.lab import grade
 from common.grading.release import (
     HIDDEN_TESTS,
@@ -164,12 +168,22 @@ def lab_of(path: Path, labs: list[str]) -> tuple[str | None, int]:
     return (_lab_by_number(m.group(1), labs) if m else None), 1
 
 
+def _own_file(path: Path, submission: Path) -> bool:
+    """A regular file inside the submission: a link (to a hidden test, say) never counts."""
+    return (
+        not path.is_symlink() and path.is_file() and path.resolve().is_relative_to(submission)
+    )
+
+
 def find_submission_files(submission: Path, labs: list[str]) -> tuple[dict[str, Path], list[str]]:
     """``{lab: submitted file}``, and the files that look like starters but were not used."""
     chosen: dict[str, tuple[tuple[int, int, str], Path]] = {}
     ignored = []
+    real = submission.resolve()
     files = (
-        sorted(p for p in submission.rglob("*.py") if p.is_file()) if submission.is_dir() else []
+        sorted(p for p in submission.rglob("*.py") if _own_file(p, real))
+        if submission.is_dir()
+        else []
     )
     for path in files:
         rel = path.relative_to(submission)
@@ -197,7 +211,10 @@ def place_submission(submission: Path, source: Path) -> list[str]:
     lines = ["Submitted files:"]
     for lab in labs:
         if lab in found:
-            shutil.copyfile(found[lab], source / "labs" / lab / "starter.py")
+            target = source / "labs" / lab / "starter.py"
+            target.unlink(missing_ok=True)  # never write through a link
+            with open(found[lab], "rb") as fin, open(target, "wb") as fout:
+                shutil.copyfileobj(fin, fout)
             lines.append(f"  {lab}: {found[lab].relative_to(submission)}")
         else:
             lines.append(f"  {lab}: no file for this lab, graded the untouched starter")
@@ -208,6 +225,18 @@ def place_submission(submission: Path, source: Path) -> list[str]:
             f"labs/{labs[0] if labs else 'lab-00-...'}/starter.py or lab00_starter.py)"
         )
     return lines
+
+
+def parallel_jobs(labs: int) -> int:
+    """Labs graded at once: ``GRADE_JOBS``, else one per core this process may use (each
+    lab's tests and its worker share a core: most of the time one waits for the other)."""
+    if os.environ.get("GRADE_JOBS", "").strip():
+        return max(1, int(float(os.environ["GRADE_JOBS"])))
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    return max(1, min(labs, cores))
 
 
 def run(root: Path) -> int:
@@ -225,10 +254,15 @@ def run(root: Path) -> int:
         ):
             if os.environ.get(name):
                 setattr(opts, attr, float(os.environ[name]))
-        report = grade(discover_labs(source), opts)
+        opts.sandbox = os.environ.get("GRADE_SANDBOX", "1").strip() not in ("0", "no", "off")
+        labs = discover_labs(source)
+        report = grade(labs, opts, jobs=parallel_jobs(len(labs)), results_file=results,
+                       top_level=True)
         summary = plain_summary(report)
         print(summary, flush=True)
-        write_json(results, gradescope_results(report, "\n".join(placed) + "\n\n" + summary))
+        visibility = os.environ.get("GRADE_HIDDEN_VISIBILITY", DEFAULT_HIDDEN_VISIBILITY)
+        write_json(results, gradescope_results(report, "\n".join(placed) + "\n\n" + summary,
+                                               hidden_visibility=visibility))
         return 0
     except Exception:  # noqa: BLE001 - always leave a results.json behind
         error = traceback.format_exc()

@@ -17,6 +17,9 @@ def discover_labs(root: Path) -> list[Path]:
     return sorted(p.parent for p in (root / "labs").glob("lab-*/test_lab.py"))
 
 
+GRADED_PATTERNS = ("test_lab.py", "test_hidden*.py")
+
+
 def graded_files(lab: Path) -> list[Path]:
     """The test files that carry a lab's points: ``test_lab.py`` plus any instructor-only
     ``test_hidden*.py`` dropped beside it (never part of a student release)."""

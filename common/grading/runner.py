@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common.grading.discovery import PROJECT_ROOT, graded_files
+from common.grading.discovery import GRADED_PATTERNS, PROJECT_ROOT
 from common.grading.pytest_points import hard_stop_grace
 from common.grading.sandbox import (
     ENV_ENABLE,
@@ -200,7 +200,11 @@ def run_pytest(
             opts.python,
             "-m",
             "pytest",
-            *(str(f.relative_to(opts.root)) for f in graded_files(lab)),
+            # the lab's folder and a file pattern, not the file names: a process list
+            # (ps) shows this command line, and it must not name the hidden tests
+            str(lab.relative_to(opts.root)),
+            "-o",
+            f"python_files={' '.join(GRADED_PATTERNS)}",
             "-p",
             "common.grading.pytest_points",
             "--points-log",
@@ -225,6 +229,10 @@ def run_pytest(
         )
         block = opts.uid_blocks.get(lab.name)
         args += sandbox_args(opts, env, block)
+        if opts.sandbox and (opts.root / "conftest.py").is_file():
+            # the project's conftest.py as a plugin, and no other: a conftest.py the graded
+            # code managed to drop into a lab folder is never loaded
+            args += ["--noconftest", "-p", "conftest"]
         box = _start_sandbox(lab, opts, block, env) if "--collect-only" not in extra else None
         start = time.monotonic()
         try:

@@ -472,8 +472,9 @@ class Registry:
 
 def lock_tree(root: Path, results: Path | None = None, impl: str = "starter"
               ) -> Callable[[], None]:
-    """Make ``root`` unwritable and its tests (and solutions, when grading starters)
-    unreadable for other users; ``results``' folder unwritable. Returns ``restore()``."""
+    """Make ``root`` unwritable and unlistable for other users (they may still pass through
+    its folders, to the venv say), its tests (and solutions, when grading starters)
+    unreadable; ``results``' folder unwritable. Returns ``restore()``."""
     saved: list[tuple[str, int]] = []
 
     def set_mode(path: str, mode: int) -> None:
@@ -490,7 +491,7 @@ def lock_tree(root: Path, results: Path | None = None, impl: str = "starter"
         dirnames[:] = [d for d in dirnames if not d.startswith((".venv", ".git"))]
         rel = Path(dirpath).relative_to(root)
         hidden_dir = bool(rel.parts) and rel.parts[0] in secret_dirs
-        mode = stat.S_IMODE(os.lstat(dirpath).st_mode) & ~0o022
+        mode = stat.S_IMODE(os.lstat(dirpath).st_mode) & ~0o066  # others may pass, not list
         set_mode(dirpath, mode & ~0o077 if hidden_dir else mode)
         for name in filenames:
             path = os.path.join(dirpath, name)

@@ -1,0 +1,448 @@
+"""The grader against submissions that attack it (not graded).
+
+Each attack of issue 14 is a hostile ``lab<NN>_starter.py`` in one submission, graded by
+the autograder zip in a simulated ``/autograder`` the way Gradescope runs it (as root here,
+so the graded code runs under sandbox uids of its own). Every lab's tests are the same six
+points on ``mul(a, b)``; the expected score is what the submitted code earns honestly:
+
+- lab-00: writes a ``conftest.py`` that passes every test into every lab folder it can
+  reach, then ``os._exit(1)`` so that the lab would be re-run with it (it scored 255/258);
+- lab-01: monkeypatches ``common.grading.pytest_points`` to pass everything, 1000 points
+  each, and multiplies wrongly;
+- lab-02: a double-forked ``setsid`` daemon waits for ``results.json`` and rewrites it;
+- lab-03: raises an exception carrying the source of every ``test_hidden*.py`` it can read
+  (the lab has an instructor's hidden test with a secret in it);
+- lab-04: an endless loop inside a hypothesis ``@given`` test and five ``os._exit`` calls;
+  the other tests of the lab must still be graded;
+- lab-05: an honest, correct submission (the later lab the conftest attack aimed at).
+
+A second run, without the user switch (``COURSE_SANDBOX_UIDS=none``: a student's laptop),
+shows what the process split alone defends. ``test_the_proxy_*`` check what crosses
+between the tests and the worker, through plain pytest runs of a small lab.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from common.grading import autograder
+from common.grading.gradescope import validate_gradescope
+from common.grading.sandbox import UID_RANGE, choose_mode
+
+ROOT = Path(__file__).resolve().parents[1]
+SECRET = "SECRET-HIDDEN-TEST-MARKER-7319"
+
+MUL_SOLUTION = '''
+def mul(a, b):
+    """a b."""
+    return a * b
+'''
+MUL_STARTER = '''
+def mul(a, b):
+    """a b."""
+    raise NotImplementedError("TODO: multiply")
+'''
+MUL_TESTS = """
+import pytest
+from hypothesis import given, strategies as st
+
+from common import load_impl
+
+impl = load_impl(__file__)
+
+
+@pytest.mark.points(2)
+def test_mul_multiplies():
+    assert impl.mul(2, 3) == 6, "mul(2, 3) must be 6"
+
+
+@pytest.mark.points(2)
+def test_mul_by_zero_is_zero():
+    assert impl.mul(5, 0) == 0
+
+
+@pytest.mark.points(2)
+@given(st.integers(-9, 9), st.integers(-9, 9))
+def test_mul_is_commutative(a, b):
+    assert impl.mul(a, b) == impl.mul(b, a) == a * b
+"""
+HIDDEN_TESTS = f"""
+import pytest
+
+from common import load_impl
+
+impl = load_impl(__file__)
+
+
+@pytest.mark.points(3)
+def test_secret_hidden_case():
+    # {SECRET}
+    assert impl.mul(7, 6) == 42, "the hidden test's own message"
+"""
+CRASH_STARTER = """
+import os
+
+
+def mul(a, b):
+    return a * b
+
+
+def loop(x):
+    while True:
+        pass
+
+
+def leave(x):
+    os._exit(3)
+"""
+CRASH_TESTS = """
+import pytest
+from hypothesis import given, strategies as st
+
+from common import load_impl
+
+impl = load_impl(__file__)
+
+
+@pytest.mark.points(1)
+def test_a_before_everything():
+    assert impl.mul(2, 3) == 6
+
+
+@pytest.mark.points(1)
+@given(st.integers(0, 9))
+def test_b_endless_loop_inside_given(x):
+    impl.loop(x)
+
+
+@pytest.mark.points(1)
+@pytest.mark.parametrize("n", range(5))
+def test_c_os_exit(n):
+    impl.leave(n)
+
+
+@pytest.mark.points(1)
+def test_d_between_the_crashes():
+    assert impl.mul(3, 3) == 9
+
+
+@pytest.mark.points(1)
+@given(st.integers(-9, 9))
+def test_e_after_the_crashes(a):
+    assert impl.mul(a, 2) == 2 * a
+
+
+@pytest.mark.points(1)
+def test_f_last():
+    assert impl.mul(0, 1) == 0
+"""  # possible 10; honest score 4 (a, d, e, f)
+
+LABS = {  # lab -> tests (a test_hidden file is added to lab-03)
+    "lab-00-conftest": MUL_TESTS,
+    "lab-01-patch": MUL_TESTS,
+    "lab-02-daemon": MUL_TESTS,
+    "lab-03-hidden": MUL_TESTS,
+    "lab-04-crashes": CRASH_TESTS,
+    "lab-05-honest": MUL_TESTS,
+}
+
+
+def attacks(source: Path, results: Path, marks: Path) -> dict[str, str]:
+    """The submitted file of each lab (``lab<NN>_starter.py``)."""
+    conftest = textwrap.dedent("""
+        import pytest
+
+        @pytest.hookimpl(wrapper=True)
+        def pytest_runtest_makereport(item, call):
+            report = yield
+            report.outcome = "passed"
+            return report
+    """)
+    return {
+        "lab-00-conftest": f"""
+import glob, os
+CONFTEST = {conftest!r}
+here = os.path.dirname(os.path.abspath(__file__))
+for lab in glob.glob(os.path.join(here, "..", "*")) + glob.glob({str(source / "labs" / "*")!r}) \\
+        + [os.path.join({str(source / "labs")!r}, name) for name in {list(LABS)!r}]:
+    try:
+        with open(os.path.join(lab, "conftest.py"), "w") as f:
+            f.write(CONFTEST)
+        open(os.path.join({str(marks)!r}, "conftest-" + os.path.basename(lab)), "w").close()
+    except OSError:
+        pass
+os._exit(1)
+""",
+        "lab-01-patch": """
+import common.grading.pytest_points as points
+
+points._combine = lambda phases: ("passed", "")
+points.points_of = lambda item: 1000.0
+points.describe_exception = lambda *args: ""
+
+
+def mul(a, b):
+    return a + b
+""",
+        "lab-02-daemon": f"""
+import json, os, time
+
+def _daemon():
+    if os.fork():
+        return
+    os.setsid()
+    if os.fork():
+        os._exit(0)
+    open(os.path.join({str(marks)!r}, f"daemon-{{os.getpid()}}"), "w").close()
+    for _ in range(900):
+        time.sleep(0.1)
+        try:
+            if os.path.exists({str(results)!r}):
+                time.sleep(0.3)
+                with open({str(results)!r}, "w") as f:
+                    json.dump({{"score": 999, "tests": []}}, f)
+                open(os.path.join({str(marks)!r}, "rewrote"), "w").close()
+                break
+        except OSError:
+            pass
+    os._exit(0)
+
+_daemon()
+
+
+def mul(a, b):
+    return a * b
+""",
+        "lab-03-hidden": f"""
+import glob, os
+
+def _steal():
+    here = os.path.dirname(os.path.abspath(__file__))
+    paths = glob.glob(os.path.join(here, "test_hidden*.py"))
+    paths += [{str(source / "labs" / "lab-03-hidden" / "test_hidden_extra.py")!r}]
+    paths += glob.glob({str(source / "labs" / "*" / "test_hidden*.py")!r})
+    paths += glob.glob({str(source / "labs" / "*" / "__pycache__" / "test_hidden*")!r})
+    paths += glob.glob(f"/proc/{{os.getppid()}}/cwd/labs/*/test_hidden*.py")
+    found = []
+    for path in paths:
+        try:
+            with open(path, "rb") as f:
+                found.append(" ".join(f.read().decode("utf-8", "replace").split()))
+        except OSError as exc:
+            found.append(type(exc).__name__)
+    return " | ".join(found)
+
+
+def mul(a, b):
+    raise ValueError("stolen: " + _steal())
+""",
+        "lab-04-crashes": CRASH_STARTER,
+        "lab-05-honest": MUL_SOLUTION,
+    }
+
+
+EXPECTED = {  # (score, possible) the submitted code earns honestly
+    "lab-00-conftest": (0, 6),
+    "lab-01-patch": (0, 6),
+    "lab-02-daemon": (6, 6),
+    "lab-03-hidden": (0, 9),
+    "lab-04-crashes": (4, 10),
+    "lab-05-honest": (6, 6),
+}
+
+
+def course(root: Path) -> Path:
+    """conftest, pyproject, requirements and common/ of the real project, and the labs."""
+    root.mkdir(parents=True)
+    for name in ("conftest.py", "pyproject.toml", "Makefile", "requirements-cpu.txt"):
+        shutil.copy2(ROOT / name, root / name)
+    shutil.copytree(ROOT / "common", root / "common", ignore=shutil.ignore_patterns("__pycache__"))
+    (root / "README.md").write_text("# The course\n")
+    for name, tests in LABS.items():
+        lab = root / "labs" / name
+        lab.mkdir(parents=True)
+        (lab / "test_lab.py").write_text(tests)
+        crash = name == "lab-04-crashes"
+        (lab / "solution.py").write_text(CRASH_STARTER if crash else MUL_SOLUTION)
+        (lab / "starter.py").write_text(CRASH_STARTER if crash else MUL_STARTER)
+        (lab / "README.md").write_text(f"# {name}\n")
+    (root / "labs" / "lab-03-hidden" / "test_hidden_extra.py").write_text(HIDDEN_TESTS)
+    return root
+
+
+def start(tmp: Path, uids: str | None) -> dict:
+    """Build the autograder zip, submit the attacks and start ``run_autograder``."""
+    zip_path = tmp / "autograder.zip"
+    assert autograder.main(["--root", str(course(tmp / "course")), "--out", str(zip_path)]) == 0
+    ag = tmp / "autograder"
+    with zipfile.ZipFile(zip_path) as zf:
+        zf.extractall(ag / "source")
+        for info in zf.infolist():
+            (ag / "source" / info.filename).chmod((info.external_attr >> 16) & 0o777)
+    (ag / "results").mkdir()
+    marks = Path(tempfile.mkdtemp(prefix="attack-marks-"))  # where the attacks may write
+    marks.chmod(0o777)
+    sub = ag / "submission"
+    sub.mkdir()
+    results = ag / "results" / "results.json"
+    for name, text in attacks(ag / "source", results, marks).items():
+        (sub / f"lab{name[4:6]}_starter.py").write_text(text.lstrip())
+    no_triton = tmp / "no-triton" / "triton"
+    no_triton.mkdir(parents=True)
+    (no_triton / "__init__.py").write_text('raise ImportError("not in these labs")\n')
+    env = dict(os.environ, AUTOGRADER_ROOT=str(ag), AUTOGRADER_PYTHON=sys.executable,
+               TRITON_INTERPRET="1", PYTHONPATH=str(no_triton.parent), GRADE_TEST_TIMEOUT="3",
+               GRADE_LAB_TIMEOUT="120")
+    for name in ("PYTEST_ADDOPTS", "COURSE_SANDBOX", "COURSE_SANDBOX_ZYGOTE", "GRADE_SANDBOX",
+                 "GRADE_JOBS"):
+        env.pop(name, None)
+    if uids is not None:
+        env["COURSE_SANDBOX_UIDS"] = uids
+    proc = subprocess.Popen(["bash", str(ag / "source" / "run_autograder")], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return {"proc": proc, "results": results, "marks": marks, "source": ag / "source"}
+
+
+def finish(run: dict) -> dict:
+    """Wait for the run; the results, the output, and what the attacks left behind."""
+    output, _ = run["proc"].communicate(timeout=900)
+    assert run["proc"].returncode == 0, output
+    time.sleep(2.0)  # a daemon that survived would rewrite results.json meanwhile
+    raw = run["results"].read_text()
+    out = {"results": json.loads(raw), "output": output, "raw": raw, "source": run["source"],
+           "marks": sorted(p.name for p in run["marks"].iterdir())}
+    shutil.rmtree(run["marks"], ignore_errors=True)
+    return out
+
+
+def labs_of(results: dict) -> dict[str, tuple[float, float]]:
+    return {lab["name"]: (lab["score"], lab["possible"]) for lab in results["extra_data"]["labs"]}
+
+
+def outputs_of(results: dict, lab: str) -> dict[str, dict]:
+    return {t["name"].split(" › ")[1]: t for t in results["tests"] if t["name"].startswith(lab)}
+
+
+def _user_switch_reason() -> str | None:
+    mode, _ = choose_mode()
+    return None if mode.uids is not None else mode.reason
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    """Both simulations, started together (the grader mostly waits on its workers)."""
+    reason = _user_switch_reason()
+    started = {"split": start(tmp_path_factory.mktemp("split"), "none")}
+    if reason is None:
+        started["switched"] = start(tmp_path_factory.mktemp("switched"), None)
+    done = {key: finish(run) for key, run in started.items()}
+    done["switched_skip"] = reason
+    return done
+
+
+@pytest.fixture(scope="module")
+def switched(runs) -> dict:
+    if runs["switched_skip"] is not None:
+        pytest.skip(f"the user switch needs root and a usable uid range "
+                    f"({runs['switched_skip']})")
+    return runs["switched"]
+
+
+@pytest.fixture(scope="module")
+def split_only(runs) -> dict:
+    return runs["split"]
+
+
+# ---- with the user switch (Gradescope) ------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_every_attack_scores_what_the_submitted_code_earns(switched):
+    results = switched["results"]
+    assert validate_gradescope(results) == []
+    assert labs_of(results) == EXPECTED
+    assert results["score"] == sum(s for s, _ in EXPECTED.values())
+    assert "user switch" in results["extra_data"]["sandbox"]
+
+
+@pytest.mark.slow
+def test_a_conftest_written_at_import_reaches_no_lab(switched):
+    written = [m for m in switched["marks"] if m.startswith("conftest-")]
+    assert written == ["conftest-lab-00-conftest"]  # its own folder of its scratch copy only
+    assert not list(switched["source"].glob("labs/*/conftest.py"))
+    tests = outputs_of(switched["results"], "lab-00-conftest")
+    assert all("exited with code 1 while importing" in t["output"] for t in tests.values())
+
+
+@pytest.mark.slow
+def test_patching_the_points_plugin_patches_only_the_worker(switched):
+    tests = outputs_of(switched["results"], "lab-01-patch")
+    assert [t["max_score"] for t in tests.values()] == [2, 2, 2]
+    assert "mul(2, 3) must be 6" in tests["test_mul_multiplies"]["output"]
+
+
+@pytest.mark.slow
+def test_a_double_forked_daemon_cannot_rewrite_the_results(switched):
+    assert [m for m in switched["marks"] if m.startswith("daemon-")], "the attack did not run"
+    assert "rewrote" not in switched["marks"]
+    assert switched["results"]["score"] == sum(s for s, _ in EXPECTED.values())
+    left = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if UID_RANGE[0] <= entry.stat().st_uid < UID_RANGE[1]:
+                    left.append(entry.name)
+            except OSError:
+                pass
+    assert not left, f"sandbox processes outlived the grading: {left}"
+
+
+@pytest.mark.slow
+def test_hidden_tests_are_neither_readable_nor_shown(switched):
+    results, raw = switched["results"], switched["raw"]
+    assert SECRET not in raw and "the hidden test's own message" not in results["output"]
+    tests = outputs_of(results, "lab-03-hidden")
+    assert tests["test_secret_hidden_case"]["visibility"] == "after_published"
+    visible = [t for name, t in tests.items() if name != "test_secret_hidden_case"]
+    assert visible and all(t["visibility"] == "visible" for t in visible)
+    assert "test_secret_hidden_case" not in results["output"]
+    assert all("PermissionError" in t["output"] or "stolen: " in t["output"] for t in visible)
+
+
+@pytest.mark.slow
+def test_a_loop_inside_given_and_five_exits_cost_only_their_tests(switched):
+    tests = outputs_of(switched["results"], "lab-04-crashes")
+    passed = sorted(name for name, t in tests.items() if t["status"] == "passed")
+    assert passed == ["test_a_before_everything", "test_d_between_the_crashes",
+                      "test_e_after_the_crashes", "test_f_last"]
+    assert "timed out after 3 s (the per-test limit) in loop" in tests[
+        "test_b_endless_loop_inside_given"]["output"]
+    for n in range(5):
+        assert "the worker exited with code 3 in leave" in tests[f"test_c_os_exit[{n}]"]["output"]
+
+
+# ---- without it (a student's laptop): the process split alone --------------------------------
+
+
+@pytest.mark.slow
+def test_the_process_split_alone_stops_patching_crashes_hangs_and_daemons(split_only):
+    results = split_only["results"]
+    assert "process split only" in results["extra_data"]["sandbox"]
+    assert labs_of(results) == EXPECTED  # the grader only ever loads its own conftest.py
+    assert [m for m in split_only["marks"] if m.startswith("daemon-")]
+    assert "rewrote" not in split_only["marks"]
+    # What it does not stop: code running as the grader's own user can write into the
+    # source tree (here a conftest.py in every lab) and read the hidden tests.
+    assert [m for m in split_only["marks"] if m.startswith("conftest-")]
+    assert SECRET in split_only["raw"]
