@@ -446,3 +446,328 @@ def test_the_process_split_alone_stops_patching_crashes_hangs_and_daemons(split_
     # source tree (here a conftest.py in every lab) and read the hidden tests.
     assert [m for m in split_only["marks"] if m.startswith("conftest-")]
     assert SECRET in split_only["raw"]
+
+
+# ---- what crosses between the tests and the worker ------------------------------------------
+
+PROXY_PROVIDED = '''
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+
+class State(NamedTuple):
+    m: np.ndarray
+    l: np.ndarray
+
+
+@dataclass
+class Stats:
+    hits: int
+    rate: float
+
+
+class NoFreeBlocks(RuntimeError):
+    """The pool cannot serve the request."""
+'''
+PROXY_STARTER = '''
+import os
+
+import numpy as np
+import torch
+
+from common.loader import load_lab_module
+
+provided = load_lab_module(__file__, "provided")
+State, Stats, NoFreeBlocks = provided.State, provided.Stats, provided.NoFreeBlocks
+BLOCK = 16
+
+
+def whoami():
+    return os.getuid()
+
+
+def read(path):
+    with open(path) as f:
+        return f.read()
+
+
+def write_kv(k_cache, slots, k):
+    """Writes the caches in place (as lab-01's write_kv)."""
+    k_cache[slots] = k
+
+
+def scale_(t):
+    t.mul_(2)
+    return t.sum()
+
+
+def strided(t):
+    return t.stride(), t.is_contiguous(), t
+
+
+def state(n):
+    return State(np.zeros(n), np.ones(n))
+
+
+def stats(state):
+    return Stats(hits=len(state.m), rate=float(state.l.sum()))
+
+
+def tile(x, *, block_m=None, block_n=None):
+    return x, block_m, block_n
+
+
+def check(x):
+    if x < 0:
+        raise ValueError(f"x must be >= 0, got {x}")
+    raise NoFreeBlocks(f"no block for {x}")
+
+
+class MyError(KeyError):
+    pass
+
+
+def mine():
+    raise MyError("mine")
+
+
+def grad_of(x):
+    (x * x).sum().backward()
+
+
+def big(n):
+    return np.ones(n)
+
+
+def syncing(t):
+    return float(t.sum().item())
+
+
+class BlockPool:
+    def __init__(self, num_blocks):
+        self.free = list(range(num_blocks))
+        self.owner = {}
+
+    @property
+    def num_free_blocks(self):
+        return len(self.free)
+
+    def allocate(self, n):
+        if n > len(self.free):
+            raise NoFreeBlocks(f"asked for {n}, {len(self.free)} free")
+        out, self.free = self.free[:n], self.free[n:]
+        return out
+
+    def release(self, blocks):
+        self.free.extend(blocks)
+
+    def __len__(self):
+        return len(self.free)
+
+    def __contains__(self, block):
+        return block in self.free
+
+
+class Manager:
+    def __init__(self, pool):
+        self.pool = pool
+
+    def take(self, n):
+        return self.pool.allocate(n)
+'''
+PROXY_SCRIPT = '''
+import os
+import sys
+
+import numpy as np
+
+from common.loader import load_impl
+
+impl = load_impl(__file__)
+out = sys.argv[sys.argv.index("--out") + 1]
+np.save(os.path.join(out, "state.npy"), impl.state(3).l)
+print("uid", os.getuid(), "cwd", os.getcwd())
+'''
+PROXY_TESTS = '''
+import os
+import pathlib
+import inspect
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import settings, strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from common import load_impl
+from common.testing import LabScript, host_syncs, peak_memory
+
+impl = load_impl(__file__)
+SWITCHED = os.environ["EXPECT_SWITCH"] == "1"
+
+
+def test_the_graded_code_runs_in_another_process():
+    assert impl.whoami() != os.getuid() if SWITCHED else True
+    assert type(impl.write_kv).__name__ == "RemoteFunction"
+
+
+def test_the_tests_are_not_readable_with_the_user_switch():
+    if not SWITCHED:
+        pytest.skip("without the user switch the worker has the grader's permissions")
+    with pytest.raises(PermissionError):
+        impl.read(__file__)
+
+
+def test_arrays_written_in_place_are_copied_back():
+    cache = np.full((4, 2), np.nan)
+    impl.write_kv(cache, np.array([2, 0]), np.arange(4.0).reshape(2, 2))
+    assert np.array_equal(cache[[2, 0]], np.arange(4.0).reshape(2, 2))
+    assert np.isnan(cache[[1, 3]]).all()
+    t = torch.ones(3)
+    assert float(impl.scale_(t)) == 6.0 and torch.equal(t, torch.full((3,), 2.0))
+
+
+def test_a_read_only_input_stays_read_only():
+    cache = np.zeros((4, 2))
+    cache.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        impl.write_kv(cache, np.array([0]), np.ones((1, 2)))
+
+
+def test_tensor_strides_survive_the_trip():
+    t = torch.arange(12.0).reshape(3, 4).t()
+    stride, contiguous, back = impl.strided(t)
+    assert stride == (1, 4) and not contiguous and back.stride() == (1, 4)
+    assert torch.equal(back, t)
+    half = torch.ones(2, dtype=torch.bfloat16)
+    assert impl.strided(half)[2].dtype == torch.bfloat16
+
+
+def test_given_types_come_back_as_the_trusted_classes():
+    s = impl.state(3)
+    assert isinstance(s, impl.State) and type(s).__module__.endswith(".provided")
+    stats = impl.stats(impl.State(np.zeros(2), np.ones(2)))
+    assert stats == impl.Stats(hits=2, rate=2.0)
+    assert impl.BLOCK == 16
+
+
+def test_exceptions_keep_their_type_and_message():
+    with pytest.raises(ValueError, match="x must be >= 0, got -1"):
+        impl.check(-1)
+    with pytest.raises(impl.NoFreeBlocks, match="no block for 3"):
+        impl.check(3)
+    with pytest.raises(KeyError, match="MyError"):
+        impl.mine()
+
+
+def test_signatures_are_those_of_the_graded_functions():
+    params = inspect.signature(impl.tile).parameters
+    assert params["block_m"].kind is inspect.Parameter.KEYWORD_ONLY
+    assert params["block_m"].default is None
+
+
+def test_gradients_computed_in_the_worker_come_back():
+    x = torch.ones(3, requires_grad=True)
+    impl.grad_of(x)
+    assert torch.equal(x.grad, torch.full((3,), 2.0))
+
+
+def test_objects_of_student_classes_are_remote_handles():
+    pool = impl.BlockPool(5)
+    assert isinstance(pool, impl.BlockPool) and not isinstance(pool, impl.Manager)
+    assert pool.num_free_blocks == 5 and len(pool) == 5 and 4 in pool
+    assert pool.allocate(2) == [0, 1] and pool.num_free_blocks == 3
+    with pytest.raises(impl.NoFreeBlocks, match="asked for 9"):
+        pool.allocate(9)
+    manager = impl.Manager(pool)
+    assert manager.take(1) == [2] and manager.pool.num_free_blocks == 2
+
+
+def test_measurements_are_taken_in_the_worker():
+    result, peak = peak_memory(impl.big, 100_000)
+    assert result.shape == (100_000,) and peak >= 800_000
+    value, syncs = host_syncs(impl.syncing, torch.ones(4))
+    assert value == 4.0 and syncs and "starter.py" in syncs[0]
+
+
+def test_a_lab_script_runs_in_the_sandbox(tmp_path):
+    script = LabScript(__file__, "script.py", "--out", str(tmp_path))
+    code, output = script.result(timeout=60)
+    assert code == 0, output
+    assert np.array_equal(np.load(tmp_path / "state.npy"), np.ones(3))
+    uid = int(output.split()[1])
+    assert (uid != os.getuid()) if SWITCHED else uid == os.getuid()
+
+
+class Pool(RuleBasedStateMachine):
+    def __init__(self):
+        super().__init__()
+        self.pool = impl.BlockPool(8)
+        self.held = []
+
+    @rule(n=st.integers(1, 3))
+    def allocate(self, n):
+        if n <= self.pool.num_free_blocks:
+            self.held += self.pool.allocate(n)
+
+    @rule()
+    def release(self):
+        self.pool.release(self.held)
+        self.held = []
+
+    @invariant()
+    def blocks_are_conserved(self):
+        assert self.pool.num_free_blocks + len(self.held) == 8
+
+
+TestPoolMachine = Pool.TestCase
+TestPoolMachine.settings = settings(max_examples=10, stateful_step_count=10, deadline=None)
+'''
+
+
+def proxy_lab(root: Path) -> Path:
+    root.mkdir(parents=True)
+    for name in ("conftest.py", "pyproject.toml"):
+        shutil.copy2(ROOT / name, root / name)
+    shutil.copytree(ROOT / "common", root / "common", ignore=shutil.ignore_patterns("__pycache__"))
+    lab = root / "labs" / "lab-00-proxy"
+    lab.mkdir(parents=True)
+    for name, text in (("provided.py", PROXY_PROVIDED), ("starter.py", PROXY_STARTER),
+                       ("script.py", PROXY_SCRIPT), ("test_lab.py", PROXY_TESTS)):
+        (lab / name).write_text(text.lstrip())
+    return root
+
+
+@pytest.fixture(scope="module")
+def proxy_runs(tmp_path_factory) -> dict:
+    """The proxy lab under plain pytest with the sandbox on, with and without the switch."""
+    modes = {"split": "none"}
+    if _user_switch_reason() is None:
+        modes["switched"] = ""
+    procs = {}
+    for key, uids in modes.items():
+        root = proxy_lab(tmp_path_factory.mktemp(f"proxy-{key}") / "course")
+        env = dict(os.environ, COURSE_SANDBOX="1", LAB_IMPL="starter", TRITON_INTERPRET="1",
+                   EXPECT_SWITCH="1" if key == "switched" else "0")
+        env.pop("COURSE_SANDBOX_ZYGOTE", None)
+        env["COURSE_SANDBOX_UIDS"] = uids
+        if key == "switched":
+            env.pop("COURSE_SANDBOX_UIDS")
+        procs[key] = subprocess.Popen(
+            [sys.executable, "-m", "pytest", "labs/lab-00-proxy", "-q", "-p", "no:cacheprovider",
+             "-p", "common.grading.proxy", "-rs"],
+            cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return {key: (proc.communicate(timeout=600)[0], proc.returncode)
+            for key, proc in procs.items()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["switched", "split"])
+def test_the_proxy_carries_arrays_tensors_types_objects_errors_and_scripts(proxy_runs, mode):
+    if mode not in proxy_runs:
+        pytest.skip(f"the user switch needs root ({_user_switch_reason()})")
+    output, code = proxy_runs[mode]
+    assert code == 0, output
+    assert " passed" in output and "failed" not in output

@@ -141,6 +141,7 @@ def is_plain_tensor(obj: Any) -> bool:
 def encode_tensor(t: Any) -> tuple:
     """``(rebuild, args)`` for a CPU tensor, keeping its strides (a strided view stays one)."""
     torch = _torch()
+    requires_grad = bool(t.requires_grad) and t.is_leaf  # a leaf the receiver differentiates
     t = t.detach()
     if t.device.type != "cpu":
         t = t.cpu()
@@ -151,7 +152,6 @@ def encode_tensor(t: Any) -> tuple:
     if name in _TORCH_VIEW_AS:
         flat = flat.view(getattr(torch, _TORCH_VIEW_AS[name]))
     data = flat.numpy().copy()
-    requires_grad = bool(t.requires_grad) if t.is_leaf else False
     return (_tensor, (data, name, size, stride, requires_grad))
 
 
