@@ -59,13 +59,28 @@ def load_impl(path: str | os.PathLike[str], impl: str | None = None) -> ModuleTy
         lab_dir = lab_dir.parent
     if not (lab_dir / f"{impl}.py").is_file():
         raise FileNotFoundError(f"{lab_dir / f'{impl}.py'} does not exist (LAB_IMPL={impl})")
-    if os.environ.get(SANDBOX_ENV, "").strip() not in ("", "0"):
+    proxy = _sandbox_proxy()
+    if proxy is not None:
         # Under the grader: the tests' process never imports the graded code; calls go to a
         # sandboxed worker (common.grading.proxy). Plain pytest imports it here.
-        from common.grading.proxy import remote_impl
-
-        return remote_impl(lab_dir, impl)
+        return proxy.remote_impl(lab_dir, impl)
     return load_lab_module(lab_dir, impl)
+
+
+def _sandbox_proxy() -> ModuleType | None:
+    """``common.grading.proxy`` in the grader's test process; ``None`` elsewhere. A process
+    that a test started (so it inherited ``COURSE_SANDBOX``) must not import the graded
+    code outside the sandbox: it gets a ``RuntimeError`` saying what to use instead."""
+    proxy = sys.modules.get("common.grading.proxy")
+    if proxy is not None and proxy.active():
+        return proxy
+    if os.environ.get(SANDBOX_ENV, "").strip() not in ("", "0"):
+        raise RuntimeError(
+            "under the grader the graded code runs only in its sandbox: a test must run a "
+            "script that imports it with common.testing.LabScript (and load the plugin "
+            "-p common.grading.proxy in the test process)"
+        )
+    return None
 
 
 def load_lab_module(path: str | os.PathLike[str], module: str) -> ModuleType:

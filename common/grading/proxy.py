@@ -57,6 +57,7 @@ from typing import Any
 
 from common.grading import procs, wire
 from common.grading.sandbox import (
+    ENV_UIDS,
     ENV_ZYGOTE,
     LabSandbox,
     Mode,
@@ -138,7 +139,13 @@ def import_limit() -> float:
 _sandboxes: dict[Path, LabSandbox] = {}
 _clients: dict[tuple[Path, str], Client] = {}
 _modules: dict[tuple[Path, str], ProxyModule] = {}
-_state: dict[str, Any] = {"mode": None, "registry": None, "subreaper": False}
+_state: dict[str, Any] = {"mode": None, "registry": None, "subreaper": False, "active": False,
+                          "given": None}
+
+
+def active() -> bool:
+    """Is this the trusted test process of a sandboxed run (the plugin configured here)?"""
+    return bool(_state["active"])
 
 
 def _mode() -> Mode:
@@ -176,10 +183,26 @@ def sandbox_for(lab_dir: Path, impl: str) -> LabSandbox:
 
 def _given_sandboxes() -> dict[str, Any]:
     """Sandboxes the grader started for this process (``COURSE_SANDBOX_ZYGOTE``)."""
+    if _state["given"] is None:
+        try:
+            _state["given"] = json.loads(os.environ.get(ENV_ZYGOTE, "") or "{}")
+        except ValueError:
+            _state["given"] = {}
+    return _state["given"]
+
+
+def replace_sandbox(old: LabSandbox) -> LabSandbox:
+    """A fresh sandbox for ``old``'s lab (its zygote died), owned by this process."""
     try:
-        return json.loads(os.environ.get(ENV_ZYGOTE, "") or "{}")
-    except ValueError:
-        return {}
+        old.close()
+    except (OSError, EOFError):
+        pass
+    box = LabSandbox(old.root, old.lab, old.impl, old.mode)
+    _sandboxes[old.lab.resolve()] = box
+    if _state["registry"] is not None:
+        _state["registry"].add(old.lab.name, box.registry_entry())
+    box.connect()
+    return box
 
 
 def shutdown() -> None:
@@ -210,6 +233,7 @@ class Client:
 
     def __init__(self, box: LabSandbox, impl: str) -> None:
         self.box, self.impl = box, impl
+        self.pid = os.getpid()
         self.generation = 0
         self.proc = None
         self.manifest: dict[str, Any] | None = None
@@ -224,7 +248,11 @@ class Client:
         __tracebackhide__ = True
         self.generation += 1
         self.released.clear()
-        self.proc = self.box.spawn_worker(self.generation, max(deadline, time.monotonic() + 5))
+        try:
+            self.proc = self.box.spawn_worker(self.generation, max(deadline, time.monotonic() + 5))
+        except (OSError, EOFError, TimeoutError, wire.FrameError, KeyError):
+            self.box = replace_sandbox(self.box)  # the zygote is gone: a new one, once
+            self.proc = self.box.spawn_worker(self.generation, time.monotonic() + 60)
         reply = self._receive(deadline, what, importing=True)
         if reply[0] == "error":
             self._discard()
@@ -257,6 +285,9 @@ class Client:
     def request(self, op: str, target: tuple, name: str | None, args: tuple, kwargs: dict,
                 instrument: str | None, what: str) -> Any:
         __tracebackhide__ = True
+        if os.getpid() != self.pid:
+            raise WorkerError(f"{what}: the sandboxed module cannot be called from a process "
+                              "forked by the test (use common.testing.LabScript)") from None
         deadline, limit = current_deadline()
         if time.monotonic() >= deadline:
             raise WorkerTimeout(f"timed out after {limit:g} s (the per-test limit) in {what}: "
@@ -321,16 +352,16 @@ class Client:
         self.last_death = f"it timed out in {what}"
         doing = f"while importing {self.impl}.py" if importing else f"in {what}"
         message = (f"timed out after {limit:g} s (the per-test limit) {doing}: an endless loop, "
-                   "or far slower than it should be")
-        exc: BaseException = ImportError(message) if importing else WorkerTimeout(message)
-        if at:
-            _add_note(exc, f"(it was running {at})")
-        raise exc from None
+                   "or far slower than it should be" + (f"\n(it was running {at})" if at else ""))
+        raise (ImportError(message) if importing else WorkerTimeout(message)) from None
 
     def _crashed(self, what: str, importing: bool = False) -> None:
         __tracebackhide__ = True
         proc = self.proc
-        code = self.box.exit_code(proc.pid) if proc is not None else None
+        try:
+            code = self.box.exit_code(proc.pid) if proc is not None else None
+        except (OSError, EOFError, wire.FrameError):
+            code = None
         self._discard(wait=False, alive=code is None)
         doing = f"while importing {self.impl}.py" if importing else f"in {what}"
         message = f"{describe_exit(code)} {doing}"
@@ -444,10 +475,13 @@ def build_exception(info: dict[str, Any], what: str, client: Client) -> BaseExce
                     cls, exact = found, (m, q) == (module, qualname)
                     break
             exc = _instance(cls, message if exact else f"{qualname}: {message}")
-    for note in info.get("notes") or []:
+    for note in info.get("notes") or []:  # the graded code's own notes, as in-process
         _add_note(exc, str(note)[:300])
-    if info.get("where"):
-        _add_note(exc, f"(raised at {info['where']})")
+    if info.get("where"):  # not a note: pytest.raises(match=...) also matches notes
+        try:
+            exc.__graded_where__ = str(info["where"])[:200]
+        except AttributeError:
+            pass
     return exc
 
 
@@ -801,6 +835,14 @@ def _option(config: Any, name: str) -> Any:
 def pytest_configure(config: Any) -> None:
     if not enabled():
         return
+    # This process is the trusted one. The processes it starts are not: they must not
+    # attach to its sandboxes, and a test that runs the graded code in one of them without
+    # common.testing.LabScript gets an error from load_impl instead of an unsandboxed run.
+    _state["active"] = True
+    _mode()
+    _given_sandboxes()
+    for name in (ENV_ZYGOTE, ENV_UIDS):
+        os.environ.pop(name, None)
     _limits["import"] = _option(config, "points_collect_timeout")
     _limits["per_test"] = _option(config, "points_test_timeout")
     if _option(config, "points_stub_impl") or config.option.collectonly:
@@ -829,7 +871,7 @@ def pytest_sessionstart(session: Any) -> None:
 
 
 def pytest_report_header(config: Any) -> list[str]:
-    return [f"sandbox: {describe_mode()}"] if enabled() else []
+    return [f"sandbox: {describe_mode()}"] if active() else []
 
 
 def _set_deadline(item: Any) -> None:
@@ -840,7 +882,7 @@ def _set_deadline(item: Any) -> None:
 
 
 def pytest_runtest_protocol(item: Any, nextitem: Any) -> None:
-    if enabled():
+    if active():
         _set_deadline(item)
 
 
@@ -849,5 +891,6 @@ def pytest_runtest_logfinish(nodeid: str, location: Any) -> None:
 
 
 def pytest_unconfigure(config: Any) -> None:
-    if enabled():
+    if active():
         shutdown()
+        _state["active"] = False

@@ -374,7 +374,9 @@ class LabSandbox:
             deadline = time.monotonic() + ZYGOTE_START_TIMEOUT
             try:
                 client = ZygoteClient(self.socket_path, deadline)
-                client.request({"op": "control"}, deadline=deadline)
+                reply = client.request({"op": "control"}, deadline=deadline)
+                if "error" in reply:
+                    raise OSError(reply["error"])
             except (OSError, EOFError, TimeoutError) as exc:
                 raise SandboxError(f"the sandbox did not start: {exc!r}\n{self.log_tail()}"
                                    ) from None

@@ -251,8 +251,11 @@ class Zygote:
             self.kill(request["pid"])
             self.reply(conn, {"id": rid, "ok": True})
         elif op == "control":  # the trusted test process: when it goes, everything goes
-            self.control = conn
-            self.reply(conn, {"id": rid, "ok": True, "pid": os.getpid()})
+            if self.control is not None and self.control is not conn:
+                self.reply(conn, {"id": rid, "error": "this sandbox already has its test process"})
+            else:
+                self.control = conn
+                self.reply(conn, {"id": rid, "ok": True, "pid": os.getpid()})
         elif op == "ping":
             self.reply(conn, {"id": rid, "ok": True})
         elif op == "shutdown":
