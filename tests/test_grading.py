@@ -24,8 +24,10 @@ from common.grading.autograder import find_submission_files
 from common.grading.counting import static_tests
 from common.grading.discovery import select_labs
 from common.grading.gradescope import validate_gradescope
-from common.grading.pytest_points import summarize_collect_error
+from common.grading.messages import summarize_collect_error
 from common.grading.release import ReleaseError, build_release, plan_release
+from common.grading.student_copy import coherence_problems, make_targets, strip_instructor_blocks
+from common.loader import default_impl
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,13 +40,17 @@ import numpy as np
 
 def add_one(x):
     """x + 1, elementwise."""
-    return np.asarray(x) + 1
+    out = np.array(x, dtype=float, copy=True)
+    out += 1
+    return out.astype(np.asarray(x).dtype)
 
 
 def twice(n):
     """2 n."""
-    doubled_value_of_the_argument = n * 2
-    return doubled_value_of_the_argument
+    doubled_value_of_the_argument = 0
+    for _ in range(2):
+        doubled_value_of_the_argument = doubled_value_of_the_argument + n
+    return int(doubled_value_of_the_argument)
 '''
 
 ADD_STARTER = '''
@@ -670,17 +676,60 @@ def test_the_release_refuses_a_non_empty_folder_unless_forced(tmp_path):
 def test_the_release_stops_when_solution_code_leaks_outside_the_solution(tmp_path):
     root = clean_project(tmp_path / "course")
     (root / "common" / "helpers.py").write_text(ADD_SOLUTION)  # someone pasted the solution
-    with pytest.raises(ReleaseError, match="common/helpers.py contains"):
+    with pytest.raises(ReleaseError, match="common/helpers.py holds code of"):
         plan_release(root)
     (root / "common" / "helpers.py").unlink()
     starter = root / "labs" / "lab-00-add" / "starter.py"
     real_starter = starter.read_text()
     starter.write_text(ADD_SOLUTION)  # a mutant or solved copy left behind
-    with pytest.raises(ReleaseError, match="starter.py has 100% of the code lines"):
+    with pytest.raises(ReleaseError, match="starter.py holds 100% of the function bodies"):
         plan_release(root)
     starter.write_text(real_starter)
-    (root / "labs" / "lab-00-add" / "NOTES.md").write_text(ADD_SOLUTION)
-    assert any("NOTES.md" in w for w in plan_release(root).warnings)
+    (root / "labs" / "lab-00-add" / "NOTES.md").write_text(f"```python\n{ADD_SOLUTION}```\n")
+    assert any("NOTES.md holds code of" in w for w in plan_release(root).warnings)
+
+
+GIVEN = '''
+def check_shape(x, n):
+    """Given to students: both starter and solution load it."""
+    if len(x) != n:
+        raise ValueError(f"x must have {n} entries, got {len(x)}: check the caller's shape")
+    return list(x)
+'''
+
+
+def test_the_release_counts_function_bodies_not_generic_lines_or_given_code(tmp_path):
+    root = fake_project(tmp_path / "course")
+    solution = (
+        MUL_SOLUTION
+        + GIVEN
+        + '''
+
+def table(rows):
+    """Rows that multiply; generic lines like the ones below are in the tests too."""
+    import warnings
+
+    try:
+        out = [mul(a, b) for a, b in rows]
+    except ValueError as e:
+        raise RuntimeError(e) from None
+    warnings.simplefilter("ignore")
+    return out
+'''
+    )
+    lab = write_lab(root, "lab-01-mul", MUL_STARTER, MUL_TESTS, solution)
+    (lab / "provided.py").write_text(GIVEN)
+    (lab / "test_extra.py").write_text(
+        "import warnings\n\n\ndef test_x():\n    try:\n        pass\n"
+        "    except ValueError as e:\n        raise RuntimeError(e) from None\n"
+        '    warnings.simplefilter("ignore")\n' + GIVEN
+    )
+    assert plan_release(root).warnings == []  # generic lines and provided code: no leak
+    (lab / "test_extra.py").write_text(solution)  # the solution's own bodies: a leak
+    with pytest.raises(
+        ReleaseError, match=r"(?s)test_extra.py holds code of .*solution.py's table\(\)"
+    ):
+        plan_release(root)
 
 
 # ---- autograder ------------------------------------------------------------------------------
@@ -810,3 +859,79 @@ def test_instructors_hidden_tests_are_graded_and_never_released(tmp_path):
     assert autograder.main(["--root", str(course), "--out", str(zip_path)]) == 0
     with zipfile.ZipFile(zip_path) as zf:
         assert "labs/lab-01-mul/test_hidden_extra.py" in zf.namelist()
+
+
+# ---- the student copy of the real course -----------------------------------------------------
+
+
+def test_the_student_copy_drops_marked_blocks_and_flags_what_a_student_cannot_follow(tmp_path):
+    text = (
+        "# Course\n\nFor everyone.\n"
+        "<!-- >>> not in the student copy (`make release` drops this block) -->\n"
+        "Run `make mutants` and read solution.py.\n<!-- <<< not in the student copy -->\n"
+        "The end.\n"
+    )
+    assert strip_instructor_blocks(text) == "# Course\n\nFor everyone.\nThe end.\n"
+    with pytest.raises(ValueError, match="never closed"):
+        strip_instructor_blocks("<!-- >>> not in the student copy -->\ntext\n")
+    (tmp_path / "Makefile").write_text("test:\n\techo\ngrade:\n\techo\n")
+    (tmp_path / "labs" / "lab-00-x").mkdir(parents=True)
+    readme = tmp_path / "labs" / "lab-00-x" / "README.md"
+    readme.write_text(
+        "Run `make grade`, then\n\n```bash\npytest labs/lab-00-x -q\nmake figures\n"
+        ".venv/bin/python -m pytest labs/lab-00-x -q\n```\n\nas solution.py does. To make the"
+        " kernel fast, see vllm/v1/attention/backend.py.\n"
+    )
+    problems = coherence_problems(
+        tmp_path, [Path("labs/lab-00-x/README.md")], [Path("labs/lab-00-x/solution.py")]
+    )
+    assert [p.split(": ", 2)[:2] for p in problems] == [
+        ["labs/lab-00-x/README.md:4", "a bare pytest (use .venv)"],
+        ["labs/lab-00-x/README.md:5", "`make figures` is not a target of the Makefile"],
+        [
+            "labs/lab-00-x/README.md:9",
+            "refers to solution.py, which the student copy does not have",
+        ],
+    ]
+
+
+@pytest.mark.skipif(
+    not list(ROOT.glob("labs/*/solution.py")), reason="a student copy has no solutions to release"
+)
+def test_make_release_on_the_real_course_gives_a_copy_written_for_a_student(tmp_path):
+    out = tmp_path / "student"
+    proc = subprocess.run(
+        ["make", "release", f"OUT={out}", f"PY={sys.executable}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    files = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
+    labs = sorted(p.parent.name for p in ROOT.glob("labs/lab-*/test_lab.py"))
+    assert labs and all(f"labs/{lab}/starter.py" in files for lab in labs)
+    assert not [f for f in files if f.endswith("solution.py") or "/test_hidden" in f]
+    assert not [f for f in files if f.startswith("tests/mutants/")]
+    for figures in out.glob("labs/*/figures.py"):
+        assert "solution" not in figures.read_text(), figures
+    assert default_impl(out) == "starter"  # LAB_IMPL unset: the starters, no FileNotFoundError
+    # The README and the Makefile are written for a student: nothing the release flags.
+    flagged = [line for line in proc.stdout.splitlines() if "not for a student:" in line]
+    assert not [line for line in flagged if ": README.md:" in line or ": Makefile:" in line]
+    readme, makefile = (out / "README.md").read_text(), (out / "Makefile").read_text()
+    assert readme.startswith("# ") and readme.split("\n## ", 2)[1].startswith("Student copy")
+    for word in ("For instructors", "make release", "make autograder", "make mutants"):
+        assert word not in readme and word not in makefile
+    assert {"setup", "test", "grade", "test-lab"} <= make_targets(makefile)
+    assert not {"release", "autograder", "mutants"} & make_targets(makefile)
+    dry = subprocess.run(
+        ["make", "-n", "test", "test-lab", "grade", "LAB=00", f"PY={sys.executable}"],
+        cwd=out,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert dry.returncode == 0 and "LAB_IMPL=solution" not in dry.stdout, dry.stdout + dry.stderr
+    commands = [line for line in dry.stdout.splitlines() if not line.startswith("echo")]
+    assert len(commands) == 3 and all(c.startswith("LAB_IMPL=starter ") for c in commands)
