@@ -19,13 +19,14 @@ from pathlib import Path
 
 import pytest
 
-from common.grading import autograder
+from common.grading import autograder, runner
 from common.grading.autograder import find_submission_files
 from common.grading.counting import static_tests
 from common.grading.discovery import select_labs
 from common.grading.gradescope import validate_gradescope
 from common.grading.messages import summarize_collect_error
 from common.grading.release import ReleaseError, build_release, plan_release
+from common.grading.runner import Options, Run, timeout_allowance
 from common.grading.student_copy import coherence_problems, make_targets, strip_instructor_blocks
 from common.loader import default_impl
 
@@ -101,7 +102,14 @@ def test_add_one_works_on_integers(x):
 @pytest.mark.skipif(True, reason="needs a CUDA GPU")
 def test_add_one_on_the_gpu():
     raise AssertionError("never runs here")
-"""  # possible here: 2 + 1 + 1 + 1 = 5 (the skipped GPU test does not count)
+
+
+@pytest.mark.points(2)
+@pytest.mark.triton
+def test_add_one_in_a_triton_kernel():
+    assert impl.add_one(1) == 2
+"""  # possible here: 2 + 1 + 1 + 1 = 5 (the GPU test, and the triton one without triton, do
+# not count)
 
 ADD_FIGURES = """
 from common import load_impl
@@ -301,7 +309,7 @@ def test_b_runs_after_the_hang():
 
 
 @pytest.mark.points(2)
-def test_c_sleeps_past_the_lab_limit():
+def test_c_sleeps_past_its_limit():
     impl.slow(1)
 """
 
@@ -421,7 +429,6 @@ RESULTS_FILES = {
     "hostile": "h.json",
     "imports": "imports.json",
     "hangs": "hangs.json",
-    "lab_limit": "limit.json",
 }
 
 
@@ -432,8 +439,7 @@ def runs(tmp_path_factory) -> dict:
     - ``solution``: the clean project graded with LAB_IMPL=solution;
     - ``hostile``: a solved lab next to a lab whose functions loop, exit and crash;
     - ``imports``: labs whose starters cannot be imported (exit, syntax error, loop);
-    - ``hangs``: a test that ignores the per-test alarm, then one that sleeps past a 3 s lab
-      limit (its per-test limit is longer);
+    - ``hangs``: a test that ignores the per-test alarm, one after it, one that sleeps;
     - ``release``: the student copy of the clean project, graded (starters);
     - ``gradescope``: the autograder zip run on a submission in a simulated /autograder.
     """
@@ -469,20 +475,6 @@ def runs(tmp_path_factory) -> dict:
         "hangs": (
             hostile,
             start(hostile, "starter", "hangs.json", "--lab", "2", "--test-timeout", "1"),
-        ),
-        "lab_limit": (
-            hostile,
-            start(
-                hostile,
-                "starter",
-                "limit.json",
-                "--lab",
-                "2",
-                "--test-timeout",
-                "60",
-                "--lab-timeout",
-                "3",
-            ),
         ),
         "release": (release, start(release, "starter", "results.json")),
     }
@@ -522,9 +514,20 @@ def test_solutions_get_full_marks(runs):
     labs = by_lab(results)
     assert (labs["lab-00-add"]["score"], labs["lab-00-add"]["possible"]) == (5, 5)
     assert (labs["lab-01-mul"]["score"], labs["lab-01-mul"]["possible"]) == (6, 6)
-    assert labs["lab-00-add"]["skipped"] == 1  # the GPU test: not counted on a CPU machine
+    assert labs["lab-00-add"]["skipped"] == 2  # the GPU test: not counted on a CPU machine
     assert results["score"] == 11 and all(t["status"] == "passed" for t in results["tests"])
     assert "Total" in out and "11 / 11" in out
+
+
+@pytest.mark.slow
+def test_tests_that_need_a_missing_triton_are_not_run_on_this_machine_not_failed(runs):
+    results, out = runs["solution"]  # the graded processes cannot import triton
+    lab = by_lab(results)["lab-00-add"]
+    assert lab["not_run"] == 1 and lab["possible"] == 5  # not in the possible points
+    assert lab["notes"] == "1 not run on this machine, 1 skipped, not counted"
+    assert "Not run on this machine: 1 test(s), neither failed nor counted" in out
+    assert "the triton package is not installed here" in out  # and why, with what to do
+    assert not [t for t in results["tests"] if "triton_kernel" in t["name"]]
 
 
 @pytest.mark.slow
@@ -589,17 +592,33 @@ def test_a_test_that_ignores_its_time_limit_is_stopped_and_costs_only_itself(run
     deaf = output_of(results, "lab-02-hangs", "test_a_hangs_beyond_the_reach_of_the_alarm")
     assert "timed out after 1 s (the per-test limit) during this test" in deaf
     assert "test_b_runs_after_the_hang" not in " ".join(lab["problems"])
-    slow = output_of(results, "lab-02-hangs", "test_c_sleeps_past_the_lab_limit")
+    slow = output_of(results, "lab-02-hangs", "test_c_sleeps_past_its_limit")
     assert slow.startswith("timed out after 1 s (the per-test limit)")
 
 
-@pytest.mark.slow
-def test_a_lab_that_outlives_its_time_limit_is_stopped_with_its_tests_known(runs):
-    results, _ = runs["lab_limit"]  # per-test limit 60 s, lab limit 3 s: the lab limit acts
-    lab = by_lab(results)["lab-02-hangs"]
-    assert (lab["score"], lab["possible"]) == (0, 6)
-    assert lab["notes"] == "timed out (3 s)"
-    assert "timed out after 3 s (the lab's time limit)" in lab["problems"][0]
+def test_a_lab_that_outlives_its_time_limit_is_killed_and_timed_out_tests_extend_it(tmp_path):
+    opts = Options(test_timeout=5)  # the budget of a timed-out test: 5 s + 5 s of grace
+    log = tmp_path / "events.jsonl"
+    log.write_text("")
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert runner._wait(sleeper, log, limit=0.2, opts=opts) == (True, 0.0)  # killed
+    finally:
+        sleeper.kill()
+    sleeper.wait()
+    run = Run([], sleeper.returncode, timed_out=True, limit=3, output_tail="", elapsed=3.2)
+    assert run.exit_reason() == "timed out after 3 s (the lab's time limit)"
+    events = [
+        {"event": "result", "nodeid": "t1", "outcome": "failed", "message": "timed out after 5 s"},
+        {"event": "result", "nodeid": "t2", "outcome": "failed", "message": "AssertionError"},
+        {"event": "timeout", "nodeid": "t3", "seconds": 5},  # the watchdog: a restart too
+    ]
+    assert timeout_allowance(events, 5) == 10 + (10 + runner.RESTART_ALLOWANCE)
+    log.write_text("".join(json.dumps(e) + "\n" for e in events[:1]))
+    quick = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
+    assert runner._wait(quick, log, limit=0.01, opts=opts) == (False, 10.0)  # extended, not killed
+    hard = Run(events, 124, timed_out=False, limit=60, output_tail="", elapsed=5)
+    assert hard.exit_reason() == "timed out after 5 s (the per-test limit)"
 
 
 @pytest.mark.slow
@@ -781,7 +800,7 @@ def test_the_static_scan_counts_points_markers_and_literal_parametrize(tmp_path)
     assert got["test_twice_doubles_its_argument[0]"] == got["test_twice_doubles_its_argument[1]"]
     assert got["test_mul_multiplies"] == (2.0, False)  # the module's pytestmark
     assert got["test_mul_by_zero_is_zero"] == (4.0, False)
-    assert len(got) == 7
+    assert len(got) == 8
 
 
 def test_results_validation_catches_what_gradescope_rejects():
