@@ -57,6 +57,28 @@ def _env_float(name: str, default: float) -> float:
         return default
 
 
+def _add_limits(p: argparse.ArgumentParser) -> None:
+    lab, test = DEFAULT_LAB_TIMEOUT, DEFAULT_TEST_TIMEOUT
+    p.add_argument(
+        "--lab-timeout",
+        type=float,
+        default=_env_float("GRADE_LAB_TIMEOUT", lab),
+        help=f"wall-clock seconds per lab (default {lab:g}, env GRADE_LAB_TIMEOUT)",
+    )
+    p.add_argument(
+        "--test-timeout",
+        type=float,
+        default=_env_float("GRADE_TEST_TIMEOUT", test),
+        help=f"seconds per test (default {test:g}, env GRADE_TEST_TIMEOUT)",
+    )
+    p.add_argument(
+        "--max-restarts",
+        type=int,
+        default=DEFAULT_MAX_RESTARTS,
+        help=f"re-runs of a lab after a crash (default {DEFAULT_MAX_RESTARTS})",
+    )
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m common.grading",
@@ -83,24 +105,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help="where to write results.json (default: ROOT/results.json)",
     )
-    p.add_argument(
-        "--lab-timeout",
-        type=float,
-        default=_env_float("GRADE_LAB_TIMEOUT", DEFAULT_LAB_TIMEOUT),
-        help="wall-clock seconds per lab (default 180, env GRADE_LAB_TIMEOUT)",
-    )
-    p.add_argument(
-        "--test-timeout",
-        type=float,
-        default=_env_float("GRADE_TEST_TIMEOUT", DEFAULT_TEST_TIMEOUT),
-        help="seconds per test (default 30, env GRADE_TEST_TIMEOUT)",
-    )
-    p.add_argument(
-        "--max-restarts",
-        type=int,
-        default=DEFAULT_MAX_RESTARTS,
-        help="re-runs of a lab after a crash (default 5)",
-    )
+    _add_limits(p)
     p.add_argument(
         "-j",
         "--jobs",

@@ -176,6 +176,20 @@ def _wait(proc: subprocess.Popen, log: Path, limit: float, opts: Options) -> tup
             continue
 
 
+def _pytest_args(lab: Path, opts: Options, log: Path, extra: list[str]) -> list[str]:
+    """The command line of one lab's pytest process (the points plugin, the limits)."""
+    tests = [str(f.relative_to(opts.root)) for f in graded_files(lab)]
+    plugin = ["-p", "common.grading.pytest_points", "--points-log", str(log)]
+    quiet = ["-p", "no:cacheprovider", "-q", "--tb=short", "--show-capture=no"]
+    limits = [
+        "--timeout=0",  # pytest-timeout off: --points-test-timeout also stops @given tests
+        f"--points-test-timeout={opts.test_timeout:g}",
+        f"--points-collect-timeout={opts.test_timeout:g}",
+        "--points-fast-hypothesis",
+    ]
+    return [opts.python, "-m", "pytest", *tests, *plugin, *quiet, *limits, *extra]
+
+
 def run_pytest(
     lab: Path,
     opts: Options,
@@ -188,26 +202,7 @@ def run_pytest(
     (plus the allowance of tests stopped at the per-test limit)."""
     with tempfile.TemporaryDirectory(prefix="grade-") as tmp:
         log, out = Path(tmp) / "events.jsonl", Path(tmp) / "output.txt"
-        args = [
-            opts.python,
-            "-m",
-            "pytest",
-            *(str(f.relative_to(opts.root)) for f in graded_files(lab)),
-            "-p",
-            "common.grading.pytest_points",
-            "--points-log",
-            str(log),
-            "-p",
-            "no:cacheprovider",
-            "-q",
-            "--tb=short",
-            "--show-capture=no",
-            "--timeout=0",  # pytest-timeout off: --points-test-timeout also stops @given tests
-            f"--points-test-timeout={opts.test_timeout:g}",
-            f"--points-collect-timeout={opts.test_timeout:g}",
-            "--points-fast-hypothesis",
-            *extra,
-        ]
+        args = _pytest_args(lab, opts, log, extra)
         if deselect:
             (Path(tmp) / "deselect.txt").write_text("\n".join(sorted(deselect)), encoding="utf-8")
             args += ["--points-deselect", str(Path(tmp) / "deselect.txt")]
