@@ -1,9 +1,11 @@
 """Tests of the grader, the student release and the Gradescope autograder (not graded).
 
-They never touch the real labs: each builds a small fake project in a temporary folder (a
+They never grade the real labs: each builds a small fake project in a temporary folder (a
 copy of conftest.py, pyproject.toml and common/, plus tiny labs written below) and runs the
-real commands on it. ``TRITON_INTERPRET=1`` keeps torch out of the graded processes, so a
-lab costs well under a second; the end-to-end runs start together in one fixture.
+real commands on it; one builds the student copy of the real course (no grading). They test
+mechanisms, never times: a busy machine cannot fail them. ``TRITON_INTERPRET=1`` keeps torch
+out of the graded processes, so a lab costs well under a second; the end-to-end runs start
+together in one fixture.
 """
 
 from __future__ import annotations
