@@ -41,8 +41,8 @@ def describe_exception(excinfo: pytest.ExceptionInfo, lab_dir: Path, test_file: 
     lines = "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()
     note_lines = sum(len(n.splitlines()) for n in notes)
     text = "\n".join(lines[: len(lines) - note_lines] if note_lines < len(lines) else lines)
-    if isinstance(exc, PerTestTimeout):
-        text = str(exc)
+    if isinstance(exc, PerTestTimeout) or getattr(exc, "plain_message", False):
+        text = str(exc)  # the grader's own words (a sandboxed call that timed out or crashed)
     elif isinstance(exc, SystemExit):
         text = (
             f"the graded code called sys.exit({exc.code!r}) (SystemExit): functions must "

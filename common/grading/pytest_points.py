@@ -207,7 +207,16 @@ def _report_hard_stop(nodeid: str, seconds: float) -> None:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
-    report = yield
+    left = time_limits.pause()
+    try:
+        report = yield
+        _record_phase(item, call, report)
+    finally:
+        time_limits.resume(left)
+    return report
+
+
+def _record_phase(item: pytest.Item, call: pytest.CallInfo, report: pytest.TestReport) -> None:
     phase = {"when": call.when, "outcome": report.outcome, "duration": report.duration}
     if call.excinfo is not None and report.outcome != "passed":
         lab_dir = Path(str(item.path)).parent
@@ -219,7 +228,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     if hasattr(report, "wasxfail"):
         phase["wasxfail"] = True
     _state["phases"].setdefault(item.nodeid, []).append(phase)
-    return report
 
 
 def pytest_runtest_logfinish(nodeid: str, location: tuple) -> None:

@@ -97,3 +97,17 @@ def disarm() -> None:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, _limit["handler"])
         _limit["handler"] = None
+
+
+def pause() -> float:
+    """Stop the per-test alarm while pytest writes a report (not the test's time: an alarm
+    raised inside pytest's own reporting would end the session); returns what was left."""
+    if _limit["handler"] is None:
+        return 0.0
+    return signal.setitimer(signal.ITIMER_REAL, 0)[0]
+
+
+def resume(left: float) -> None:
+    """Restart the alarm :func:`pause` stopped, with the time that was left."""
+    if left > 0 and _limit["handler"] is not None:
+        signal.setitimer(signal.ITIMER_REAL, left)
