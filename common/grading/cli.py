@@ -10,8 +10,8 @@ Points come from the tests' ``points(n)`` markers (default 1). Graded files are
 test files in a lab folder (lab-02's conformance tests against the real vLLM) are not graded.
 
 Each lab runs in its own ``pytest`` process with a per-test time limit (``--test-timeout``,
-default 15 s, also bounding the import of the tests) and a limit for the whole lab
-(``--lab-timeout``, default 60 s); see :mod:`common.grading.lab` for what happens when the
+default 30 s, also bounding the import of the tests) and a limit for the whole lab
+(``--lab-timeout``, default 180 s); see :mod:`common.grading.lab` for what happens when the
 graded code crashes, hangs or cannot be imported.
 
 Points: each test is worth its ``points(n)`` marker (default 1), times its lab's weight
@@ -70,6 +70,28 @@ def _env_float(name: str, default: float) -> float:
         return default
 
 
+def _add_limits(p: argparse.ArgumentParser) -> None:
+    lab, test = DEFAULT_LAB_TIMEOUT, DEFAULT_TEST_TIMEOUT
+    p.add_argument(
+        "--lab-timeout",
+        type=float,
+        default=_env_float("GRADE_LAB_TIMEOUT", lab),
+        help=f"wall-clock seconds per lab (default {lab:g}, env GRADE_LAB_TIMEOUT)",
+    )
+    p.add_argument(
+        "--test-timeout",
+        type=float,
+        default=_env_float("GRADE_TEST_TIMEOUT", test),
+        help=f"seconds per test (default {test:g}, env GRADE_TEST_TIMEOUT)",
+    )
+    p.add_argument(
+        "--max-restarts",
+        type=int,
+        default=DEFAULT_MAX_RESTARTS,
+        help=f"re-runs of a lab after a crash (default {DEFAULT_MAX_RESTARTS})",
+    )
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m common.grading",
@@ -96,24 +118,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help="where to write results.json (default: ROOT/results.json)",
     )
-    p.add_argument(
-        "--lab-timeout",
-        type=float,
-        default=_env_float("GRADE_LAB_TIMEOUT", DEFAULT_LAB_TIMEOUT),
-        help="wall-clock seconds per lab (default 60, env GRADE_LAB_TIMEOUT)",
-    )
-    p.add_argument(
-        "--test-timeout",
-        type=float,
-        default=_env_float("GRADE_TEST_TIMEOUT", DEFAULT_TEST_TIMEOUT),
-        help="seconds per test (default 15, env GRADE_TEST_TIMEOUT)",
-    )
-    p.add_argument(
-        "--max-restarts",
-        type=int,
-        default=DEFAULT_MAX_RESTARTS,
-        help="re-runs of a lab after a crash (default 5)",
-    )
+    _add_limits(p)
     p.add_argument(
         "-j",
         "--jobs",
@@ -255,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         one = " LAB=NN" if len(labs) > 1 else ""
         print(
             f"Each failing test says what is wrong: `make grade{one}` lists them, or run "
-            f"`LAB_IMPL=starter python -m pytest labs/<lab> -x -q`."
+            f"`LAB_IMPL=starter {_display(Path(sys.executable))} -m pytest labs/<lab> -x -q`."
         )
     return 1 if args.fail_under is not None and pct < args.fail_under else 0
 

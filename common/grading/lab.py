@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.grading.counting import count_tests
-from common.grading.pytest_points import summarize_collect_error
+from common.grading.messages import summarize_collect_error
 from common.grading.results import LabResult, Report, TestResult
 from common.grading.runner import Options, Run, run_pytest
 from common.grading.sandbox import grading_session

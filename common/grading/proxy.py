@@ -442,39 +442,53 @@ def _instance(cls: type, text: str) -> BaseException:
         return exc
 
 
-def build_exception(info: dict[str, Any], what: str, client: Client) -> BaseException:
-    """The trusted process's version of an exception the graded code raised."""
-    mro = [tuple(x) for x in info.get("mro") or [("builtins", "Exception")]]
-    module, qualname = mro[0]
+def _not_an_exception(info: dict[str, Any], mro: list, what: str) -> BaseException | None:
+    """What the graded code raised that is not an ordinary ``Exception`` (or not sendable)."""
+    qualname = mro[0][1]
     message = str(info.get("message", ""))
     if info.get("transfer"):
         return WorkerError(f"{what} returned a value that cannot be sent back: {message}")
-    if (module, qualname) == ("builtins", "SystemExit"):
-        exc: BaseException = SystemExit(info.get("code"))
-    elif qualname in PYTEST_OUTCOMES and any(q == "OutcomeException" for _, q in mro):
+    if mro[0] == ("builtins", "SystemExit"):
+        return SystemExit(info.get("code"))
+    if qualname in PYTEST_OUTCOMES and any(q == "OutcomeException" for _, q in mro):
         return WorkerError(
             f"the graded code called pytest.{PYTEST_OUTCOMES[qualname]}() ({message}): a test "
             "skipped or failed by the code under test counts as failed")
-    elif ("builtins", "Exception") not in mro:
+    if ("builtins", "Exception") not in mro:
         return WorkerError(f"the graded code raised {qualname}: {message}")
-    else:
-        exc = None
-        if info.get("exception") is not None:
-            try:
-                exc = wire.loads_untrusted(info["exception"], client._handle)
-            except Exception:  # noqa: BLE001 - rebuild it from its message below
-                exc = None
-        if not isinstance(exc, Exception):
-            cls, exact = Exception, False
-            for m, q in mro:
-                try:
-                    found = wire.resolve_global(m, q)
-                except (pickle.UnpicklingError, AttributeError, ImportError):
-                    continue
-                if isinstance(found, type) and issubclass(found, Exception):
-                    cls, exact = found, (m, q) == (module, qualname)
-                    break
-            exc = _instance(cls, message if exact else f"{qualname}: {message}")
+    return None
+
+
+def _same_or_nearest(info: dict[str, Any], mro: list, client: Client) -> BaseException:
+    """The exception itself (a builtin or given type), else its nearest such base class
+    with the student's class name in front of the message."""
+    if info.get("exception") is not None:
+        try:
+            exc = wire.loads_untrusted(info["exception"], client._handle)
+            if isinstance(exc, Exception):
+                return exc
+        except Exception:  # noqa: BLE001 - rebuild it from its message below
+            pass
+    message = str(info.get("message", ""))
+    for m, q in mro:
+        try:
+            found = wire.resolve_global(m, q)
+        except (pickle.UnpicklingError, AttributeError, ImportError):
+            continue
+        if isinstance(found, type) and issubclass(found, Exception):
+            exact = (m, q) == tuple(mro[0])
+            return _instance(found, message if exact else f"{mro[0][1]}: {message}")
+    return _instance(Exception, f"{mro[0][1]}: {message}")
+
+
+def build_exception(info: dict[str, Any], what: str, client: Client) -> BaseException:
+    """The trusted process's version of an exception the graded code raised."""
+    mro = [tuple(x) for x in info.get("mro") or [("builtins", "Exception")]]
+    exc = _not_an_exception(info, mro, what)
+    if isinstance(exc, GradingError):
+        return exc
+    if exc is None:
+        exc = _same_or_nearest(info, mro, client)
     for note in info.get("notes") or []:  # the graded code's own notes, as in-process
         _add_note(exc, str(note)[:300])
     if info.get("where"):  # not a note: pytest.raises(match=...) also matches notes

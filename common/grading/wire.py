@@ -299,38 +299,51 @@ def _walk(module_obj: Any, qualname: str) -> Any:
     return obj
 
 
+def _builtin_global(module: str, qualname: str, modules: dict[str, Any]) -> Any:
+    if module != "builtins":
+        return None
+    candidate = _builtin(qualname)
+    if qualname in _BUILTIN_DATA:
+        return candidate
+    if isinstance(candidate, type) and issubclass(candidate, BaseException):
+        return candidate
+    return None
+
+
+def _library_global(module: str, qualname: str, modules: dict[str, Any]) -> Any:
+    if (module, qualname) in _NUMPY_GLOBALS and module in modules:
+        return _walk(modules[module], qualname)
+    if (module, qualname) in _STDLIB_GLOBALS:
+        return _walk(__import__(module), qualname)
+    if module == _WIRE and qualname in _WIRE_GLOBALS:
+        return globals()[qualname]
+    if module.startswith("numpy.dtypes") and module in modules and "numpy" in modules:
+        candidate = _walk(modules[module], qualname)
+        if isinstance(candidate, type) and issubclass(candidate, modules["numpy"].dtype):
+            return candidate
+    return None
+
+
+def _given_global(module: str, qualname: str, modules: dict[str, Any]) -> Any:
+    if not given_module(module) or module not in modules:
+        return None
+    try:
+        candidate = _walk(modules[module], qualname)
+    except AttributeError:
+        return None
+    return candidate if is_data_class(candidate) else None
+
+
 def resolve_global(module: str, qualname: str, modules: dict[str, Any] | None = None) -> Any:
     """The trusted object that ``module.qualname`` names, if it is on the allow-list;
     ``pickle.UnpicklingError`` otherwise. Never imports a module that is not loaded (except
     a few standard-library ones)."""
     modules = sys.modules if modules is None else modules
-    found: Any = None
-    if module == "builtins" and qualname in _BUILTIN_DATA:
-        found = _builtin(qualname)
-    elif module == "builtins":
-        candidate = _builtin(qualname)
-        if isinstance(candidate, type) and issubclass(candidate, BaseException):
-            found = candidate
-    elif (module, qualname) in _NUMPY_GLOBALS and module in modules:
-        found = _walk(modules[module], qualname)
-    elif (module, qualname) in _STDLIB_GLOBALS:
-        found = _walk(__import__(module), qualname)
-    elif module == _WIRE and qualname in _WIRE_GLOBALS:
-        found = globals()[qualname]
-    elif module.startswith("numpy.dtypes") and "numpy" in modules:
-        candidate = _walk(modules[module], qualname) if module in modules else None
-        if isinstance(candidate, type) and issubclass(candidate, modules["numpy"].dtype):
-            found = candidate
-    elif given_module(module) and module in modules:
-        try:
-            candidate = _walk(modules[module], qualname)
-        except AttributeError:
-            candidate = None
-        if is_data_class(candidate):
-            found = candidate
-    if found is None:
-        raise pickle.UnpicklingError(f"{module}.{qualname} is not allowed in a result")
-    return found
+    for rule in (_builtin_global, _library_global, _given_global):
+        found = rule(module, qualname, modules)
+        if found is not None:
+            return found
+    raise pickle.UnpicklingError(f"{module}.{qualname} is not allowed in a result")
 
 
 def _builtin(name: str) -> Any:
