@@ -15,6 +15,11 @@ The grader, one module per job, each importing only those above it:
     stub.py           inside it: load_impl answering a stub (counting only)
     pytest_points.py  the plugin inside it: one JSON line per event
     runner.py         one lab's pytest process under time and size limits (Options, Run)
+    wire.py           what crosses to and from a sandboxed worker: frames, pickling rules
+    procs.py          finding and killing every process the graded code started
+    sandbox.py        a lab's sandbox: scratch copy, uid block, zygote; locking the tree
+    worker.py         inside the sandbox: the zygote, the worker, lab scripts
+    proxy.py          in the test process: load_impl's proxy module, per-call limits
     counting.py       a lab's points when its tests cannot be imported (stub, static scan)
     lab.py            grading one lab (crashes, re-runs, hangs) and every lab
     report.py         the terminal table, the reasons, the per-test details
