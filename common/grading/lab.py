@@ -199,7 +199,7 @@ def grade(
 
     names = [lab.name for lab in labs]
     with grading_session(opts.root, names, opts.sandbox, results_file, opts.impl,
-                         top_level) as (sandbox, blocks):
+                         top_level) as (sandbox, blocks, opts.sandbox):
         opts.uid_blocks = blocks
         if jobs <= 1:
             results = [one(lab) for lab in labs]

@@ -31,7 +31,6 @@ import argparse
 import contextlib
 import json
 import os
-import pwd
 import random
 import shlex
 import shutil
@@ -91,6 +90,8 @@ class Mode:
 
 
 def _uid_in_use(uid: int, running: set[int]) -> bool:
+    import pwd
+
     try:
         pwd.getpwuid(uid)
         return True
@@ -543,16 +544,20 @@ def grading_session(root: Path, labs: list[str], enabled: bool, results: Path | 
     """Around a grading run: choose the mode, give each lab a uid block, lock the source
     tree, and at the end kill whatever the graded code left behind (``top_level``: also
     every descendant of this process) and restore the tree. Yields ``(description,
-    {lab: uid block})``."""
+    {lab: uid block}, sandboxed)``."""
     if not enabled:
-        yield ("none (--no-sandbox): the graded code runs inside the test process", {})
+        yield ("none (--no-sandbox): the graded code runs inside the test process", {}, False)
+        return
+    if not hasattr(os, "fork") or not hasattr(socket, "send_fds"):
+        yield ("none: this platform cannot fork a sandboxed worker (Windows), so the graded "
+               "code runs inside the test process", {}, False)
         return
     mode, blocks = choose_mode(len(labs))
     if top_level:
         procs.set_subreaper()
     restore = lock_tree(root, results, impl) if mode.uids is not None else (lambda: None)
     try:
-        yield mode.describe(), dict(zip(labs, blocks))
+        yield mode.describe(), dict(zip(labs, blocks)), True
     finally:
         sweep(blocks, descendants=top_level)
         restore()
