@@ -52,6 +52,7 @@ import sys
 import time
 import types
 import weakref
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -228,6 +229,14 @@ def describe_mode() -> str:
 _SELF = object()
 
 
+@dataclass(frozen=True)
+class _Method:
+    """A ``getattr`` that found a bound method (``of_class``: of every object of its class)."""
+
+    name: str
+    of_class: bool
+
+
 class Client:
     """The current worker of one lab: starts it on demand, restarts it after a death."""
 
@@ -240,6 +249,7 @@ class Client:
         self.released: list[int] = []
         self.objects: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
         self.last_death = ""
+        self.methods: set[tuple[str, str]] = set()  # (class, name): a method of every object
 
     # -- life cycle --
 
@@ -316,7 +326,7 @@ class Client:
         if kind == "error":
             raise build_exception(reply[1], what, self) from None
         if kind == "method":
-            return ("method", reply[1])
+            return _Method(str(reply[1]), len(reply) > 2 and reply[2] is True)
         if kind == "self":
             return _SELF
         apply_changes(args, kwargs, reply[2])
@@ -326,7 +336,7 @@ class Client:
         __tracebackhide__ = True
         proc = self.proc
         try:
-            data, _ = wire.recv_frame(proc.sock, deadline)
+            data, _ = wire.recv_frame(proc.sock, deadline, alone=True)
         except TimeoutError:
             self._timed_out(what, importing)
         except (EOFError, OSError, wire.FrameError):
@@ -507,11 +517,16 @@ class _ArgsPickler(pickle.Pickler):
         return wire.reduce_special(obj, strict=False)
 
     def persistent_id(self, obj: Any) -> Any:
+        if type(obj) in _ATOMIC:
+            return None
         if isinstance(obj, RemoteMethod):
             return ("meth", obj._owner._ref, obj._name)
         if isinstance(obj, RemoteObject | RemoteFunction):
             return obj._ref
         return None
+
+
+_ATOMIC = frozenset((type(None), bool, int, float, str, bytes, tuple, list, dict))
 
 
 def dumps_args(message: tuple) -> bytes:
@@ -658,10 +673,14 @@ class RemoteObject:
         __tracebackhide__ = True
         if name.startswith("__") and name.endswith("__"):
             raise AttributeError(name)
+        if (self._type, name) in self._client.methods:  # one round trip per method call
+            return RemoteMethod(self, name)
         result = self._client.request("getattr", self._ref, name, (), {}, None,
                                       f"{self._short}.{name}")
-        if isinstance(result, tuple) and len(result) == 2 and result[0] == "method":
-            return RemoteMethod(self, result[1])
+        if isinstance(result, _Method):
+            if result.of_class:
+                self._client.methods.add((self._type, name))
+            return RemoteMethod(self, result.name)
         return result
 
     def __setattr__(self, name: str, value: Any) -> None:

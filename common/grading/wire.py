@@ -52,6 +52,9 @@ def send_frame(sock: socket.socket, payload: bytes, fds: list[int] | tuple[int, 
         sent = socket.send_fds(sock, [header], list(fds))
         if sent < len(header):
             sock.sendall(header[sent:])
+    elif len(payload) < 1 << 20:  # one system call for the usual small frame
+        sock.sendall(header + payload)
+        return
     else:
         sock.sendall(header)
     if payload:
@@ -77,10 +80,14 @@ def _wait_readable(sock: socket.socket, deadline: float | None) -> None:
 
 def recv_frame(
     sock: socket.socket, deadline: float | None = None, max_size: int = MAX_FRAME,
-    max_fds: int = 0,
+    max_fds: int = 0, alone: bool = False,
 ) -> tuple[bytes, list[int]]:
     """Read one frame before ``deadline`` (``time.monotonic()``); ``TimeoutError`` after it,
-    ``EOFError`` when the peer closed, ``FrameError`` for a frame larger than ``max_size``."""
+    ``EOFError`` when the peer closed, ``FrameError`` for a frame larger than ``max_size``.
+    ``alone``: the peer never sends a frame before this one is read (a worker's strict
+    request and reply), so the frame may be read in one go."""
+    if alone and not max_fds:
+        return _recv_plain(sock, deadline, max_size), []
     fds: list[int] = []
     header = b""
     while len(header) < HEADER.size:
@@ -110,6 +117,27 @@ def recv_frame(
             raise EOFError("the peer closed the connection in the middle of a frame")
         got_bytes += n
     return bytes(buf), fds
+
+
+def _recv_plain(sock: socket.socket, deadline: float | None, max_size: int) -> bytes:
+    """:func:`recv_frame` without descriptors: a frame usually arrives in one read."""
+    data = bytearray()
+    size = None
+    while size is None or len(data) < HEADER.size + size:
+        _wait_readable(sock, deadline)
+        want = 1 << 16 if size is None else HEADER.size + size - len(data)
+        chunk = sock.recv(want)
+        if not chunk:
+            raise EOFError("the peer closed the connection")
+        data += chunk
+        if size is None and len(data) >= HEADER.size:
+            (size,) = HEADER.unpack_from(data)
+            if size > max_size:
+                raise FrameError(f"a frame of {size} bytes is larger than the {max_size}-byte "
+                                 "limit")
+    if len(data) > HEADER.size + size:
+        raise FrameError("the peer sent more than one frame at once")
+    return bytes(data[HEADER.size:])
 
 
 def _close(fd: int) -> None:
@@ -363,10 +391,12 @@ def allowed_by_name(obj: Any) -> bool:
         return False
 
 
-_PLAIN = (type(None), pickle.PickleBuffer, bool, int, float, complex, str, bytes, bytearray,
-          list, tuple, dict, set, frozenset, slice, range, type(Ellipsis), type(NotImplemented),
-          collections.OrderedDict, collections.deque, collections.defaultdict,
-          collections.Counter, fractions.Fraction, decimal.Decimal)
+_PLAIN = frozenset((
+    type(None), pickle.PickleBuffer, bool, int, float, complex, str, bytes, bytearray, list,
+    tuple, dict, set, frozenset, slice, range, type(Ellipsis), type(NotImplemented),
+    collections.OrderedDict, collections.deque, collections.defaultdict, collections.Counter,
+    fractions.Fraction, decimal.Decimal,
+))
 
 
 def by_value(obj: Any) -> bool:
@@ -420,27 +450,32 @@ def _is_leaf(obj: Any) -> bool:
     return is_plain_tensor(obj)
 
 
+def _walk_leaves(obj: Any, path: tuple, depth: int, max_depth: int):
+    if _is_leaf(obj):
+        yield path, obj
+    elif depth >= max_depth:
+        return
+    elif type(obj) in (list, tuple) or (isinstance(obj, tuple) and hasattr(obj, "_fields")):
+        for i, item in enumerate(obj):
+            yield from _walk_leaves(item, (*path, i), depth + 1, max_depth)
+    elif type(obj) is dict:
+        for key, item in obj.items():
+            if isinstance(key, str | int):
+                yield from _walk_leaves(item, (*path, key), depth + 1, max_depth)
+
+
 def iter_leaves(args: tuple, kwargs: dict, max_depth: int = 3):
     """``(path, array)`` for every numpy array and tensor among the arguments, looking into
     lists, tuples (NamedTuples too) and dicts; both sides walk in the same order."""
-
-    def walk(obj: Any, path: tuple, depth: int):
-        if _is_leaf(obj):
-            yield path, obj
-        elif depth >= max_depth:
-            return
-        elif type(obj) in (list, tuple) or (isinstance(obj, tuple) and hasattr(obj, "_fields")):
-            for i, item in enumerate(obj):
-                yield from walk(item, (*path, i), depth + 1)
-        elif type(obj) is dict:
-            for key, item in obj.items():
-                if isinstance(key, str | int):
-                    yield from walk(item, (*path, key), depth + 1)
-
     for i, arg in enumerate(args):
-        yield from walk(arg, ("a", i), 0)
+        if type(arg) not in _SCALARS:
+            yield from _walk_leaves(arg, ("a", i), 0, max_depth)
     for key, arg in kwargs.items():
-        yield from walk(arg, ("k", key), 0)
+        if type(arg) not in _SCALARS:
+            yield from _walk_leaves(arg, ("k", key), 0, max_depth)
+
+
+_SCALARS = frozenset((type(None), bool, int, float, complex, str, bytes))
 
 
 def find_leaf(args: tuple, kwargs: dict, path: tuple) -> Any:

@@ -385,9 +385,12 @@ class ResultPickler(pickle.Pickler):
         return wire.reduce_special(obj)
 
     def persistent_id(self, obj: Any) -> Any:
-        if wire.by_value(obj):
+        if type(obj) in _ATOMIC or wire.by_value(obj):
             return None
         return self.handles.register(obj)
+
+
+_ATOMIC = frozenset((type(None), bool, int, float, str, bytes, tuple, list, dict))
 
 
 def dumps_result(obj: Any, handles: Handles) -> bytes:
@@ -518,7 +521,7 @@ class Worker:
         self.send(("ready", manifest(self.module, self.handles)))
         while True:
             try:
-                data, _ = wire.recv_frame(self.sock)
+                data, _ = wire.recv_frame(self.sock, alone=True)
             except EOFError:
                 return
             try:
@@ -542,7 +545,11 @@ class Worker:
             if inspect.ismethod(value) and value.__self__ is obj or (
                 inspect.isbuiltin(value) and getattr(value, "__self__", None) is obj
             ):
-                return ("method", name)
+                # a plain function of the class, not shadowed by the instance: the same
+                # name is a method of every object of this class (the caller may remember)
+                of_class = inspect.isfunction(inspect.getattr_static(type(obj), name, None))
+                shadowed = name in getattr(obj, "__dict__", {})
+                return ("method", name, of_class and not shadowed)
             return ("ok", value, [])
         if op == "special":
             result = SPECIAL[name](obj, *args)
