@@ -91,6 +91,9 @@ if [ -n "$torch_pin" ]; then
 fi
 .venv/bin/python -m pip install -r requirements-cpu.txt
 .venv/bin/python -c "import numpy, torch, triton, pytest, pytest_timeout, hypothesis"
+# How the graded code will be isolated (as root: a user switch to unused uids, no account
+# needed; the grader sets it up for every submission).
+.venv/bin/python -m common.grading.sandbox check || true
 """
 
 RUN_AUTOGRADER = """#!/usr/bin/env bash

@@ -199,14 +199,15 @@ def grade(
 
     names = [lab.name for lab in labs]
     with grading_session(opts.root, names, opts.sandbox, results_file, opts.impl,
-                         top_level) as (sandbox, blocks, opts.sandbox):
-        opts.uid_blocks = blocks
+                         top_level) as session:
+        opts.uid_blocks, opts.mother, opts.sandbox = (session.blocks, session.mother,
+                                                      session.sandboxed)
         if jobs <= 1:
             results = [one(lab) for lab in labs]
         else:
             with ThreadPoolExecutor(max_workers=jobs) as pool:
                 results = list(pool.map(one, labs))
-    return Report(opts.impl, results, time.monotonic() - start, sandbox=sandbox)
+    return Report(opts.impl, results, time.monotonic() - start, sandbox=session.description)
 
 
 def _weigh(res: LabResult, weight: float) -> None:

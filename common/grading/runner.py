@@ -17,6 +17,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from common.grading.discovery import GRADED_PATTERNS, PROJECT_ROOT
 from common.grading.sandbox import (
@@ -67,6 +68,7 @@ class Options:
     python: str = sys.executable
     sandbox: bool = True  # the graded code runs in a sandboxed worker (common.grading.proxy)
     uid_blocks: dict[str, tuple[int, int]] = field(default_factory=dict)  # lab -> its uids
+    mother: Any = None  # the run's warm zygote (common.grading.sandbox.Mother), if any
 
 
 @dataclass
@@ -284,7 +286,8 @@ def _start_sandbox(lab: Path, opts: Options, block: tuple[int, int] | None,
     if not opts.sandbox:
         return None
     try:
-        box = LabSandbox(opts.root, lab, opts.impl, Mode(block, "" if block else "no user"))
+        box = LabSandbox(opts.root, lab, opts.impl, Mode(block, "" if block else "no user"),
+                         mother=opts.mother)
     except (OSError, SandboxError):
         return None
     env[ENV_ZYGOTE] = json.dumps({lab.name: box.info()})

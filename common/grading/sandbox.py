@@ -28,6 +28,7 @@ the test passed becomes a sandbox folder whose files are copied back when the sc
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import json
 import os
@@ -40,6 +41,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -195,6 +197,27 @@ def choose_mode(labs: int = 1) -> tuple[Mode, list[tuple[int, int]]]:
     return Mode(blocks[0]), blocks
 
 
+PREIMPORTABLE = {"numpy", "torch", "triton", "scipy", "common"}
+
+
+def lab_imports(lab_dir: Path) -> list[str]:
+    """The modules a lab's files import (read, never run): what its zygote imports first."""
+    names: list[str] = []
+    for path in sorted(lab_dir.glob("*.py")):
+        try:
+            if path.stat().st_size > 1 << 20:
+                continue
+            tree = ast.parse(path.read_bytes())
+        except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names += [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.append(node.module)
+    return list(dict.fromkeys(names))
+
+
 # ---- the scratch copy ----------------------------------------------------------------------
 
 
@@ -259,10 +282,14 @@ def sandbox_env(scratch: Path, impl: str) -> dict[str, str]:
 
 
 class ZygoteClient:
-    """One connection to a lab's zygote: JSON requests, file descriptors attached."""
+    """One connection to a zygote: JSON requests, file descriptors attached; replies carry
+    their request's id, so a request need not wait for its reply (thread-safe)."""
 
     def __init__(self, path: str, deadline: float) -> None:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.lock = threading.Lock()
+        self.last_id = 0
+        self.pending: dict[int, dict[str, Any]] = {}
         while True:
             try:
                 self.sock.connect(path)
@@ -273,18 +300,23 @@ class ZygoteClient:
                 time.sleep(0.05)
 
     def send(self, message: dict[str, Any], fds: list[int] | tuple[int, ...] = ()) -> int:
-        """Send a request without waiting; returns its id (replies carry it)."""
-        self.last_id = getattr(self, "last_id", 0) + 1
-        wire.send_frame(self.sock, json.dumps(dict(message, id=self.last_id)).encode(), fds)
-        return self.last_id
+        """Send a request without waiting; returns its id (see :meth:`result`)."""
+        with self.lock:
+            self.last_id += 1
+            rid = self.last_id
+            wire.send_frame(self.sock, json.dumps(dict(message, id=rid)).encode(), fds)
+        return rid
+
+    def result(self, rid: int, deadline: float | None = None) -> dict[str, Any]:
+        with self.lock:
+            while rid not in self.pending:
+                reply = self.receive(deadline)
+                self.pending[reply.get("id")] = reply
+            return self.pending.pop(rid)
 
     def request(self, message: dict[str, Any], fds: list[int] | tuple[int, ...] = (),
                 deadline: float | None = None) -> dict[str, Any]:
-        rid = self.send(message, fds)
-        while True:  # replies to requests sent without waiting are dropped here
-            reply = self.receive(deadline)
-            if reply.get("id") == rid:
-                return reply
+        return self.result(self.send(message, fds), deadline)
 
     def receive(self, deadline: float | None = None) -> dict[str, Any]:
         data, _ = wire.recv_frame(self.sock, deadline, max_size=1 << 24)
@@ -305,6 +337,65 @@ class WorkerProcess:
 ENV_ZYGOTE = "COURSE_SANDBOX_ZYGOTE"  # a sandbox the grader started for the test process
 
 
+class Mother:
+    """The grading run's warm zygote: it imports torch, triton and ``common`` once and forks
+    the zygote of each lab (:class:`LabSandbox`), so that a lab's sandbox costs a fork
+    instead of a second torch import beside the lab's pytest. Never runs graded code."""
+
+    def __init__(self, root: Path, probe_uid: int | None, modules: list[str]) -> None:
+        base = os.environ.get(ENV_DIR) or None
+        self.scratch = Path(tempfile.mkdtemp(prefix="course-sandbox-", dir=base))
+        shutil.copytree(root / "common", self.scratch / "common", symlinks=True)
+        if probe_uid is not None:
+            os.chmod(self.scratch, 0o755)
+            _chown_tree(self.scratch / "common", 0, 0o755, 0o644)
+        self.private = Path(tempfile.mkdtemp(prefix="course-grading-"))
+        path = str(self.private / "mother.sock")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(path)
+        listener.listen(8)
+        config = {"listen_fd": listener.fileno(), "probe_uid": probe_uid, "lab_dir": None,
+                  "uids": None, "gid": None, "modules": modules}
+        with open(self.private / "mother.log", "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "common.grading.worker", json.dumps(config)],
+                cwd=self.scratch, env=sandbox_env(self.scratch, "starter"),
+                pass_fds=[listener.fileno()], stdin=subprocess.DEVNULL, stdout=log,
+                stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        listener.close()
+        self.client = ZygoteClient(path, time.monotonic() + 60)
+        self.client.send({"op": "control"})  # its reply comes once torch is imported
+
+    def spawn(self, config: dict[str, Any], listen_fd: int) -> int:
+        """Ask for a lab's zygote listening on ``listen_fd``; returns the request's id at
+        once (the lab's pytest starts meanwhile and waits on that socket)."""
+        return self.client.send({"op": "lab", "config": config}, fds=[listen_fd])
+
+    def end(self, spawn_id: int) -> None:
+        """After the lab: its zygote has exited (its test process went); else kill it."""
+        try:
+            pid = self.client.result(spawn_id, time.monotonic() + ZYGOTE_START_TIMEOUT)["pid"]
+            if self.client.request({"op": "wait", "pid": pid},
+                                   deadline=time.monotonic() + 10).get("code") is None:
+                self.client.request({"op": "kill", "pid": pid}, deadline=time.monotonic() + 60)
+        except (OSError, EOFError, TimeoutError, KeyError, wire.FrameError):
+            pass
+
+    def close(self) -> None:
+        self.client.close()  # it kills everything it started, then exits
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        procs.kill_tree({self.proc.pid}, sessions={self.proc.pid})
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        shutil.rmtree(self.scratch, ignore_errors=True)
+        shutil.rmtree(self.private, ignore_errors=True)
+
+
 class LabSandbox:
     """The scratch copy, the zygote and the uid block of one lab, for one test process.
 
@@ -316,7 +407,8 @@ class LabSandbox:
 
     owner = True
 
-    def __init__(self, root: Path, lab: Path, impl: str, mode: Mode) -> None:
+    def __init__(self, root: Path, lab: Path, impl: str, mode: Mode,
+                 mother: Mother | None = None) -> None:
         self.root, self.lab, self.impl, self.mode = root.resolve(), lab.resolve(), impl, mode
         uids = mode.uids
         self.gid = uids[0] if uids else None
@@ -332,13 +424,20 @@ class LabSandbox:
                   "lab_dir": str(self.scratch / "labs" / self.lab.name),
                   "uids": [uids[0] + 1, uids[1]] if uids else None}
         self.zygote_log = self.private / "zygote.log"
-        with open(self.zygote_log, "wb") as log:
-            self.zygote = subprocess.Popen(
-                [sys.executable, "-m", "common.grading.worker", json.dumps(config)],
-                cwd=self.scratch, env=sandbox_env(self.scratch, impl),
-                pass_fds=[listener.fileno()], stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True,
-            )
+        self.zygote: subprocess.Popen | None = None
+        self.mother, self.spawn_id = mother, None
+        env = sandbox_env(self.scratch, impl)
+        if mother is not None:  # forked from the run's warm zygote: torch is imported already
+            self.spawn_id = mother.spawn(dict(config, cwd=str(self.scratch), env=env),
+                                         listener.fileno())
+        else:
+            with open(self.zygote_log, "wb") as log:
+                self.zygote = subprocess.Popen(
+                    [sys.executable, "-m", "common.grading.worker", json.dumps(config)],
+                    cwd=self.scratch, env=env, pass_fds=[listener.fileno()],
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
         listener.close()
         self.client: ZygoteClient | None = None
         self.count = 0
@@ -434,14 +533,17 @@ class LabSandbox:
             self.client = None
         if not self.owner:
             return
-        try:
-            self.zygote.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
-        procs.kill_tree({self.zygote.pid}, sessions={self.zygote.pid})
-        if self.zygote.poll() is None:
-            self.zygote.kill()
-            self.zygote.wait()
+        if self.zygote is not None:
+            try:
+                self.zygote.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+            procs.kill_tree({self.zygote.pid}, sessions={self.zygote.pid})
+            if self.zygote.poll() is None:
+                self.zygote.kill()
+                self.zygote.wait()
+        elif self.mother is not None and self.spawn_id is not None:
+            self.mother.end(self.spawn_id)
         if self.mode.uids is not None:
             kill_block(self.mode.uids)
         shutil.rmtree(self.scratch, ignore_errors=True)
@@ -538,27 +640,46 @@ def sweep(blocks: list[tuple[int, int]], descendants: bool) -> None:
         procs.reap(procs.kill_tree({os.getpid()}, include_roots=False))
 
 
+@dataclass
+class Session:
+    """How one grading run isolates the graded code (see :func:`grading_session`)."""
+
+    description: str
+    sandboxed: bool
+    blocks: dict[str, tuple[int, int]]  # lab -> its uid block (with the user switch)
+    mother: Mother | None = None
+
+
 @contextlib.contextmanager
 def grading_session(root: Path, labs: list[str], enabled: bool, results: Path | None = None,
                     impl: str = "starter", top_level: bool = False):
     """Around a grading run: choose the mode, give each lab a uid block, lock the source
-    tree, and at the end kill whatever the graded code left behind (``top_level``: also
-    every descendant of this process) and restore the tree. Yields ``(description,
-    {lab: uid block}, sandboxed)``."""
+    tree, start the run's warm zygote, and at the end kill whatever the graded code left
+    behind (``top_level``: also every descendant of this process) and restore the tree.
+    Yields a :class:`Session`."""
     if not enabled:
-        yield ("none (--no-sandbox): the graded code runs inside the test process", {}, False)
+        yield Session("none (--no-sandbox): the graded code runs inside the test process",
+                      False, {})
         return
     if not hasattr(os, "fork") or not hasattr(socket, "send_fds"):
-        yield ("none: this platform cannot fork a sandboxed worker (Windows), so the graded "
-               "code runs inside the test process", {}, False)
+        yield Session("none: this platform cannot fork a sandboxed worker (Windows), so the "
+                      "graded code runs inside the test process", False, {})
         return
     mode, blocks = choose_mode(len(labs))
     if top_level:
         procs.set_subreaper()
     restore = lock_tree(root, results, impl) if mode.uids is not None else (lambda: None)
+    session = Session(mode.describe(), True, dict(zip(labs, blocks)))
     try:
-        yield mode.describe(), dict(zip(labs, blocks)), True
+        try:
+            modules = sorted({m for lab in labs for m in lab_imports(root / "labs" / lab)})
+            session.mother = Mother(root, blocks[0][0] if blocks else None, modules)
+        except (OSError, SandboxError):
+            session.mother = None  # each lab starts a zygote of its own instead
+        yield session
     finally:
+        if session.mother is not None:
+            session.mother.close()
         sweep(blocks, descendants=top_level)
         restore()
         release(blocks)

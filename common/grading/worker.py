@@ -21,7 +21,6 @@ by :mod:`common.grading.proxy`; see there for the protocol.
 
 from __future__ import annotations
 
-import ast
 import faulthandler
 import importlib
 import inspect
@@ -42,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from common.grading import procs, wire
+from common.grading.sandbox import PREIMPORTABLE, lab_imports
 
 FILE_SIZE_LIMIT = 256 * 2**20
 NPROC_LIMIT = 512
@@ -62,38 +62,17 @@ COMMON_STDLIB = ("heapq", "bisect", "dataclasses", "itertools", "functools", "co
 # ---- the zygote ------------------------------------------------------------------------------
 
 
-PREIMPORTABLE = {"numpy", "torch", "triton", "scipy", "common"}
-
-
-def lab_imports(lab_dir: Path) -> list[str]:
-    """The modules the lab's files import (read, never run: the zygote runs no graded code)."""
-    names: list[str] = []
-    for path in sorted(lab_dir.glob("*.py")):
-        try:
-            if path.stat().st_size > 1 << 20:
-                continue
-            tree = ast.parse(path.read_bytes())
-        except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
-            continue
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                names += [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names.append(node.module)
-    return list(dict.fromkeys(names))
-
-
-def preimport(lab_dir: Path, full_stdlib: bool) -> None:
-    """What the lab's workers will import, imported once here (forks share it): the
-    installed packages and ``common`` modules its files name, and some standard library
-    (all of it when the sandbox uid cannot read the interpreter's files)."""
+def preimport(modules: list[str], full_stdlib: bool) -> None:
+    """What the workers will import, imported once here (forks share it): ``modules`` (the
+    installed packages and ``common`` modules the labs' files name, see
+    :func:`common.grading.sandbox.lab_imports`) and some standard library (all of it when
+    the sandbox uid cannot read the interpreter's files)."""
     stdlib = set(getattr(sys, "stdlib_module_names", ())) - SKIP_STDLIB
     names = list(COMMON_STDLIB) + (sorted(stdlib) if full_stdlib else [])
     from common.device import configure_triton
 
     configure_triton()  # TRITON_INTERPRET before anything imports triton
-    names += [n for n in lab_imports(lab_dir)
-              if n.split(".")[0] in PREIMPORTABLE | stdlib]
+    names += [n for n in modules if n.split(".")[0] in PREIMPORTABLE | stdlib]
     names += ["common.loader", "common.testing"]
     for name in names:
         try:
@@ -250,6 +229,8 @@ class Zygote:
         elif op == "kill":
             self.kill(request["pid"])
             self.reply(conn, {"id": rid, "ok": True})
+        elif op == "lab":  # a zygote for one lab, forked from this warm one
+            self.reply(conn, {"id": rid, "pid": self.fork_lab(request, fds, conn)})
         elif op == "control":  # the trusted test process: when it goes, everything goes
             if self.control is not None and self.control is not conn:
                 self.reply(conn, {"id": rid, "error": "this sandbox already has its test process"})
@@ -294,6 +275,37 @@ class Zygote:
         for fd in fds:
             os.close(fd)
         self.children[pid] = {"kind": request["op"], "uid": uid, "gid": gid, "conn": conn}
+        return pid
+
+    def fork_lab(self, request: dict[str, Any], fds: list[int], conn: socket.socket) -> int:
+        """A child that becomes the zygote of one lab (its listening socket is ``fds[0]``):
+        everything imported here is already imported there."""
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - in the child
+            code = 0
+            try:
+                self.sel.close()
+                for fd in (self.listener.fileno(), self.wake_r):
+                    os.close(fd)
+                if self.control is not None:
+                    self.control.close()
+                conn.close()
+                config = dict(request["config"], listen_fd=fds[0])
+                procs.set_subreaper()  # not inherited through fork
+                os.chdir(config["cwd"])
+                os.environ.clear()
+                os.environ.update(config["env"])
+                sys.path.insert(0, config["cwd"])
+                preimport(lab_imports(Path(config["lab_dir"])), full_stdlib=False)
+                Zygote(config).serve()
+            except BaseException:  # noqa: BLE001
+                traceback.print_exc()
+                code = 70
+            finally:
+                os._exit(code)
+        for fd in fds:
+            os.close(fd)
+        self.children[pid] = {"kind": "lab", "uid": None, "gid": None, "conn": conn}
         return pid
 
     def reap(self) -> None:
@@ -649,11 +661,12 @@ def run_script(request: dict[str, Any], fds: list[int]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     config = json.loads((argv or sys.argv[1:])[0])
-    uids, gid = config.get("uids"), config.get("gid")
+    uids, gid = config.get("uids"), config.get("probe_uid") or config.get("gid")
     procs.set_subreaper()
-    probe = uids[0] if uids else None
+    probe = config.get("probe_uid") or (uids[0] if uids else None)
     full = not readable_by(probe, gid if gid is not None else probe)
-    preimport(Path(config["lab_dir"]), full_stdlib=full)
+    lab = config.get("lab_dir")
+    preimport(lab_imports(Path(lab)) if lab else config.get("modules", []), full_stdlib=full)
     zygote = Zygote(config)
     print("zygote ready", flush=True)
     zygote.serve()
