@@ -28,6 +28,7 @@ import io
 import json
 import os
 import pickle
+import pkgutil
 import resource
 import runpy
 import selectors
@@ -48,7 +49,8 @@ NPROC_LIMIT = 512
 SKIP_STDLIB = {"antigravity", "this", "idlelib", "tkinter", "turtle", "turtledemo", "__main__",
                "lib2to3", "ensurepip", "pydoc_data", "test", "msvcrt", "winreg", "winsound",
                "_winapi", "nt", "msilib", "_msi", "_overlapped", "_wmi", "ntpath", "_scproxy",
-               "_dbm", "_gdbm", "dbm", "curses", "_curses", "_curses_panel", "readline"}
+               "_dbm", "_gdbm", "dbm", "curses", "_curses", "_curses_panel", "readline",
+               "distutils", "venv"}
 COMMON_STDLIB = ("heapq", "bisect", "dataclasses", "itertools", "functools", "collections",
                  "math", "cmath", "typing", "enum", "hashlib", "struct", "random", "copy",
                  "operator", "statistics", "fractions", "decimal", "array", "string", "re",
@@ -75,10 +77,22 @@ def preimport(modules: list[str], full_stdlib: bool) -> None:
     names += [n for n in modules if n.split(".")[0] in PREIMPORTABLE | stdlib]
     names += ["common.loader", "common.testing"]
     for name in names:
-        try:
-            importlib.import_module(name)
-        except BaseException:  # noqa: BLE001 - a module this platform lacks
-            pass
+        _try_import(name)
+    if full_stdlib:  # and the submodules imported lazily (multiprocessing.popen_fork, ...)
+        for name in sorted(stdlib):
+            module = sys.modules.get(name)
+            for info in pkgutil.walk_packages(getattr(module, "__path__", []), name + "."):
+                parts = info.name.split(".")[1:]
+                if not any(p in SKIP_STDLIB or p.startswith("test") or p == "__main__"
+                           for p in parts):
+                    _try_import(info.name)
+
+
+def _try_import(name: str) -> None:
+    try:
+        importlib.import_module(name)
+    except BaseException:  # noqa: BLE001 - a module this platform lacks
+        pass
 
 
 def readable_by(uid: int | None, gid: int | None) -> bool:
