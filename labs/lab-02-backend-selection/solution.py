@@ -609,8 +609,8 @@ def selection_matrix(gpus: Any = None, dtypes: Any = None, models: Any = None) -
 def _backend_or_none(config: dict, capability: Any) -> str | None:
     try:
         return select_backend(config, capability).backend
-    except ValueError as e:
-        if not str(e).startswith("No valid attention backend"):
+    except ValueError as error:
+        if not str(error).startswith("No valid attention backend"):
             raise  # a bad config is an error, not an empty cell
         return None
 
@@ -646,19 +646,19 @@ def _run_each_backend(q, k, v, **kw) -> dict[str, Any]:
     import warnings
 
     import torch
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn import attention
 
     outputs = {}
-    for name, backend in SDPBackend.__members__.items():
+    for name, backend in attention.SDPBackend.__members__.items():
         if name == "ERROR":
             continue
         with warnings.catch_warnings():  # a refusing backend warns why; we report it
-            warnings.simplefilter("ignore")
+            warnings.filterwarnings("ignore")
             try:
-                with sdpa_kernel([backend]):
+                with attention.sdpa_kernel([backend]):
                     outputs[name] = torch.nn.functional.scaled_dot_product_attention(
                         q, k, v, **kw)
-            except RuntimeError:
+            except RuntimeError:  # this backend refuses these inputs
                 continue
     return outputs
 
