@@ -1,4 +1,4 @@
-"""Lab 02, the given code: what ``starter.py`` and ``solution.py`` share (not the exercise).
+"""Lab 02, the given code: what every implementation of the lab shares (not the exercise).
 
 * the tables: real GPUs, dtypes and model configs (``GPUS``, ``DTYPES``, ``MODELS``);
 * the facts: ``load_facts()`` reads ``vllm_0_33_facts.json``, read out of the vLLM 0.33.0
@@ -11,10 +11,10 @@
   ``AttentionSelectorConfig`` repr, for the "No valid attention backend" message),
   ``format_matrix``.
 
-Run it to print the selection matrix with your own code (``LAB_IMPL=starter``) or the
-reference solution::
+Run it to print the selection matrix computed by the implementation ``LAB_IMPL`` names
+(``LAB_IMPL=starter``: your ``starter.py``)::
 
-    .venv/bin/python labs/lab-02-backend-selection/provided.py --matrix
+    LAB_IMPL=starter .venv/bin/python labs/lab-02-backend-selection/provided.py --matrix
     .venv/bin/python labs/lab-02-backend-selection/provided.py --explain A100 bfloat16 gpt-oss-20b
 """
 
