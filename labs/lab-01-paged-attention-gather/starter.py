@@ -196,7 +196,6 @@ def _paged_decode_kernel(
     pass  # TODO: steps 1-5 above
 
 
-
 def paged_decode_triton(
     q: torch.Tensor,
     k_cache: torch.Tensor,
