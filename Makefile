@@ -13,18 +13,17 @@ BENCH_ARGS ?=
 DEPS := $(if $(filter $(VENV)/bin/python,$(PY)),$(STAMP))
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-lab grade release autograder mutants bench figures vllm-check lint clean
+.PHONY: help setup test test-lab grade bench lint clean
 
-help:
-	@echo "make test            set up .venv if needed, then run the whole CPU suite (solutions)"
+# The instructor's tree tests the solutions; a student copy (no solution.py) tests the starters.
+TEST_IMPL := $(if $(wildcard labs/*/solution.py),solution,starter)
+
+help::
+	@echo "make setup           create .venv with the pinned CPU packages (first time: a few minutes)"
+	@echo "make test            run the whole CPU suite ($(TEST_IMPL).py of every lab)"
 	@echo "make grade LAB=00    grade your starter.py (LAB_IMPL=starter); omit LAB for all labs"
-	@echo "make test-lab LAB=00 run one lab's tests against the solution"
-	@echo "make figures         regenerate every README figure from the labs' own code"
+	@echo "make test-lab LAB=00 run one lab's tests ($(TEST_IMPL).py)"
 	@echo "make bench           benchmark the Triton kernels (interpreter mode without CUDA)"
-	@echo "make release OUT=dir build the student copy (no solutions)"
-	@echo "make autograder      build the Gradescope autograder zip"
-	@echo "make mutants [LAB=03] every planted mistake under tests/mutants must fail its lab's tests"
-	@echo "make vllm-check      conformance of lab-02 against the real vLLM 0.33.0 (own venv)"
 	@echo "make lint            ruff"
 
 # One stamp per requirements file: a second `make test` installs nothing.
@@ -36,18 +35,37 @@ $(STAMP): requirements-cpu.txt
 
 setup: $(STAMP)
 
-# The instructor's tree tests the solutions; a student copy (no solution.py) tests the starters.
-TEST_IMPL := $(if $(wildcard labs/*/solution.py),solution,starter)
 test: $(DEPS)
 	@echo ">> running the CPU suite (LAB_IMPL=$(TEST_IMPL))"
 	LAB_IMPL=$(TEST_IMPL) $(PY) -m pytest -q
 
 test-lab: $(DEPS)
-	LAB_IMPL=solution $(PY) -m pytest -q $$(ls -d labs/lab-$(LAB)* | head -n1)
+	LAB_IMPL=$(TEST_IMPL) $(PY) -m pytest -q $$(ls -d labs/lab-$(LAB)* | head -n1)
 
 grade: $(DEPS)
 	@echo ">> grading LAB_IMPL=$(LAB_IMPL) $(if $(LAB),lab $(LAB),all labs)"
 	LAB_IMPL=$(LAB_IMPL) $(PY) -m common.grading $(if $(LAB),--lab $(LAB))
+
+bench: $(DEPS)
+	@echo ">> benchmarking the lab kernels"
+	$(PY) -m bench --impl $(TEST_IMPL) $(BENCH_ARGS)
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis .ruff_cache
+
+# >>> not in the student copy (`make release` drops this block): instructors' commands
+.PHONY: release autograder mutants figures vllm-check
+
+help::
+	@echo "For instructors:"
+	@echo "make figures         regenerate every README figure from the labs' own code"
+	@echo "make release OUT=dir build the student copy (no solutions)"
+	@echo "make autograder      build the Gradescope autograder zip"
+	@echo "make mutants [LAB=03] every planted mistake under tests/mutants must fail its lab's tests"
+	@echo "make vllm-check      conformance of lab-02 against the real vLLM 0.33.0 (own venv)"
 
 release: $(DEPS)
 	$(PY) -m common.grading.release --out "$(OUT)" $(if $(FORCE),--force)
@@ -59,10 +77,6 @@ mutants: $(DEPS)
 	@echo ">> planting each mistake of tests/mutants/ in a scratch copy of the solution"
 	$(PY) -m common.grading.mutants $(if $(LAB),--lab $(LAB))
 
-bench: $(DEPS)
-	@echo ">> benchmarking the lab kernels"
-	$(PY) -m bench $(BENCH_ARGS)
-
 figures: $(DEPS)
 	@echo ">> drawing every lab's figures from the lab's own code"
 	@set -e; shopt -s nullglob; for f in labs/*/figures.py; do echo "   $$f"; MPLBACKEND=Agg PYTHONPATH=. $(PY) $$f; done
@@ -70,8 +84,4 @@ figures: $(DEPS)
 vllm-check: $(STAMP)
 	bash tools/vllm_check.sh
 
-lint: $(STAMP)
-	$(PY) -m ruff check .
-
-clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis .ruff_cache
+# <<< not in the student copy

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -410,11 +409,6 @@ class PagedDecodeWorkload(_PagedWorkload):
             )
         ]
 
-    def free_dense(self) -> None:
-        for name in ("k_dense", "v_dense"):
-            if hasattr(self, name):
-                delattr(self, name)
-
 
 class VarlenWorkload(_PagedWorkload):
     """``fn(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens)``, q ``[T, H, d]``."""
@@ -542,8 +536,3 @@ class VarlenWorkload(_PagedWorkload):
             )
         )
         return out
-
-
-def capture_warnings() -> contextlib.AbstractContextManager[list[warnings.WarningMessage]]:
-    """Record warnings (SDPA explains a refused backend in UserWarnings)."""
-    return warnings.catch_warnings(record=True)

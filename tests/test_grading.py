@@ -1,9 +1,11 @@
 """Tests of the grader, the student release and the Gradescope autograder (not graded).
 
-They never touch the real labs: each builds a small fake project in a temporary folder (a
+They never grade the real labs: each builds a small fake project in a temporary folder (a
 copy of conftest.py, pyproject.toml and common/, plus tiny labs written below) and runs the
-real commands on it. ``TRITON_INTERPRET=1`` keeps torch out of the graded processes, so a
-lab costs well under a second; the hostile labs run three at a time.
+real commands on it; one builds the student copy of the real course (no grading). They test
+mechanisms, never times: a busy machine cannot fail them. ``TRITON_INTERPRET=1`` keeps torch
+out of the graded processes, so a lab costs well under a second; the end-to-end runs start
+together in one fixture.
 """
 
 from __future__ import annotations
@@ -19,11 +21,16 @@ from pathlib import Path
 
 import pytest
 
-from common.grading import autograder
+from common.grading import autograder, runner
 from common.grading.autograder import find_submission_files
-from common.grading.grader import select_labs, static_tests, validate_gradescope
-from common.grading.pytest_points import summarize_collect_error
+from common.grading.counting import static_tests
+from common.grading.discovery import select_labs
+from common.grading.gradescope import validate_gradescope
+from common.grading.messages import summarize_collect_error
 from common.grading.release import ReleaseError, build_release, plan_release
+from common.grading.runner import Options, Run, timeout_allowance
+from common.grading.student_copy import coherence_problems, make_targets, strip_instructor_blocks
+from common.loader import default_impl
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,13 +43,17 @@ import numpy as np
 
 def add_one(x):
     """x + 1, elementwise."""
-    return np.asarray(x) + 1
+    out = np.array(x, dtype=float, copy=True)
+    out += 1
+    return out.astype(np.asarray(x).dtype)
 
 
 def twice(n):
     """2 n."""
-    doubled_value_of_the_argument = n * 2
-    return doubled_value_of_the_argument
+    doubled_value_of_the_argument = 0
+    for _ in range(2):
+        doubled_value_of_the_argument = doubled_value_of_the_argument + n
+    return int(doubled_value_of_the_argument)
 '''
 
 ADD_STARTER = '''
@@ -93,7 +104,14 @@ def test_add_one_works_on_integers(x):
 @pytest.mark.skipif(True, reason="needs a CUDA GPU")
 def test_add_one_on_the_gpu():
     raise AssertionError("never runs here")
-"""  # possible here: 2 + 1 + 1 + 1 = 5 (the skipped GPU test does not count)
+
+
+@pytest.mark.points(2)
+@pytest.mark.triton
+def test_add_one_in_a_triton_kernel():
+    assert impl.add_one(1) == 2
+"""  # possible here: 2 + 1 + 1 + 1 = 5 (the GPU test, and the triton one without triton, do
+# not count)
 
 ADD_FIGURES = """
 from common import load_impl
@@ -172,11 +190,20 @@ def segfault(x):
 def skip_me(x):
     import pytest
     pytest.skip("nothing to see")
+
+
+def count_and_check(x, log):
+    with open(log, "a") as f:
+        f.write(f"{x}\\n")
+    return x % 5 != 3  # wrong on some inputs
 """
 
 HOSTILE_TESTS = """
+import os
+
 import numpy as np
 import pytest
+from hypothesis import Phase, given, settings, strategies as st
 
 from common import load_impl
 from common.testing import assert_close
@@ -227,16 +254,42 @@ def test_h_a_segfault_kills_the_process():
 @pytest.mark.points(1)
 def test_i_a_test_after_the_crashes_still_runs():
     assert impl.fine(2) == 3
-"""  # possible 10; earned 2 (a and i)
+
+
+@pytest.mark.points(1)
+@given(st.integers(0, 10))
+def test_j_an_endless_loop_inside_given_costs_only_itself(x):
+    impl.loop(x)
+
+
+@pytest.mark.points(1)
+@settings(max_examples=50, phases=list(Phase))  # the test asks for shrinking: not under the grader
+@given(st.integers(0, 10**6))
+def test_k_a_failing_property_stops_at_its_first_counterexample(x):
+    assert impl.count_and_check(x, os.environ["CALL_LOG"]), f"wrong for {x}"
+
+
+@pytest.mark.points(1)
+def test_l_a_test_after_the_loops_still_runs():
+    assert impl.fine(3) == 4
+"""  # possible 13; earned 3 (a, i and l)
 
 HANG_STARTER = """
 import signal
 import time
 
 
-def fine(x):
-    signal.signal(signal.SIGALRM, signal.SIG_IGN)  # pytest-timeout cannot stop it now
+def deaf(x):
+    signal.signal(signal.SIGALRM, signal.SIG_IGN)  # the per-test alarm cannot stop it now
     time.sleep(600)
+
+
+def slow(x):
+    time.sleep(600)
+
+
+def fine(x):
+    return x + 1
 """
 
 HANG_TESTS = """
@@ -248,8 +301,18 @@ impl = load_impl(__file__)
 
 
 @pytest.mark.points(3)
-def test_hangs_beyond_the_reach_of_pytest_timeout():
-    impl.fine(1)
+def test_a_hangs_beyond_the_reach_of_the_alarm():
+    impl.deaf(1)
+
+
+@pytest.mark.points(1)
+def test_b_runs_after_the_hang():
+    assert impl.fine(1) == 2
+
+
+@pytest.mark.points(2)
+def test_c_sleeps_past_its_limit():
+    impl.slow(1)
 """
 
 IMPORT_HOSTILE = {  # lab -> starter whose import goes wrong (the tests are MUL_TESTS: 6 points)
@@ -323,13 +386,20 @@ def output_of(results: dict, lab: str, test: str) -> str:
 
 
 def start_grading(
-    root: Path, impl: str, results: str, *args: str, pythonpath: Path | None = None
+    root: Path,
+    impl: str,
+    results: str,
+    *args: str,
+    pythonpath: Path | None = None,
+    **extra_env: str,
 ) -> subprocess.Popen:
+    """The grader on ``root``. Its time limits are backstops that a run on a busy machine
+    never reaches (a few seconds per lab when idle); the tests check mechanisms, not times."""
     return subprocess.Popen(
         [sys.executable, "-m", "common.grading", "--root", str(root), "--results", results]
-        + ["--test-timeout", "5", "--lab-timeout", "20", "--jobs", "2", *args],
+        + ["--test-timeout", "10", "--lab-timeout", "100", "--jobs", "2", *args],
         cwd=root,
-        env=env(pythonpath, LAB_IMPL=impl),
+        env=env(pythonpath, LAB_IMPL=impl, **extra_env),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -356,13 +426,22 @@ def simulated_gradescope(clean: Path, tmp: Path) -> tuple[Path, list[str], dict[
     return ag, names, modes
 
 
+RESULTS_FILES = {
+    "solution": "solution.json",
+    "hostile": "h.json",
+    "imports": "imports.json",
+    "hangs": "hangs.json",
+}
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:
     """Every end-to-end run, started together (they are mostly waiting) and awaited once.
 
     - ``solution``: the clean project graded with LAB_IMPL=solution;
-    - ``hostile``: a solved lab next to labs that loop, exit, crash and cannot be imported;
-    - ``hangs``: a lab that defeats pytest-timeout, under a 3 s lab limit;
+    - ``hostile``: a solved lab next to a lab whose functions loop, exit and crash;
+    - ``imports``: labs whose starters cannot be imported (exit, syntax error, loop);
+    - ``hangs``: a test that ignores the per-test alarm, one after it, one that sleeps;
     - ``release``: the student copy of the clean project, graded (starters);
     - ``gradescope``: the autograder zip run on a submission in a simulated /autograder.
     """
@@ -380,18 +459,24 @@ def runs(tmp_path_factory) -> dict:
 
     fast = no_triton(tmp / "no-triton")
 
+    calls = tmp / "calls.txt"
+
     def start(root: Path, impl: str, results: str, *args: str) -> subprocess.Popen:
-        return start_grading(root, impl, results, *args, pythonpath=fast)
+        return start_grading(root, impl, results, *args, pythonpath=fast, CALL_LOG=str(calls))
 
     jobs = {
         "solution": (clean, start(clean, "solution", "solution.json")),
         "hostile": (
             hostile,
-            start(hostile, "starter", "h.json", "--lab", "0,1,3,4,5,6", "--test-timeout", "2"),
+            start(hostile, "starter", "h.json", "--lab", "0,1", "--test-timeout", "2"),
+        ),
+        "imports": (
+            hostile,
+            start(hostile, "starter", "imports.json", "--lab", "3,4,5,6", "--test-timeout", "2"),
         ),
         "hangs": (
             hostile,
-            start(hostile, "starter", "hangs.json", "--lab", "2", "--lab-timeout", "3"),
+            start(hostile, "starter", "hangs.json", "--lab", "2", "--test-timeout", "1"),
         ),
         "release": (release, start(release, "starter", "results.json")),
     }
@@ -401,19 +486,19 @@ def runs(tmp_path_factory) -> dict:
             fast,
             AUTOGRADER_ROOT=str(ag),
             AUTOGRADER_PYTHON=sys.executable,
-            GRADE_TEST_TIMEOUT="5",
-            GRADE_LAB_TIMEOUT="30",
+            GRADE_TEST_TIMEOUT="10",
+            GRADE_LAB_TIMEOUT="100",
         ),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
     )
     out: dict = {"release_dir": release, "zip_names": names, "zip_modes": modes}
+    out.update(calls=calls, hostile_root=hostile)
     for key, (root, proc) in jobs.items():
         text, _ = proc.communicate(timeout=120)
         assert proc.returncode == 0, text
-        results = {"solution": "solution.json", "hostile": "h.json", "hangs": "hangs.json"}
-        path = root / results.get(key, "results.json")
+        path = root / RESULTS_FILES.get(key, "results.json")
         out[key] = (json.loads(path.read_text()), text)
     text, _ = gradescope.communicate(timeout=120)
     assert gradescope.returncode == 0, text
@@ -431,9 +516,20 @@ def test_solutions_get_full_marks(runs):
     labs = by_lab(results)
     assert (labs["lab-00-add"]["score"], labs["lab-00-add"]["possible"]) == (5, 5)
     assert (labs["lab-01-mul"]["score"], labs["lab-01-mul"]["possible"]) == (6, 6)
-    assert labs["lab-00-add"]["skipped"] == 1  # the GPU test: not counted on a CPU machine
+    assert labs["lab-00-add"]["skipped"] == 2  # the GPU test: not counted on a CPU machine
     assert results["score"] == 11 and all(t["status"] == "passed" for t in results["tests"])
     assert "Total" in out and "11 / 11" in out
+
+
+@pytest.mark.slow
+def test_tests_that_need_a_missing_triton_are_not_run_on_this_machine_not_failed(runs):
+    results, out = runs["solution"]  # the graded processes cannot import triton
+    lab = by_lab(results)["lab-00-add"]
+    assert lab["not_run"] == 1 and lab["possible"] == 5  # not in the possible points
+    assert lab["notes"] == "1 not run on this machine, 1 skipped, not counted"
+    assert "Not run on this machine: 1 test(s), neither failed nor counted" in out
+    assert "the triton package is not installed here" in out  # and why, with what to do
+    assert not [t for t in results["tests"] if "triton_kernel" in t["name"]]
 
 
 @pytest.mark.slow
@@ -442,7 +538,7 @@ def test_a_solved_lab_keeps_full_marks_next_to_hostile_labs(runs):
     assert validate_gradescope(results) == []
     labs = by_lab(results)
     assert (labs["lab-00-add"]["score"], labs["lab-00-add"]["possible"]) == (5, 5)
-    assert set(labs) == {"lab-00-add", "lab-01-hostile", *IMPORT_HOSTILE}
+    assert set(labs) == {"lab-00-add", "lab-01-hostile"}
     assert "What went wrong" in out
 
 
@@ -450,33 +546,81 @@ def test_a_solved_lab_keeps_full_marks_next_to_hostile_labs(runs):
 def test_each_hostile_test_costs_only_itself_with_its_reason(runs):
     results, _ = runs["hostile"]
     lab = "lab-01-hostile"
-    assert (by_lab(results)[lab]["score"], by_lab(results)[lab]["possible"]) == (2, 10)
+    assert (by_lab(results)[lab]["score"], by_lab(results)[lab]["possible"]) == (3, 13)
     out = {t["name"].split(" › ")[1]: t for t in results["tests"] if t["name"].startswith(lab)}
     assert out["test_a_fine_function_passes"]["score"] == 1
     assert out["test_i_a_test_after_the_crashes_still_runs"]["score"] == 1  # ran after a re-run
+    assert out["test_l_a_test_after_the_loops_still_runs"]["score"] == 1
     expected = {
-        "test_b_an_endless_loop_times_out": "timed out after 2 s",
+        "test_b_an_endless_loop_times_out": "timed out after 2 s (the per-test limit)",
         "test_c_sys_exit_is_a_failure": "sys.exit(4)",
         "test_d_megabytes_of_prints_do_not_block": "NotImplementedError: TODO: stop printing",
         "test_e_nan_is_explained": "NaN reached the output",
         "test_f_skip_from_graded_code_is_a_failure": "called pytest.skip()",
         "test_g_os_exit_kills_the_process": "the interpreter exited with code 3",
         "test_h_a_segfault_kills_the_process": "crashed with signal SIGSEGV",
+        "test_j_an_endless_loop_inside_given_costs_only_itself": "timed out after 2 s",
+        "test_k_a_failing_property_stops_at_its_first_counterexample": "Failing test case:",
     }
     for test, reason in expected.items():
         assert out[test]["score"] == 0 and reason in out[test]["output"], out[test]
         assert len(out[test]["output"]) < 1000  # a message, not a traceback or the prints
-    assert "starter.py:" in out["test_b_an_endless_loop_times_out"]["output"]  # where it looped
+    for looped in (
+        "test_b_an_endless_loop_times_out",
+        "test_j_an_endless_loop_inside_given_costs_only_itself",
+    ):
+        assert "(raised at starter.py:" in out[looped]["output"]  # where it looped
 
 
 @pytest.mark.slow
-def test_a_lab_that_hangs_beyond_pytest_timeout_hits_the_lab_time_limit(runs):
+def test_a_failing_property_is_not_shrunk_and_uses_no_example_database(runs):
+    results, _ = runs["hostile"]
+    test = "test_k_a_failing_property_stops_at_its_first_counterexample"
+    message = output_of(results, "lab-01-hostile", test)
+    calls = [int(x) for x in runs["calls"].read_text().split()]
+    # Generation stops at the first counterexample, which is replayed once to report it; a
+    # shrinking run would go on calling with ever smaller examples (down to x=3).
+    bad = [i for i, x in enumerate(calls) if x % 5 == 3]
+    assert bad and len(calls) == bad[0] + 2 and calls[-1] == calls[bad[0]], calls
+    assert f"wrong for {calls[-1]}" in message and f"x={calls[-1]}" in message
+    assert not (runs["hostile_root"] / ".hypothesis" / "examples").exists()  # no database
+
+
+@pytest.mark.slow
+def test_a_test_that_ignores_its_time_limit_is_stopped_and_costs_only_itself(runs):
     results, _ = runs["hangs"]
     lab = by_lab(results)["lab-02-hangs"]
-    assert (lab["score"], lab["possible"]) == (0, 3)
-    assert lab["notes"] == "timed out (3 s)"
-    assert "timed out after 3 s (the lab's time limit)" in lab["problems"][0]
-    assert lab["seconds"] < 8
+    assert (lab["score"], lab["possible"]) == (1, 6)
+    deaf = output_of(results, "lab-02-hangs", "test_a_hangs_beyond_the_reach_of_the_alarm")
+    assert "timed out after 1 s (the per-test limit) during this test" in deaf
+    assert "test_b_runs_after_the_hang" not in " ".join(lab["problems"])
+    slow = output_of(results, "lab-02-hangs", "test_c_sleeps_past_its_limit")
+    assert slow.startswith("timed out after 1 s (the per-test limit)")
+
+
+def test_a_lab_that_outlives_its_time_limit_is_killed_and_timed_out_tests_extend_it(tmp_path):
+    opts = Options(test_timeout=5)  # the budget of a timed-out test: 5 s + 5 s of grace
+    log = tmp_path / "events.jsonl"
+    log.write_text("")
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert runner._wait(sleeper, log, limit=0.2, opts=opts) == (True, 0.0)  # killed
+    finally:
+        sleeper.kill()
+    sleeper.wait()
+    run = Run([], sleeper.returncode, timed_out=True, limit=3, output_tail="", elapsed=3.2)
+    assert run.exit_reason() == "timed out after 3 s (the lab's time limit)"
+    events = [
+        {"event": "result", "nodeid": "t1", "outcome": "failed", "message": "timed out after 5 s"},
+        {"event": "result", "nodeid": "t2", "outcome": "failed", "message": "AssertionError"},
+        {"event": "timeout", "nodeid": "t3", "seconds": 5},  # the watchdog: a restart too
+    ]
+    assert timeout_allowance(events, 5) == 10 + (10 + runner.RESTART_ALLOWANCE)
+    log.write_text("".join(json.dumps(e) + "\n" for e in events[:1]))
+    quick = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
+    assert runner._wait(quick, log, limit=0.01, opts=opts) == (False, 10.0)  # extended, not killed
+    hard = Run(events, 124, timed_out=False, limit=60, output_tail="", elapsed=5)
+    assert hard.exit_reason() == "timed out after 5 s (the per-test limit)"
 
 
 @pytest.mark.slow
@@ -490,7 +634,7 @@ def test_a_lab_that_hangs_beyond_pytest_timeout_hits_the_lab_time_limit(runs):
     ],
 )
 def test_a_starter_that_cannot_be_imported_scores_zero_of_known_points(runs, lab, note, reason):
-    results, _ = runs["hostile"]
+    results, _ = runs["imports"]
     summary = by_lab(results)[lab]
     assert (summary["score"], summary["possible"]) == (0, 6)  # points known without importing
     assert summary["counted_by"] == "stub collection"
@@ -553,17 +697,60 @@ def test_the_release_refuses_a_non_empty_folder_unless_forced(tmp_path):
 def test_the_release_stops_when_solution_code_leaks_outside_the_solution(tmp_path):
     root = clean_project(tmp_path / "course")
     (root / "common" / "helpers.py").write_text(ADD_SOLUTION)  # someone pasted the solution
-    with pytest.raises(ReleaseError, match="common/helpers.py contains"):
+    with pytest.raises(ReleaseError, match="common/helpers.py holds code of"):
         plan_release(root)
     (root / "common" / "helpers.py").unlink()
     starter = root / "labs" / "lab-00-add" / "starter.py"
     real_starter = starter.read_text()
     starter.write_text(ADD_SOLUTION)  # a mutant or solved copy left behind
-    with pytest.raises(ReleaseError, match="starter.py has 100% of the code lines"):
+    with pytest.raises(ReleaseError, match="starter.py holds 100% of the function bodies"):
         plan_release(root)
     starter.write_text(real_starter)
-    (root / "labs" / "lab-00-add" / "NOTES.md").write_text(ADD_SOLUTION)
-    assert any("NOTES.md" in w for w in plan_release(root).warnings)
+    (root / "labs" / "lab-00-add" / "NOTES.md").write_text(f"```python\n{ADD_SOLUTION}```\n")
+    assert any("NOTES.md holds code of" in w for w in plan_release(root).warnings)
+
+
+GIVEN = '''
+def check_shape(x, n):
+    """Given to students: both starter and solution load it."""
+    if len(x) != n:
+        raise ValueError(f"x must have {n} entries, got {len(x)}: check the caller's shape")
+    return list(x)
+'''
+
+
+def test_the_release_counts_function_bodies_not_generic_lines_or_given_code(tmp_path):
+    root = fake_project(tmp_path / "course")
+    solution = (
+        MUL_SOLUTION
+        + GIVEN
+        + '''
+
+def table(rows):
+    """Rows that multiply; generic lines like the ones below are in the tests too."""
+    import warnings
+
+    try:
+        out = [mul(a, b) for a, b in rows]
+    except ValueError as e:
+        raise RuntimeError(e) from None
+    warnings.simplefilter("ignore")
+    return out
+'''
+    )
+    lab = write_lab(root, "lab-01-mul", MUL_STARTER, MUL_TESTS, solution)
+    (lab / "provided.py").write_text(GIVEN)
+    (lab / "test_extra.py").write_text(
+        "import warnings\n\n\ndef test_x():\n    try:\n        pass\n"
+        "    except ValueError as e:\n        raise RuntimeError(e) from None\n"
+        '    warnings.simplefilter("ignore")\n' + GIVEN
+    )
+    assert plan_release(root).warnings == []  # generic lines and provided code: no leak
+    (lab / "test_extra.py").write_text(solution)  # the solution's own bodies: a leak
+    with pytest.raises(
+        ReleaseError, match=r"(?s)test_extra.py holds code of .*solution.py's table\(\)"
+    ):
+        plan_release(root)
 
 
 # ---- autograder ------------------------------------------------------------------------------
@@ -615,7 +802,7 @@ def test_the_static_scan_counts_points_markers_and_literal_parametrize(tmp_path)
     assert got["test_twice_doubles_its_argument[0]"] == got["test_twice_doubles_its_argument[1]"]
     assert got["test_mul_multiplies"] == (2.0, False)  # the module's pytestmark
     assert got["test_mul_by_zero_is_zero"] == (4.0, False)
-    assert len(got) == 7
+    assert len(got) == 8
 
 
 def test_results_validation_catches_what_gradescope_rejects():
@@ -678,9 +865,7 @@ def test_instructors_hidden_tests_are_graded_and_never_released(tmp_path):
     course = fake_project(tmp_path / "course")
     lab = write_lab(course, "lab-01-mul", MUL_STARTER, MUL_TESTS, MUL_SOLUTION)
     (lab / "test_hidden_extra.py").write_text(HIDDEN_TESTS.lstrip())
-    proc = start_grading(
-        course, "solution", "r.json", pythonpath=no_triton(tmp_path / "no-triton")
-    )
+    proc = start_grading(course, "solution", "r.json", pythonpath=no_triton(tmp_path / "no-triton"))
     text, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, text
     results = json.loads((course / "r.json").read_text())
@@ -695,3 +880,79 @@ def test_instructors_hidden_tests_are_graded_and_never_released(tmp_path):
     assert autograder.main(["--root", str(course), "--out", str(zip_path)]) == 0
     with zipfile.ZipFile(zip_path) as zf:
         assert "labs/lab-01-mul/test_hidden_extra.py" in zf.namelist()
+
+
+# ---- the student copy of the real course -----------------------------------------------------
+
+
+def test_the_student_copy_drops_marked_blocks_and_flags_what_a_student_cannot_follow(tmp_path):
+    text = (
+        "# Course\n\nFor everyone.\n"
+        "<!-- >>> not in the student copy (`make release` drops this block) -->\n"
+        "Run `make mutants` and read solution.py.\n<!-- <<< not in the student copy -->\n"
+        "The end.\n"
+    )
+    assert strip_instructor_blocks(text) == "# Course\n\nFor everyone.\nThe end.\n"
+    with pytest.raises(ValueError, match="never closed"):
+        strip_instructor_blocks("<!-- >>> not in the student copy -->\ntext\n")
+    (tmp_path / "Makefile").write_text("test:\n\techo\ngrade:\n\techo\n")
+    (tmp_path / "labs" / "lab-00-x").mkdir(parents=True)
+    readme = tmp_path / "labs" / "lab-00-x" / "README.md"
+    readme.write_text(
+        "Run `make grade`, then\n\n```bash\npytest labs/lab-00-x -q\nmake figures\n"
+        ".venv/bin/python -m pytest labs/lab-00-x -q\n```\n\nas solution.py does. To make the"
+        " kernel fast, see vllm/v1/attention/backend.py.\n"
+    )
+    problems = coherence_problems(
+        tmp_path, [Path("labs/lab-00-x/README.md")], [Path("labs/lab-00-x/solution.py")]
+    )
+    assert [p.split(": ", 2)[:2] for p in problems] == [
+        ["labs/lab-00-x/README.md:4", "a bare pytest (use .venv)"],
+        ["labs/lab-00-x/README.md:5", "`make figures` is not a target of the Makefile"],
+        [
+            "labs/lab-00-x/README.md:9",
+            "refers to solution.py, which the student copy does not have",
+        ],
+    ]
+
+
+@pytest.mark.skipif(
+    not list(ROOT.glob("labs/*/solution.py")), reason="a student copy has no solutions to release"
+)
+def test_make_release_on_the_real_course_gives_a_copy_written_for_a_student(tmp_path):
+    out = tmp_path / "student"
+    proc = subprocess.run(
+        ["make", "release", f"OUT={out}", f"PY={sys.executable}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    files = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
+    labs = sorted(p.parent.name for p in ROOT.glob("labs/lab-*/test_lab.py"))
+    assert labs and all(f"labs/{lab}/starter.py" in files for lab in labs)
+    assert not [f for f in files if f.endswith("solution.py") or "/test_hidden" in f]
+    assert not [f for f in files if f.startswith("tests/mutants/")]
+    for figures in out.glob("labs/*/figures.py"):
+        assert "solution" not in figures.read_text(), figures
+    assert default_impl(out) == "starter"  # LAB_IMPL unset: the starters, no FileNotFoundError
+    # The README and the Makefile are written for a student: nothing the release flags.
+    flagged = [line for line in proc.stdout.splitlines() if "not for a student:" in line]
+    assert not [line for line in flagged if ": README.md:" in line or ": Makefile:" in line]
+    readme, makefile = (out / "README.md").read_text(), (out / "Makefile").read_text()
+    assert readme.startswith("# ") and readme.split("\n## ", 2)[1].startswith("Student copy")
+    for word in ("For instructors", "make release", "make autograder", "make mutants"):
+        assert word not in readme and word not in makefile
+    assert {"setup", "test", "grade", "test-lab"} <= make_targets(makefile)
+    assert not {"release", "autograder", "mutants"} & make_targets(makefile)
+    dry = subprocess.run(
+        ["make", "-n", "test", "test-lab", "grade", "LAB=00", f"PY={sys.executable}"],
+        cwd=out,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert dry.returncode == 0 and "LAB_IMPL=solution" not in dry.stdout, dry.stdout + dry.stderr
+    commands = [line for line in dry.stdout.splitlines() if not line.startswith("echo")]
+    assert len(commands) == 3 and all(c.startswith("LAB_IMPL=starter ") for c in commands)

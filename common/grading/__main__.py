@@ -1,7 +1,7 @@
-"""``python -m common.grading``: grade every lab (see :mod:`common.grading.grader`)."""
+"""``python -m common.grading``: grade every lab (see :mod:`common.grading.cli`)."""
 
 import sys
 
-from common.grading.grader import main
+from common.grading.cli import main
 
 sys.exit(main())

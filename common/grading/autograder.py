@@ -45,14 +45,9 @@ import traceback
 import zipfile
 from pathlib import Path
 
-from common.grading.grader import (
-    Options,
-    discover_labs,
-    grade,
-    gradescope_results,
-    plain_summary,
-    write_json,
-)
+from common.grading.discovery import discover_labs
+from common.grading.gradescope import gradescope_results, write_json
+from common.grading.lab import grade
 from common.grading.release import (
     HIDDEN_TESTS,
     PROJECT_ROOT,
@@ -60,6 +55,8 @@ from common.grading.release import (
     build_release,
     is_solution_file,
 )
+from common.grading.report import plain_summary
+from common.grading.runner import Options
 
 SETUP_SH = """#!/usr/bin/env bash
 # Gradescope runs this once, as root, when it builds the autograder image. It installs the

@@ -126,11 +126,31 @@ def discover(root: Path, wanted: str | None) -> dict[str, list[Mutant]]:
 def _run_lab_tests(root: Path, lab_copy: Path) -> tuple[int, str]:
     env = dict(os.environ, LAB_IMPL="solution", PYTHONDONTWRITEBYTECODE="1")
     env.pop("HYPOTHESIS_PROFILE", None)
-    cmd = [sys.executable, "-m", "pytest", str(lab_copy), "-x", "-q", "-rf", "--no-header",
-           "-p", "no:cacheprovider", "-p", "no:randomly", "--timeout=120"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        str(lab_copy),
+        "-x",
+        "-q",
+        "-rf",
+        "--no-header",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "no:randomly",
+        # The grader's limits: a failing property stops at its first counterexample, and a
+        # hang (inside @given too) costs its test only.
+        "-p",
+        "common.grading.pytest_points",
+        "--points-fast-hypothesis",
+        "--points-test-timeout=120",
+        "--timeout=0",
+    ]
     try:
-        proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True,
-                              timeout=PER_RUN_TIMEOUT)
+        proc = subprocess.run(
+            cmd, cwd=root, env=env, capture_output=True, text=True, timeout=PER_RUN_TIMEOUT
+        )
     except subprocess.TimeoutExpired:
         return -1, f"the tests hit the {PER_RUN_TIMEOUT} s limit"
     return proc.returncode, proc.stdout + proc.stderr
@@ -148,8 +168,9 @@ def _scratch_copy(root: Path, lab: str) -> Path:
     base.mkdir(exist_ok=True)
     holder = Path(tempfile.mkdtemp(dir=base))
     dest = holder / lab
-    shutil.copytree(root / "labs" / lab, dest,
-                    ignore=shutil.ignore_patterns("__pycache__", "figures", "*.png"))
+    shutil.copytree(
+        root / "labs" / lab, dest, ignore=shutil.ignore_patterns("__pycache__", "figures", "*.png")
+    )
     return dest
 
 
@@ -174,8 +195,10 @@ def run_one(root: Path, mutant: Mutant | None, lab: str) -> Outcome | tuple[int,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m common.grading.mutants",
-                                     description="Every planted mistake must fail its lab.")
+    parser = argparse.ArgumentParser(
+        prog="python -m common.grading.mutants",
+        description="Every planted mistake must fail its lab.",
+    )
     parser.add_argument("--lab", help="one lab: 03 or lab-03-causal-prefill-attention")
     parser.add_argument("--root", type=Path, default=ROOT)
     parser.add_argument("--list", action="store_true", help="list the mutants, run nothing")

@@ -18,29 +18,39 @@ crashes the process (``os._exit``, a segfault, a kill on timeout) is already on 
 without the tests that already finished or crashed it). ``--points-stub-impl`` makes
 ``common.load_impl`` return a stub instead of importing anything, so the tests of a lab
 whose starter cannot even be imported can still be *counted* (``--collect-only``).
-``--points-collect-timeout S`` bounds the import of the test modules (pytest-timeout only
-covers tests): an import that takes longer fails collection with a clear message.
+``--points-collect-timeout S`` bounds the import of the test modules: an import that
+takes longer fails collection with a clear message.
+
+``--points-test-timeout S`` is the per-test limit (it replaces pytest-timeout, which the
+grader turns off; see :mod:`common.grading.time_limits`): a test past it fails as "timed
+out", @given tests included, and one that ignores it is ended by a watchdog that first
+writes ``{"event": "timeout", "nodeid", "seconds"}``.
+
+``--points-fast-hypothesis`` makes every ``@given`` test stop at its first failing example:
+no shrinking (a failing property fails in about the time a passing one takes, printing
+the example it failed on), no example database (nothing read or written between runs, so
+the grade does not depend on earlier runs), whatever ``@settings`` the test carries.
 """
 
 from __future__ import annotations
 
-import builtins
 import json
 import os
 import re
-import signal
-import traceback
-import types
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-MAX_LINES = 12
-MAX_CHARS = 1500
+from common.grading import time_limits
+from common.grading.messages import (
+    describe_exception,
+    raised_in_graded_code,
+    summarize_collect_error,
+)
+from common.grading.stub import install_stub_loader
 
-# Python 3.11+; on 3.10 nothing is a group (hypothesis then raises its own error types).
-_GROUP: Any = getattr(builtins, "BaseExceptionGroup", ())
+__all__ = ["describe_exception", "points_of", "summarize_collect_error"]
 
 _state: dict[str, Any] = {"log": None, "pid": None, "phases": {}}
 
@@ -60,6 +70,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         type=float,
         default=None,
         help="seconds allowed for importing the test modules",
+    )
+    group.addoption(
+        "--points-test-timeout",
+        type=float,
+        default=None,
+        help="seconds per test (setup + call + teardown), @given tests included",
+    )
+    group.addoption(
+        "--points-fast-hypothesis",
+        action="store_true",
+        default=False,
+        help="hypothesis stops at the first failing example: no shrinking, no database",
     )
 
 
@@ -81,36 +103,18 @@ def _emit(event: str, **fields: Any) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     _state["log"] = config.getoption("points_log")
     _state["pid"] = os.getpid()
+    _state["test_timeout"] = config.getoption("points_test_timeout")
     if config.getoption("points_stub_impl"):
-        _install_stub_loader()
+        install_stub_loader()
 
 
 # ---- collection ---------------------------------------------------------------------------
 
 
-class CollectionTimeout(Exception):
-    """Importing the test module (and the code it grades) took too long."""
-
-
 @pytest.hookimpl(wrapper=True)
 def pytest_collection(session: pytest.Session):
-    seconds = session.config.getoption("points_collect_timeout")
-    if not seconds or not hasattr(signal, "setitimer"):
+    with time_limits.collection_limit(session.config.getoption("points_collect_timeout")):
         return (yield)
-
-    def on_alarm(signum, frame):
-        raise CollectionTimeout(
-            f"importing the tests took more than {seconds:g} s: code at the top level of the "
-            "module (outside any function) runs forever or far too long"
-        )
-
-    previous = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        return (yield)
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def pytest_collectreport(report: pytest.CollectReport) -> None:
@@ -139,6 +143,9 @@ def pytest_collection_modifyitems(
             }
         )
     _emit("collected", tests=tests)
+    if config.getoption("points_fast_hypothesis"):
+        for item in items:
+            _fast_hypothesis(item)
 
     deselect_file = config.getoption("points_deselect")
     if deselect_file:
@@ -148,6 +155,22 @@ def pytest_collection_modifyitems(
         if dropped:
             config.hook.pytest_deselected(items=dropped)
             items[:] = keep
+
+
+def _fast_hypothesis(item: pytest.Item) -> None:
+    """Stop ``item``'s ``@given`` test at its first failing example, with no database.
+
+    Hypothesis reads the settings of a ``@given`` test from this attribute when the test
+    runs, so this overrides the profile and the test's own ``@settings`` alike.
+    """
+    test = getattr(item, "obj", None)
+    current = getattr(test, "_hypothesis_internal_use_settings", None)
+    if current is None:
+        return
+    from hypothesis import Phase, settings
+
+    phases = [p for p in current.phases if p in (Phase.explicit, Phase.generate, Phase.target)]
+    test._hypothesis_internal_use_settings = settings(current, phases=phases, database=None)
 
 
 def points_of(item: pytest.Item) -> float:
@@ -173,26 +196,42 @@ def _static_skip_reason(item: pytest.Item) -> str | None:
 def pytest_runtest_logstart(nodeid: str, location: tuple) -> None:
     _state["phases"][nodeid] = []
     _emit("start", nodeid=nodeid)
+    seconds = _state["test_timeout"]
+    if seconds:
+        time_limits.arm(nodeid, seconds, report=_report_hard_stop)
+
+
+def _report_hard_stop(nodeid: str, seconds: float) -> None:
+    _emit("timeout", nodeid=nodeid, seconds=seconds)
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
-    report = yield
+    left = time_limits.pause()
+    try:
+        report = yield
+        _record_phase(item, call, report)
+    finally:
+        time_limits.resume(left)
+    return report
+
+
+def _record_phase(item: pytest.Item, call: pytest.CallInfo, report: pytest.TestReport) -> None:
     phase = {"when": call.when, "outcome": report.outcome, "duration": report.duration}
     if call.excinfo is not None and report.outcome != "passed":
         lab_dir = Path(str(item.path)).parent
         phase["message"] = describe_exception(call.excinfo, lab_dir, item.path.name)
-        phase["from_graded_code"] = _raised_in_graded_code(call.excinfo, lab_dir, item.path.name)
+        phase["from_graded_code"] = raised_in_graded_code(call.excinfo, lab_dir, item.path.name)
         phase["imperative"] = call.excinfo.errisinstance(
             (pytest.skip.Exception, pytest.xfail.Exception)
         )
     if hasattr(report, "wasxfail"):
         phase["wasxfail"] = True
     _state["phases"].setdefault(item.nodeid, []).append(phase)
-    return report
 
 
 def pytest_runtest_logfinish(nodeid: str, location: tuple) -> None:
+    time_limits.disarm()  # before the result is written: no hard stop after a recorded result
     phases = _state["phases"].pop(nodeid, [])
     outcome, message = _combine(phases)
     _emit(
@@ -228,196 +267,3 @@ def _combine(phases: list[dict]) -> tuple[str, str]:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     _emit("finish", exitstatus=int(exitstatus))
-
-
-# ---- turning exceptions into one readable message -----------------------------------------
-
-
-def describe_exception(excinfo: pytest.ExceptionInfo, lab_dir: Path, test_file: str) -> str:
-    """The exception's first lines, where the graded code raised it, hypothesis' example.
-
-    ``NotImplementedError: TODO ...`` / ``(raised at starter.py:42, in merge)`` /
-    ``Failing test case: test_merge(a=..., b=...)``: a message, never a traceback.
-    """
-    exc = excinfo.value
-    extra = ""
-    if isinstance(exc, _GROUP):  # hypothesis: several distinct failures
-        leaves = _leaves(exc)
-        exc = leaves[0]
-        if len(leaves) > 1:
-            extra = f"\n(and {len(leaves) - 1} more distinct failure(s))"
-    notes = [str(n) for n in getattr(exc, "__notes__", None) or []]
-    lines = "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()
-    note_lines = sum(len(n.splitlines()) for n in notes)
-    text = "\n".join(lines[: len(lines) - note_lines] if note_lines < len(lines) else lines)
-    timeout = re.match(r"Failed: Timeout \(>([\d.]+)s\) from pytest-timeout", text)
-    if timeout:
-        text = (
-            f"timed out after {float(timeout.group(1)):g} s (the per-test limit): an endless "
-            "loop, or far slower than it should be"
-        )
-    elif isinstance(exc, SystemExit):
-        text = (
-            f"the graded code called sys.exit({exc.code!r}) (SystemExit): functions must "
-            "return their result, never exit"
-        )
-    text = clip(tidy(text), max_lines=8)
-    where = _where(exc.__traceback__, lab_dir, test_file)
-    if where and not isinstance(exc, AssertionError):
-        text += f"\n  (raised at {where})"
-    for note in notes:
-        note = _one_line(tidy(note))
-        if note:
-            text += "\n" + (note if len(note) <= 300 else note[:300] + " [...]")
-    return text + extra
-
-
-def _one_line(note: str) -> str:
-    """hypothesis' multi-line example ``f(\\n    x=1,  # or any ...\\n)`` -> ``f(x=1)``."""
-    note = re.sub(r"\s+#[^\n]*", "", note)  # comments hypothesis adds to arguments
-    note = " ".join(note.split())
-    note = re.sub(r"\(\s+", "(", note)
-    return re.sub(r",?\s*\)", ")", note)
-
-
-def _leaves(group: Any) -> list[BaseException]:
-    out: list[BaseException] = []
-    for e in group.exceptions:
-        out.extend(_leaves(e) if isinstance(e, _GROUP) else [e])
-    return out
-
-
-def _frames(tb: types.TracebackType | None):
-    while tb is not None:
-        yield tb.tb_frame.f_code.co_filename, tb.tb_lineno, tb.tb_frame.f_code.co_name
-        tb = tb.tb_next
-
-
-def _is_graded_file(filename: str, lab_dir: Path, test_file: str) -> bool:
-    path = Path(filename)
-    try:
-        path.resolve().relative_to(lab_dir.resolve())
-    except (ValueError, OSError):
-        return False
-    return path.name != test_file and path.name != "conftest.py"
-
-
-def _where(tb: types.TracebackType | None, lab_dir: Path, test_file: str) -> str | None:
-    """``starter.py:42, in online_softmax``: the innermost frame of the graded code."""
-    found = None
-    for filename, lineno, func in _frames(tb):
-        if _is_graded_file(filename, lab_dir, test_file):
-            found = f"{Path(filename).name}:{lineno}, in {func}"
-    return found
-
-
-def _raised_in_graded_code(excinfo: pytest.ExceptionInfo, lab_dir: Path, test_file: str) -> bool:
-    return any(
-        _is_graded_file(f, lab_dir, test_file) for f, _, _ in _frames(excinfo.value.__traceback__)
-    )
-
-
-def tidy(text: str) -> str:
-    """Drop what changes from run to run or only helps a debugger (addresses, blobs)."""
-    text = re.sub(
-        r"<(function|bound method|built-in function) ([\w.]+)[^>]* at 0x[0-9a-f]+>", r"\2", text
-    )
-    text = re.sub(r" at 0x[0-9a-f]+", "", text)
-    lines = [
-        line
-        for line in text.splitlines()
-        if not line.startswith(("You can reproduce this example", "You can reproduce this test"))
-    ]
-    return "\n".join(lines)
-
-
-def clip(text: str, max_lines: int = MAX_LINES, max_chars: int = MAX_CHARS) -> str:
-    """At most ``max_lines`` lines and ``max_chars`` characters, marked when cut."""
-    lines = [line.rstrip() for line in text.strip().splitlines()]
-    cut = len(lines) > max_lines
-    text = "\n".join(lines[:max_lines])
-    if len(text) > max_chars:
-        text, cut = text[:max_chars], True
-    return text + (" [...]" if cut else "")
-
-
-_EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Timeout)\b.*)$")
-_FILE_LINE = re.compile(r'File "([^"]+)", line (\d+)')
-_SHORT_LINE = re.compile(r"^(\S+\.py):(\d+): in ")
-
-
-def summarize_collect_error(text: str) -> str:
-    """The gist of a collection error report: the exception line and the graded file's line.
-
-    pytest reports an import failure as text (``E   SyntaxError: ...`` after a short
-    traceback); keep the last exception line and the last ``File "...", line N`` that is
-    not in the standard library or site-packages.
-    """
-    lines = [re.sub(r"^E\s{1,3}", "", line.rstrip()) for line in text.splitlines()]
-    exc_line = next((m.group(1) for m in map(_EXC_LINE.match, reversed(lines)) if m), None)
-    where = None
-    for line in lines:
-        m = _FILE_LINE.search(line) or _SHORT_LINE.match(line)
-        if m and not re.search(r"site-packages|/lib/python|^<|(^|/)common/", m.group(1)):
-            where = f"{Path(m.group(1)).name}:{m.group(2)}"
-    if exc_line is not None:
-        exc_line = exc_line.replace(f"{__name__}.{CollectionTimeout.__name__}: ", "")
-    if exc_line is None:
-        nonblank = [line for line in lines if line.strip()]
-        return clip("\n".join(nonblank[-MAX_LINES:]))
-    return clip(exc_line + (f"\n  (at {where})" if where else ""))
-
-
-# ---- counting tests without importing the graded code ------------------------------------
-
-
-class _Stub:
-    """Stands in for anything the test module touches at import time."""
-
-    def __init__(self, name: str = "stub") -> None:
-        self._name = name
-
-    def __getattr__(self, name: str) -> _Stub:
-        if name.startswith("__") and name.endswith("__"):
-            raise AttributeError(name)
-        return _Stub(f"{self._name}.{name}")
-
-    def __call__(self, *args: Any, **kwargs: Any) -> _Stub:
-        return _Stub(f"{self._name}()")
-
-    def __getitem__(self, key: Any) -> _Stub:
-        return _Stub(f"{self._name}[]")
-
-    def __iter__(self):
-        return iter(())
-
-    def __len__(self) -> int:
-        return 0
-
-    def __bool__(self) -> bool:
-        return False
-
-    def __repr__(self) -> str:
-        return f"<stub {self._name}>"
-
-    def __mro_entries__(self, bases: tuple) -> tuple:
-        return (object,)
-
-
-class _StubModule(types.ModuleType):
-    def __getattr__(self, name: str) -> _Stub:
-        if name.startswith("__") and name.endswith("__"):
-            raise AttributeError(name)
-        return _Stub(f"{self.__name__}.{name}")
-
-
-def _stub_load_impl(path: Any, impl: str | None = None) -> types.ModuleType:
-    return _StubModule(f"stub_of_{Path(str(path)).stem}")
-
-
-def _install_stub_loader() -> None:
-    import common
-    import common.loader
-
-    common.loader.load_impl = _stub_load_impl
-    common.load_impl = _stub_load_impl
