@@ -1,6 +1,6 @@
-"""Lab 00, given code: what ``starter.py`` and ``solution.py`` share, written once.
+"""Lab 00, given code: written once, imported by ``starter.py`` and the reference.
 
-    provided = load_lab_module(__file__, "provided")     # in starter.py and solution.py
+    provided = load_lab_module(__file__, "provided")
 
 * input checks (numpy and torch), so every function fails the same readable way;
 * the softmax scale (from the real head dim);
@@ -131,11 +131,12 @@ INTERPRETER_TILES: dict[str, int] = {"block_m": 16, "block_n": 16, "num_warps": 
 
 
 def gpu_tiles(head_dim: int) -> dict[str, int]:
-    """Tile sizes on a GPU for a head dim, from Triton tutorial 06's tuning space.
+    """Tile sizes on a GPU for a head dim (within Triton tutorial 06's tuning space).
 
     ``block_m`` query rows and ``block_n`` keys per tile; ``num_warps`` warps share the
-    ``block_m`` rows; ``num_stages`` K/V tiles are in flight (software pipelining). Larger
-    head dims hold more registers and shared memory per tile, so the tiles shrink.
+    ``block_m`` rows; ``num_stages`` K/V tiles are in flight (software pipelining). At
+    d = 128, 8 warps hold the 128 x 128 float32 accumulator in 64 registers per thread
+    (128 with 4 warps); at d = 256 the tiles shrink and 2 stages fit in shared memory.
     """
     d_pad = dot_tile(head_dim)
     if d_pad <= 64:

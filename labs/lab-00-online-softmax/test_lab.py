@@ -553,6 +553,10 @@ LSE_BASE2 = (
     "lse left in base 2: m_i + log2(l_i) is a base-2 log; multiply by ln(2) for the natural "
     "log of the contract"
 )
+SWAPPED_TILES = (
+    "BLOCK_N where BLOCK_M belongs: a causal query tile ends at (start_m + 1) * BLOCK_M, "
+    "whatever the key tile size"
+)
 LN2 = math.log(2.0)
 
 # (block_m, block_n): the interpreter must see the shapes a GPU uses, block_m != block_n too
@@ -601,8 +605,8 @@ def per_head(fn, q, k, v):
     )
 
 
-def triton_misconceptions(q, k, v, causal, block_n):
-    """(wrong outs, wrong lses) of classic kernel mistakes, key tiles of block_n."""
+def triton_misconceptions(q, k, v, causal, block_m, block_n):
+    """(wrong outs, wrong lses) of classic kernel mistakes at tiles block_m x block_n."""
     from common.triton_env import LOG2E, dot_tile
 
     lq, lk, d = q.shape[2], k.shape[2], q.shape[3]
@@ -630,9 +634,14 @@ def triton_misconceptions(q, k, v, causal, block_n):
     wrong_out[NO_RESCALE_ACC] = tiled(False, True)
     wrong_out[NO_RESCALE_L] = tiled(True, False)
     if causal:
-        shifted = {DIAGONAL: -1, ONE_AHEAD: 1, **({BOTTOM_RIGHT: lk - lq} if lq != lk else {})}
-        for name, shift in shifted.items():
-            mask = prefix_mask(np.arange(lq) + shift, lk)
+        rows = np.arange(lq)
+        last_key = {DIAGONAL: rows - 1, ONE_AHEAD: rows + 1}
+        if lq != lk:
+            last_key[BOTTOM_RIGHT] = rows + lk - lq
+        if block_m != block_n:  # the tile's key bound (start_m + 1) * BLOCK_N, then the mask
+            last_key[SWAPPED_TILES] = np.minimum(rows, (rows // block_m + 1) * block_n - 1)
+        for name, last in last_key.items():
+            mask = prefix_mask(last, lk)
             with np.errstate(all="ignore"):
                 wrong_out[name] = reference_bhld(q, k, v, False, mask=mask)[0]
     with np.errstate(all="ignore"):
@@ -658,7 +667,7 @@ def check_triton(q, k, v, causal, tiles, scale=None, what="", nan_hint=None, tol
     assert str(lse.dtype) == "torch.float32", f"lse must be float32, got {lse.dtype}"
     want_out, want_lse = want if want is not None else reference_bhld(q, k, v, causal, scale)
     wrong_out, wrong_lse = (
-        ({}, {}) if scale is not None else triton_misconceptions(q, k, v, causal, block_n)
+        ({}, {}) if scale is not None else triton_misconceptions(q, k, v, causal, block_m, block_n)
     )
     atol, rtol = tol or tolerance(q.dtype)
     b, h, lq, d = q.shape
