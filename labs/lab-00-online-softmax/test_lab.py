@@ -1,8 +1,8 @@
 """Lab 00 spec: online softmax and the FlashAttention forward pass.
 
-Run:  LAB_IMPL=starter pytest labs/lab-00-online-softmax -q     (grades your starter.py)
+Run:  LAB_IMPL=starter .venv/bin/python -m pytest labs/lab-00-online-softmax -q
 Every expected value comes from ``common``'s float64 reference; wrong answers used to name
-a misconception are built from that reference too, never from the lab's solution.
+a misconception are built from that reference too, never from the code under test.
 """
 
 from __future__ import annotations
@@ -39,8 +39,9 @@ ATTENTION_NAN_HINT = (
     "NaN reached the output. Usual causes: exp(-inf - (-inf)) for a row whose scores are all "
     "masked (under top-left causal every query attends key 0, so no row is empty unless Lk = 0, "
     "where out is 0 and lse is -inf: do not divide 0 by 0); a causal mask that hides the "
-    "diagonal or is aligned bottom-right (then early rows see no key at all); or a read past "
-    "the end of k/v or of a NaN-poisoned key."
+    "diagonal, a causal key loop that stops before the diagonal tile, or a mask aligned "
+    "bottom-right (then early rows see no key at all); or a read past the end of k/v or of a "
+    "NaN-poisoned key."
 )
 OVERFLOW_HINT = (
     "NaN or inf: exp overflowed. Subtract the running max before exponentiating "
@@ -703,7 +704,7 @@ TRITON_CASES = {
     "one-tile": (1, 1, 16, 16, 16, 16, False, "bhld"),
     "ragged": (1, 1, 37, 45, 16, 16, False, "bhld"),
     "ragged-causal": (1, 1, 37, 37, 16, 16, True, "bhld"),
-    "batch-heads-causal-lq>lk": (2, 2, 24, 17, 32, 32, True, "bhld"),
+    "batch-heads-causal-lq>lk": (2, 2, 16, 13, 32, 32, True, "bhld"),
     "causal-lq<lk": (1, 1, 21, 50, 16, 16, True, "bhld"),
     "dv!=d-strided-blhd-view-causal": (1, 2, 20, 20, 16, 24, True, "blhd"),
 }
@@ -737,7 +738,7 @@ def test_triton_kernel_takes_a_custom_scale():
 
     from common.triton_env import DEVICE
 
-    q, k, v = torch_qkv(1, 2, 19, 30, 16, 16, torch.float32, DEVICE, seed=5)
+    q, k, v = torch_qkv(1, 1, 19, 30, 16, 16, torch.float32, DEVICE, seed=5)
     check_triton(q, k, v, False, (16, 32), scale=0.3)
 
 
@@ -957,7 +958,9 @@ def test_triton_kernel_on_a_gpu_at_realistic_size(dtype_name, causal):
 @pytest.mark.gpu
 @pytest.mark.triton
 @pytest.mark.points(1)
-@pytest.mark.parametrize("tiles", [{}, {"block_m": 64, "block_n": 128}, {"block_m": 128}])
+@pytest.mark.parametrize(
+    "tiles", [{}, {"block_m": 64, "block_n": 32}, {"block_m": 32, "block_n": 64}]
+)
 def test_triton_kernel_on_a_gpu_with_ragged_lengths_strides_and_tile_shapes(tiles):
     import torch
 
