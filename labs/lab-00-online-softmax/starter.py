@@ -182,7 +182,7 @@ def _flash_attn_fwd_kernel(
       2. ``offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)`` (query positions). Load the q
          tile ``[BLOCK_M, D_PAD]`` once, masking rows ``>= seqlen_q`` and columns
          ``>= HEAD_DIM`` with ``other=0.0`` (tl.dot needs dims >= 16, so small head dims
-         are padded with zeros).
+         are padded with zeros). Row offsets in int64: ``offs_m.to(tl.int64) * stride_qm``.
       3. ``m_i = -inf``, ``l_i = 0`` (``[BLOCK_M]``) and ``acc = 0`` (``[BLOCK_M, DV_PAD]``),
          all ``tl.float32``.
       4. The key bound ``hi``: ``seqlen_k``; if CAUSAL, also ``min(seqlen_q, (start_m + 1) *
