@@ -868,15 +868,33 @@ def test_triton_kernel_packs_each_query_group_into_one_tile_for_every_head_ratio
     check_triton(result, batch, f"Triton, {heads[0]} query heads on {heads[1]} KV heads")
 
 
+def strided_copy(t):
+    """The same values in a view whose every stride differs from the contiguous layout's
+    (the last dim has stride 2): a kernel that assumes ``stride == 1`` reads the wrong data."""
+    import torch
+
+    base = torch.zeros((*t.shape[:-1], 2 * t.shape[-1]), dtype=t.dtype, device=t.device)
+    view = base[..., ::2]
+    view.copy_(t)
+    return view
+
+
 @pytest.mark.triton
 @pytest.mark.points(2)
-@pytest.mark.parametrize("head_dim, head_dim_v", [(24, 24), (40, 8)])
-def test_triton_kernel_pads_odd_head_dims_but_scales_by_the_real_one(head_dim, head_dim_v):
+@pytest.mark.parametrize("head_dim, head_dim_v, strided", [(24, 24, False), (40, 8, True)])
+def test_triton_kernel_pads_odd_head_dims_but_scales_by_the_real_one(head_dim, head_dim_v, strided):
+    # (40, 8): V's head dim differs from K's, and q and both caches are strided views.
     batch = make_batch(
         np.random.default_rng(head_dim), [3, 9], [5, 1], (2, 1), head_dim, 8, head_dim_v=head_dim_v
     )
-    result = impl.varlen_prefill_triton(*triton_batch(batch), max_seq_len=batch.max_seq_len)
-    check_triton(result, batch, f"Triton, d={head_dim}, dv={head_dim_v}, default scale")
+    q, k_cache, v_cache, *metadata = triton_batch(batch)
+    if strided:
+        q, k_cache, v_cache = (strided_copy(t) for t in (q, k_cache, v_cache))
+    result = impl.varlen_prefill_triton(
+        q, k_cache, v_cache, *metadata, max_seq_len=batch.max_seq_len
+    )
+    layout = "strided views" if strided else "contiguous"
+    check_triton(result, batch, f"Triton, d={head_dim}, dv={head_dim_v}, default scale, {layout}")
 
 
 @pytest.mark.triton
