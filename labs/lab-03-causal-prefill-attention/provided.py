@@ -36,6 +36,9 @@ from common.triton_env import (
 # ``_get_tile_size`` in vllm/v1/attention/ops/triton_unified_attention.py).
 GPU_TILES = {"block_m": 16, "block_n": 32}
 INTERPRETER_TILES = {"block_m": 16, "block_n": 16}
+# Warps per program: 4 (vLLM's default) up to a 64 x 32 tile; 8 from 64 x 64 on, where 4 warps
+# run out of registers at d = 128 (the K and V tiles are gathered through per-key pointers).
+WIDE_TILE = 64 * 64
 
 # ---------------------------------------------------------------------------------------
 # NumPy inputs
@@ -281,5 +284,6 @@ def launch_varlen_prefill(
         HEAD_DIM_V=head_dim_v, HEAD_DIM_V_PAD=dot_tile(head_dim_v),
         BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_N=block_n,
         DOT_PRECISION=dot_precision(q.dtype),
+        num_warps=8 if block_m * block_n >= WIDE_TILE else 4,
     )  # fmt: skip
     return out, lse
