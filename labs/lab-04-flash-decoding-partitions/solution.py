@@ -314,19 +314,38 @@ def _split_kv_partition_kernel(
     DOT_PRECISION: tl.constexpr, LOG2E: tl.constexpr,
 ):
     """One program = (sequence b, split, KV head): the whole query group of that KV head
-    against the split's tokens, stored as a normalised partial output plus its natural-log
-    LSE (``part_out [B, H, P, dv]``, ``part_lse [B, H, P]``, float32).
+    against one split of sequence b's tokens, stored in the serving form: the normalised
+    partial output ``part_out[b, h, split] [dv]`` and its natural-log LSE
+    ``part_lse[b, h, split]`` (float32), for each query head h of the group.
 
-    A split is a partition of ``PARTITION_SIZE`` tokens (``NUM_SEGMENTS == 0``) or one of
-    ``NUM_SEGMENTS`` tile-aligned segments of this sequence. A split that starts past the
-    end of its sequence is empty: it stores lse = -inf (the identity) and no output. Scores
-    are in log2 units (``qk_scale`` = scale * log2(e)) so the kernel uses ``exp2``.
+    Steps:
+    1. Who am I: grid x folds (sequence, split): ``b = program_id(0) // num_splits`` (as
+       int64: it multiplies strides), ``split = program_id(0) % num_splits``;
+       ``kv_head = program_id(1)``.
+    2. Which tokens: ``split_len = PARTITION_SIZE`` when ``NUM_SEGMENTS == 0``; otherwise
+       sequence b is cut into ``NUM_SEGMENTS`` segments of whole K/V tiles,
+       ``split_len = ceil(seq_len / (NUM_SEGMENTS * BLOCK_N)) * BLOCK_N``. The split covers
+       ``[split * split_len, min(split * split_len + split_len, seq_len))``. A split that
+       starts at or past ``seq_len`` is empty: store lse = -inf for the group's heads and
+       return (the merge gives it weight 0 and never reads its output).
+    3. GQA packing: the query heads ``kv_head * GROUP + r`` (``r < GROUP``) are the rows of
+       a ``[BLOCK_H, BLOCK_D]`` q tile; rows past GROUP and dims past HEAD_DIM load as 0
+       (``tl.dot`` needs every tile dim >= 16).
+    4. Online softmax over the split, BLOCK_N tokens at a time, in float32 and log2 units:
+       physical block ``block_tables[b, pos // BLOCK_SIZE]`` (int64 before it meets a
+       stride), slot ``pos % BLOCK_SIZE``; K and V loads masked to the split (never read
+       past it: the tests poison those slots with NaN);
+       ``s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale`` with
+       ``qk_scale = scale * log2(e)``, so ``exp2`` replaces ``exp``; tokens outside the split
+       get ``s = -inf``; then lab-01's update of the running ``m``, ``l`` and ``acc``.
+    5. Store ``acc / l`` and ``lse = (m + log2(l)) / LOG2E`` (back to the natural log) for
+       the GROUP real rows.
     """
-    b = (tl.program_id(0) // num_splits).to(tl.int64)  # grid x folds (sequence, split)
+    b = (tl.program_id(0) // num_splits).to(tl.int64)  # 1. grid x folds (sequence, split)
     split = tl.program_id(0) % num_splits
     kv_head = tl.program_id(1)
     seq_len = tl.load(seq_lens_ptr + b)
-    if NUM_SEGMENTS > 0:  # vLLM's fixed grid: NUM_SEGMENTS segments of whole K/V tiles
+    if NUM_SEGMENTS > 0:  # 2. vLLM's fixed grid: NUM_SEGMENTS segments of whole K/V tiles
         tiles = (seq_len + NUM_SEGMENTS * BLOCK_N - 1) // (NUM_SEGMENTS * BLOCK_N)
         split_len = tiles * BLOCK_N
     else:
@@ -334,7 +353,7 @@ def _split_kv_partition_kernel(
     start = split * split_len
     end = tl.minimum(start + split_len, seq_len)
 
-    rows = tl.arange(0, BLOCK_H)  # GQA packing: the group's query heads are the dot's M rows
+    rows = tl.arange(0, BLOCK_H)  # 3. GQA packing: the group's heads are the dot's M rows
     head = kv_head * GROUP + rows
     row_ok = rows < GROUP
     if start >= seq_len:  # nothing to attend to: the merge gives this split weight 0
@@ -348,7 +367,7 @@ def _split_kv_partition_kernel(
         mask=row_ok[:, None] & (dims[None, :] < HEAD_DIM), other=0.0,
     )  # [BLOCK_H, BLOCK_D]
 
-    m = tl.full([BLOCK_H], float("-inf"), tl.float32)  # log2 units
+    m = tl.full([BLOCK_H], float("-inf"), tl.float32)  # 4. log2 units
     l = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_DV], tl.float32)
     for tile_start in range(start, end, BLOCK_N):
@@ -376,7 +395,7 @@ def _split_kv_partition_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m = m_new
 
-    out = acc / l[:, None]  # l >= 1: the split holds at least one token
+    out = acc / l[:, None]  # 5. l >= 1: the split holds at least one token
     lse = (m + tl.log2(l)) / LOG2E  # back from log2 units to the natural log
     tl.store(
         part_out_ptr + b * stride_ob + head[:, None] * stride_oh + split * stride_op
@@ -397,11 +416,21 @@ def _merge_partitions_kernel(
     HEAD_DIM_V: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_DV: tl.constexpr,
     LOG2E: tl.constexpr,
 ):
-    """One program = (sequence b, query head): merge its ``num_partitions`` (out, lse) pairs,
-    ``BLOCK_P`` partitions at a time (any count: 16 segments or 129 partitions alike).
+    """One program = (sequence b, query head): merge ``num_partitions`` serving-form
+    partials ``part_out[b, head, p] [dv]``, ``part_lse[b, head, p]`` into ``out[b, head]``
+    and ``lse[b, head]``, ``BLOCK_P`` partitions at a time (any count: 16 segments or 129
+    partitions alike). An lse of -inf or +inf marks an empty partition: weight 0, and its
+    output is never read (it may hold anything, NaN included).
 
-    An LSE of ``-inf`` or ``+inf`` marks an empty partition, which weighs 0; all empty gives
-    out 0 and lse -inf.
+    Steps:
+    1. Pass 1: ``m``, the largest lse over all partitions (+inf counts as -inf): loop
+       ``p0 = 0, BLOCK_P, ...`` with masked loads (``other=-inf``), keep a lane-wise max,
+       then reduce it.
+    2. Pass 2: weights ``w_p = exp(lse_p - m)`` (as ``exp2((lse_p - m) * LOG2E)``), in
+       [0, 1], and exactly 0 for an empty partition; ``acc += sum_p w_p * out_p`` without
+       multiplying an empty partition's output (0 * NaN is NaN); ``total += sum_p w_p``.
+    3. Store ``out = acc / total`` and ``lse = m + log(total)``; when every partition is
+       empty, out 0 and lse -inf, never NaN.
     """
     b = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
@@ -409,7 +438,7 @@ def _merge_partitions_kernel(
     lse_base = part_lse_ptr + b * stride_lb + head * stride_lh
     out_base = part_out_ptr + b * stride_ob + head * stride_oh
 
-    # pass 1: the largest LSE over all partitions (lane-wise, then across lanes)
+    # 1. the largest LSE over all partitions (lane-wise, then across lanes)
     m_lanes = tl.full([BLOCK_P], float("-inf"), tl.float32)
     for p0 in range(0, num_partitions, BLOCK_P):
         parts = p0 + tl.arange(0, BLOCK_P)
@@ -419,7 +448,7 @@ def _merge_partitions_kernel(
     m = tl.max(m_lanes, 0)
     m_safe = tl.where(m == float("-inf"), 0.0, m)  # every partition empty: weights stay 0
 
-    # pass 2: weights exp(lse_p - m) in [0, 1]; empty partitions weigh exactly 0
+    # 2. weights exp(lse_p - m) in [0, 1]; empty partitions weigh exactly 0
     w_lanes = tl.zeros([BLOCK_P], tl.float32)
     acc = tl.zeros([BLOCK_DV], tl.float32)
     for p0 in range(0, num_partitions, BLOCK_P):
@@ -434,7 +463,7 @@ def _merge_partitions_kernel(
         ).to(tl.float32)  # [BLOCK_P, BLOCK_DV]
         acc += tl.sum(tl.where(empty[:, None], 0.0, w[:, None] * o), 0)
         w_lanes += w
-    total = tl.sum(w_lanes, 0)
+    total = tl.sum(w_lanes, 0)  # 3.
     total_safe = tl.where(total > 0, total, 1.0)
     lse = tl.where(total > 0, m_safe + tl.log2(total_safe) / LOG2E, float("-inf"))
     tl.store(out_ptr + b * stride_fb + head * stride_fh + dims_v, acc / total_safe,
