@@ -8,6 +8,8 @@
    and which of those blocks a causal mask leaves empty.
 3. ``figures/sm_occupancy.png``: programs launched for one long decode, with and without a
    split, against the SMs of an A100 (108) and an H100 (132).
+4. ``figures/partitions_vs_segments.png``: splits per sequence and tokens per split as the
+   context grows, for 512-token partitions and for vLLM's 16 fixed segments.
 """
 
 from __future__ import annotations
@@ -25,10 +27,11 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from common.loader import load_impl  # noqa: E402
+from common.loader import load_impl, load_lab_module  # noqa: E402
 from common.reference import reference_attention  # noqa: E402
 
 impl = load_impl(__file__, "solution")
+provided = load_lab_module(__file__, "provided")
 OUT = pathlib.Path(__file__).resolve().parent / "figures"
 
 
@@ -156,11 +159,46 @@ def sm_occupancy() -> None:
     plt.close(fig)
 
 
+def partitions_vs_segments() -> None:
+    """The trade-off of the two split modes, from the launcher's own grid arithmetic."""
+    contexts = np.unique(np.geomspace(256, 1 << 20, 200).astype(int))
+    block_n = provided.GPU_TILES["block_n"]
+    modes = {
+        f"partitions of {provided.DEFAULT_PARTITION_SIZE} tokens": [
+            provided.num_splits(n, provided.DEFAULT_PARTITION_SIZE, None) for n in contexts],
+        f"{provided.VLLM_NUM_SEGMENTS} segments (vLLM's 3D path)": [
+            provided.num_splits(n, provided.DEFAULT_PARTITION_SIZE, provided.VLLM_NUM_SEGMENTS)
+            for n in contexts],
+    }
+    segment_len = [-(-n // (provided.VLLM_NUM_SEGMENTS * block_n)) * block_n for n in contexts]
+    fig, (ax_p, ax_t) = plt.subplots(1, 2, figsize=(10.5, 3.8))
+    for (label, splits), color in zip(modes.items(), ("#d95f02", "#1b9e77")):
+        ax_p.plot(contexts, splits, color=color, label=label)
+    ax_p.set_ylabel("splits per sequence (grid size / (batch x KV heads))")
+    ax_p.set_title("launch shape: grows with the context, or fixed")
+    ax_t.plot(contexts, np.full(len(contexts), provided.DEFAULT_PARTITION_SIZE),
+              color="#d95f02", label=f"partitions of {provided.DEFAULT_PARTITION_SIZE}")
+    ax_t.plot(contexts, segment_len, color="#1b9e77",
+              label=f"{provided.VLLM_NUM_SEGMENTS} segments of whole {block_n}-token tiles")
+    ax_t.set_ylabel("tokens per split (work per program)")
+    ax_t.set_title("work per program: fixed, or grows with the context")
+    for ax in (ax_p, ax_t):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log", base=2)
+        ax.set_xlabel("tokens in the longest sequence")
+        ax.legend(fontsize=8, loc="upper left")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(OUT / "partitions_vs_segments.png", dpi=110)
+    plt.close(fig)
+
+
 def main() -> None:
     OUT.mkdir(exist_ok=True)
     merge_tree()
     ring_schedule()
     sm_occupancy()
+    partitions_vs_segments()
     for f in sorted(OUT.glob("*.png")):
         print(f"wrote {f.relative_to(ROOT)}")
 
