@@ -4,13 +4,15 @@
 so ``impl.AttentionState`` works whichever one is graded. Nothing here is an exercise: the
 exercises are the numpy functions and the two Triton kernels in ``starter.py``.
 
-The Triton launchers take the kernels as arguments (``launch_split_kv_decode(
-partition_kernel, merge_kernel, ...)``), so the kernels stay in the student's file while the
-launch code (validation, tile sizes, buffers, grids) is written once, here.
+The Triton launchers are written once, here, and bound to the kernels of the file that
+uses them: ``split_kv_decode_triton = provided.split_kv_decode(partition_kernel,
+merge_kernel)``. So the kernels stay in the student's file while the launch code
+(validation, tile sizes, buffers, grids) and the launchers' docstrings live in one place.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -39,9 +41,11 @@ VLLM_NUM_SEGMENTS = 16
 CUDA_MAX_GRID_X = 2**31 - 1
 CUDA_MAX_GRID_YZ = 65_535
 
-# Tile sizes: (GPU, interpreter). block_n = K/V tokens per tile of the partition kernel,
-# block_p = partitions per step of the merge kernel. Override with the launchers' keywords.
-GPU_TILES = {"block_n": 64, "block_p": 16}
+# Tile sizes: (GPU, interpreter). block_n = K/V tokens per tile of the partition kernel (on a
+# GPU vLLM 0.33.0's TILE_SIZE_DECODE for 2-byte dtypes, 16; with 4 warps, d = 128 and 64-token
+# tiles the kernel runs out of registers on sm_90), block_p = partitions per step of the merge
+# kernel. Override them with the launchers' keyword arguments.
+GPU_TILES = {"block_n": 16, "block_p": 16}
 INTERPRETER_TILES = {"block_n": 16, "block_p": 16}
 
 
@@ -165,7 +169,30 @@ def split_kv_grids(
     return partition_grid, merge_grid
 
 
-def _check_kernel_inputs(q: Any, k_cache: Any, v_cache: Any) -> None:
+class SplitKVLaunch(NamedTuple):
+    """What the split-KV launch needs once the inputs are checked (all known on the host)."""
+
+    group: int
+    block_size: int
+    partition_size: int
+    num_segments: int  # 0: partition mode
+    splits: int
+    partition_grid: tuple[int, int]
+    merge_grid: tuple[int, int]
+    scale: float
+    tiles: dict[str, int]
+
+
+def plan_split_kv(
+    q: Any, k_cache: Any, v_cache: Any, block_tables: Any, seq_lens: Any,
+    partition_size: int, scale: float | None, num_segments: int | None,
+    block_n: int | None, max_seq_len: int | None,
+) -> SplitKVLaunch:
+    """Check the inputs (``ValueError`` naming the argument) and size the launch. Reads no
+    device value when ``max_seq_len`` is given."""
+    partition_size = check_count(partition_size, "partition_size")
+    if num_segments is not None:
+        num_segments = check_count(num_segments, "num_segments")
     for t, name in ((q, "q"), (k_cache, "k_cache"), (v_cache, "v_cache")):
         check_kernel_dtype(t, name)
     if q.dtype != k_cache.dtype or v_cache.dtype != k_cache.dtype:
@@ -173,6 +200,16 @@ def _check_kernel_inputs(q: Any, k_cache: Any, v_cache: Any) -> None:
             f"q, k_cache and v_cache must share a dtype (tl.dot needs equal operand types), got "
             f"{q.dtype}, {k_cache.dtype}, {v_cache.dtype}"
         )
+    group = check_paged_batch(q, k_cache, v_cache, block_tables, seq_lens)
+    batch, num_heads, head_dim = (int(s) for s in q.shape)
+    block_size, num_kv_heads = int(k_cache.shape[1]), int(k_cache.shape[2])
+    max_seq_len = host_max_seq_len(seq_lens, block_tables, block_size, max_seq_len)
+    tiles = tile_config(q, gpu=GPU_TILES, interpreter=INTERPRETER_TILES, block_n=block_n)
+    splits = num_splits(max_seq_len, partition_size, num_segments)
+    partition_grid, merge_grid = split_kv_grids(batch, num_heads, num_kv_heads, splits)
+    scale = default_scale(head_dim) if scale is None else float(scale)  # the REAL head dim
+    return SplitKVLaunch(group, block_size, partition_size, num_segments or 0, splits,
+                         partition_grid, merge_grid, scale, tiles)
 
 
 def _last_dim_contiguous(t: Any) -> Any:
@@ -191,69 +228,83 @@ def _buffer(shape: tuple[int, ...], dtype: Any, like: Any) -> Any:
     return torch.empty(shape, dtype=dtype, device=like.device)
 
 
-def launch_split_kv_decode(
-    partition_kernel: Any,
-    merge_kernel: Any,
-    q: Any,
-    k_cache: Any,
-    v_cache: Any,
-    block_tables: Any,
-    seq_lens: Any,
-    partition_size: int = DEFAULT_PARTITION_SIZE,
-    scale: float | None = None,
-    *,
-    num_segments: int | None = None,
-    block_n: int | None = None,
-    max_seq_len: int | None = None,
-) -> tuple[Any, Any]:
-    """Validate, allocate the partial buffers, launch the partition kernel, then the merge.
+def split_kv_decode(partition_kernel: Any, merge_kernel: Any) -> Callable[..., Any]:
+    """The launcher ``split_kv_decode_triton``, bound to a lab file's two kernels:
+    ``starter.py`` and ``solution.py`` both say
+    ``split_kv_decode_triton = provided.split_kv_decode(_split_kv_partition_kernel,
+    _merge_partitions_kernel)``."""
 
-    ``split_kv_decode_triton`` in ``starter.py``/``solution.py`` calls this with its two
-    kernels; see its docstring for the arguments. No host synchronisation when
-    ``max_seq_len`` is given.
-    """
-    import torch
+    def split_kv_decode_triton(
+        q: Any,
+        k_cache: Any,
+        v_cache: Any,
+        block_tables: Any,
+        seq_lens: Any,
+        partition_size: int = DEFAULT_PARTITION_SIZE,
+        scale: float | None = None,
+        *,
+        num_segments: int | None = None,
+        block_n: int | None = None,
+        max_seq_len: int | None = None,
+    ) -> tuple[Any, Any]:
+        """Split-KV (flash-decoding) paged decode: a partition kernel, then a merge kernel.
 
-    partition_size = check_count(partition_size, "partition_size")
-    if num_segments is not None:
-        num_segments = check_count(num_segments, "num_segments")
-    _check_kernel_inputs(q, k_cache, v_cache)
-    group = check_paged_batch(q, k_cache, v_cache, block_tables, seq_lens)
-    batch, num_heads, head_dim = (int(s) for s in q.shape)
-    _, block_size, num_kv_heads, head_dim_v = (int(s) for s in v_cache.shape)
-    max_seq_len = host_max_seq_len(seq_lens, block_tables, block_size, max_seq_len)
-    tiles = tile_config(q, gpu=GPU_TILES, interpreter=INTERPRETER_TILES, block_n=block_n)
-    splits = num_splits(max_seq_len, partition_size, num_segments)
-    partition_grid, merge_grid = split_kv_grids(batch, num_heads, num_kv_heads, splits)
-    scale = default_scale(head_dim) if scale is None else float(scale)  # the REAL head dim
+        Args:
+            q: ``[B, H, d]`` torch tensor, one new token per sequence (float16 or float32;
+                bfloat16 on a GPU only).
+            k_cache, v_cache: ``[num_blocks, block_size, KVH, d]`` / ``[..., dv]`` (NHD).
+            block_tables: ``[B, max_blocks]`` int32; entries past a sequence's last block
+                are never read. seq_lens: ``[B]`` int32 (0 allowed).
+            partition_size: tokens per split when ``num_segments`` is None: any int >= 1
+                (the kernel gathers token by token, so it need not be a multiple of the
+                block size). The grid then grows with the longest sequence.
+            num_segments: instead, cut every sequence into this many segments of whole K/V
+                tiles (vLLM's 3D path uses 16): the grid no longer depends on the batch's
+                lengths, so one captured CUDA graph serves every step.
+            block_n: K/V tokens per tile (a power of two >= 16; None = 16, vLLM's decode
+                tile).
+            max_seq_len: the longest ``seq_lens`` entry, from host metadata: given, the
+                launch makes no host synchronisation; None, ``seq_lens`` is copied to the
+                host once.
 
-    q, k_cache, v_cache = (_last_dim_contiguous(t) for t in (q, k_cache, v_cache))
-    block_tables = block_tables.to(device=q.device, dtype=torch.int32).contiguous()
-    seq_lens = seq_lens.to(device=q.device, dtype=torch.int32).contiguous()
-    part_out = _buffer((batch, num_heads, splits, head_dim_v), torch.float32, q)
-    part_lse = _buffer((batch, num_heads, splits), torch.float32, q)
-    out = _buffer((batch, num_heads, head_dim_v), q.dtype, q)
-    lse = _buffer((batch, num_heads), torch.float32, q)
-    if batch == 0:
+        Returns:
+            ``(out [B, H, dv] in q.dtype, lse [B, H] float32)``.
+        """
+        import torch
+
+        plan = plan_split_kv(q, k_cache, v_cache, block_tables, seq_lens, partition_size,
+                             scale, num_segments, block_n, max_seq_len)
+        batch, num_heads, head_dim = (int(s) for s in q.shape)
+        head_dim_v = int(v_cache.shape[3])
+        q, k_cache, v_cache = (_last_dim_contiguous(t) for t in (q, k_cache, v_cache))
+        block_tables = block_tables.to(device=q.device, dtype=torch.int32).contiguous()
+        seq_lens = seq_lens.to(device=q.device, dtype=torch.int32).contiguous()
+        part_out = _buffer((batch, num_heads, plan.splits, head_dim_v), torch.float32, q)
+        part_lse = _buffer((batch, num_heads, plan.splits), torch.float32, q)
+        out = _buffer((batch, num_heads, head_dim_v), q.dtype, q)
+        lse = _buffer((batch, num_heads), torch.float32, q)
+        if batch == 0:
+            return out, lse
+        partition_kernel[plan.partition_grid](
+            q, k_cache, v_cache, block_tables, seq_lens, part_out, part_lse,
+            log2e_scale(plan.scale), plan.splits,
+            q.stride(0), q.stride(1),
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+            block_tables.stride(0),
+            part_out.stride(0), part_out.stride(1), part_out.stride(2),
+            part_lse.stride(0), part_lse.stride(1),
+            PARTITION_SIZE=plan.partition_size, NUM_SEGMENTS=plan.num_segments,
+            BLOCK_SIZE=plan.block_size, GROUP=plan.group, HEAD_DIM=head_dim,
+            HEAD_DIM_V=head_dim_v, BLOCK_H=dot_tile(plan.group), BLOCK_D=dot_tile(head_dim),
+            BLOCK_DV=dot_tile(head_dim_v), BLOCK_N=plan.tiles["block_n"],
+            DOT_PRECISION=dot_precision(q.dtype), LOG2E=LOG2E, num_warps=4, num_stages=2,
+        )
+        _launch_merge(merge_kernel, plan.merge_grid, part_out, part_lse, out, lse,
+                      plan.tiles["block_p"])
         return out, lse
 
-    partition_kernel[partition_grid](
-        q, k_cache, v_cache, block_tables, seq_lens, part_out, part_lse,
-        log2e_scale(scale), splits,
-        q.stride(0), q.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        block_tables.stride(0),
-        part_out.stride(0), part_out.stride(1), part_out.stride(2),
-        part_lse.stride(0), part_lse.stride(1),
-        PARTITION_SIZE=partition_size, NUM_SEGMENTS=num_segments or 0,
-        BLOCK_SIZE=block_size, GROUP=group, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim_v,
-        BLOCK_H=dot_tile(group), BLOCK_D=dot_tile(head_dim), BLOCK_DV=dot_tile(head_dim_v),
-        BLOCK_N=tiles["block_n"], DOT_PRECISION=dot_precision(q.dtype), LOG2E=LOG2E,
-        num_warps=4, num_stages=2,
-    )
-    _launch_merge(merge_kernel, merge_grid, part_out, part_lse, out, lse, tiles["block_p"])
-    return out, lse
+    return split_kv_decode_triton
 
 
 def _launch_merge(
@@ -271,34 +322,46 @@ def _launch_merge(
     )
 
 
-def launch_merge_partitions(
-    merge_kernel: Any, part_out: Any, part_lse: Any, *, block_p: int | None = None
-) -> tuple[Any, Any]:
-    """Merge ``P`` partial results per (sequence, head) with ``merge_kernel`` alone.
+def merge_partitions(merge_kernel: Any) -> Callable[..., Any]:
+    """The launcher ``merge_partitions_triton``, bound to a lab file's merge kernel."""
 
-    ``part_out [B, H, P, dv]`` (normalised partial outputs), ``part_lse [B, H, P]`` (their
-    natural-log LSEs; ``-inf`` or ``+inf`` = empty) -> ``(out [B, H, dv] in part_out's dtype,
-    lse [B, H] float32)``.
-    """
-    import torch
+    def merge_partitions_triton(
+        part_out: Any, part_lse: Any, *, block_p: int | None = None
+    ) -> tuple[Any, Any]:
+        """The merge kernel alone: ``P`` partial results per (sequence, head) into one.
 
-    check_kernel_dtype(part_out, "part_out")
-    if part_out.ndim != 4:
-        raise ValueError(f"part_out must be [batch, heads, P, dv], got {tuple(part_out.shape)}")
-    if tuple(part_lse.shape) != tuple(part_out.shape[:3]):
-        raise ValueError(
-            f"part_lse must be [batch, heads, P] = {tuple(part_out.shape[:3])}, got "
-            f"{tuple(part_lse.shape)}"
-        )
-    if part_out.shape[2] < 1:
-        raise ValueError("part_out must hold at least one partition (P >= 1)")
-    tiles = tile_config(part_out, gpu=GPU_TILES, interpreter=INTERPRETER_TILES, block_p=block_p)
-    batch, num_heads, _, head_dim_v = (int(s) for s in part_out.shape)
-    _, merge_grid = split_kv_grids(batch, num_heads, 1, 1)
-    part_out = part_out.contiguous()
-    part_lse = part_lse.to(torch.float32).contiguous()
-    out = _buffer((batch, num_heads, head_dim_v), part_out.dtype, part_out)
-    lse = _buffer((batch, num_heads), torch.float32, part_out)
-    if batch and num_heads:
-        _launch_merge(merge_kernel, merge_grid, part_out, part_lse, out, lse, tiles["block_p"])
-    return out, lse
+        Args:
+            part_out: ``[B, H, P, dv]`` torch tensor of normalised partial outputs.
+            part_lse: ``[B, H, P]`` their natural-log LSEs; ``-inf`` or ``+inf`` = empty
+                (an empty partition's output is never read).
+            block_p: partitions per step (a power of two >= 16; None = the launcher's
+                choice).
+
+        Returns:
+            ``(out [B, H, dv] in part_out.dtype, lse [B, H] float32)``.
+        """
+        import torch
+
+        check_kernel_dtype(part_out, "part_out")
+        if part_out.ndim != 4 or part_out.shape[2] < 1:
+            raise ValueError(
+                f"part_out must be [batch, heads, P >= 1, dv], got {tuple(part_out.shape)}")
+        if tuple(part_lse.shape) != tuple(part_out.shape[:3]):
+            raise ValueError(
+                f"part_lse must be [batch, heads, P] = {tuple(part_out.shape[:3])}, got "
+                f"{tuple(part_lse.shape)}"
+            )
+        tiles = tile_config(part_out, gpu=GPU_TILES, interpreter=INTERPRETER_TILES,
+                            block_p=block_p)
+        batch, num_heads, _, head_dim_v = (int(s) for s in part_out.shape)
+        _, merge_grid = split_kv_grids(batch, num_heads, 1, 1)
+        part_out = part_out.contiguous()
+        part_lse = part_lse.to(torch.float32).contiguous()
+        out = _buffer((batch, num_heads, head_dim_v), part_out.dtype, part_out)
+        lse = _buffer((batch, num_heads), torch.float32, part_out)
+        if batch and num_heads:
+            _launch_merge(merge_kernel, merge_grid, part_out, part_lse, out, lse,
+                          tiles["block_p"])
+        return out, lse
+
+    return merge_partitions_triton

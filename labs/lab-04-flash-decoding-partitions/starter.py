@@ -22,7 +22,6 @@ Grade it with ``make grade LAB=04``.
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from common.loader import load_lab_module
 from common.triton_env import tl, triton
@@ -293,59 +292,9 @@ def _merge_partitions_kernel(
     tl.static_assert(False, "TODO: write _merge_partitions_kernel (steps 1-3 in its docstring)")
 
 
-def split_kv_decode_triton(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    partition_size: int = 512,
-    scale: float | None = None,
-    *,
-    num_segments: int | None = None,
-    block_n: int | None = None,
-    max_seq_len: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Split-KV (flash-decoding) paged decode: a partition kernel, then a merge kernel.
-
-    Args:
-        q: ``[B, H, d]`` one new token per sequence (float16/float32; bfloat16 on a GPU).
-        k_cache, v_cache: ``[num_blocks, block_size, KVH, d]`` / ``[..., dv]`` (NHD layout).
-        block_tables: ``[B, max_blocks]`` int32; entries past a sequence's last block are
-            never read. seq_lens: ``[B]`` int32 (0 allowed).
-        partition_size: tokens per split when ``num_segments`` is None: any int >= 1 (the
-            kernel gathers token by token, so it need not be a multiple of the block size).
-            The grid then grows with the longest sequence.
-        num_segments: instead, cut every sequence into this many segments of whole K/V tiles
-            (vLLM's 3D path uses 16): the grid no longer depends on the batch's lengths, so
-            one captured CUDA graph serves every step.
-        block_n: K/V tokens per tile (a power of two >= 16; None = 64 on a GPU, 16 on the
-            interpreter).
-        max_seq_len: the longest ``seq_lens`` entry, from host metadata: given, the launch
-            makes no host synchronisation; None, ``seq_lens`` is copied to the host once.
-
-    Returns:
-        ``(out [B, H, dv] in q.dtype, lse [B, H] float32)``.
-    """
-    return provided.launch_split_kv_decode(
-        _split_kv_partition_kernel, _merge_partitions_kernel,
-        q, k_cache, v_cache, block_tables, seq_lens, partition_size, scale,
-        num_segments=num_segments, block_n=block_n, max_seq_len=max_seq_len,
-    )
-
-
-def merge_partitions_triton(
-    part_out: torch.Tensor, part_lse: torch.Tensor, *, block_p: int | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The merge kernel alone: ``P`` partial results per (sequence, head) into one.
-
-    Args:
-        part_out: ``[B, H, P, dv]`` normalised partial outputs.
-        part_lse: ``[B, H, P]`` their natural-log LSEs; ``-inf`` or ``+inf`` = empty.
-        block_p: partitions per step (a power of two >= 16; None = the launcher's choice).
-
-    Returns:
-        ``(out [B, H, dv] in part_out.dtype, lse [B, H] float32)``.
-    """
-    return provided.launch_merge_partitions(_merge_partitions_kernel, part_out, part_lse,
-                                            block_p=block_p)
+# The launchers (validation, tile sizes, buffers, grids) are given: provided.py, bound here
+# to this file's two kernels.
+split_kv_decode_triton = provided.split_kv_decode(
+    _split_kv_partition_kernel, _merge_partitions_kernel
+)
+merge_partitions_triton = provided.merge_partitions(_merge_partitions_kernel)
