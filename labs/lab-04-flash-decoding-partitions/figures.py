@@ -1,9 +1,10 @@
-"""Draw lab 04's README figures from the lab's own code (``make figures``).
+"""Draw lab 04's README figures (``make figures``), from the float64 reference and the lab's
+given code (``provided.py``), so they draw the same with or without a solution.
 
     MPLBACKEND=Agg python labs/lab-04-flash-decoding-partitions/figures.py
 
-1. ``figures/merge_tree.png``: 16 keys of one head in 4 partitions, their partial states and a
-   tree of merges up to the root, which equals dense attention.
+1. ``figures/merge_tree.png``: 16 keys of one head in 4 partitions, the state ``(m, l)`` of
+   each partition and of each node of a merge tree up to the root (all 16 keys).
 2. ``figures/ring_schedule.png``: which K/V shard each of 4 devices holds at each ring step,
    and which of those blocks a causal mask leaves empty.
 3. ``figures/sm_occupancy.png``: programs launched for one long decode, with and without a
@@ -27,10 +28,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from common.loader import load_impl, load_lab_module  # noqa: E402
+from common.loader import load_lab_module  # noqa: E402
 from common.reference import reference_attention  # noqa: E402
 
-impl = load_impl(__file__, "solution")
 provided = load_lab_module(__file__, "provided")
 OUT = pathlib.Path(__file__).resolve().parent / "figures"
 
@@ -43,11 +43,18 @@ def merge_tree() -> None:
     v = rng.standard_normal((n, 1, 8))
     s = (k[:, 0] @ q[0]) / np.sqrt(8)  # the scores, for the bar chart
     bounds = [(i * n // parts, (i + 1) * n // parts) for i in range(parts)]
-    leaves = [impl.partial_state(q, k[lo:hi], v[lo:hi]) for lo, hi in bounds]
-    left, right = impl.merge(leaves[0], leaves[1]), impl.merge(leaves[2], leaves[3])
-    root = impl.merge(left, right)
-    out, lse = impl.finalize(root)
-    ref_out, ref_lse = reference_attention(q[None], k, v)
+
+    def state(lo: int, hi: int) -> provided.AttentionState:
+        """The state of keys lo..hi-1, read off the reference: m = max s, l = e^(lse - m)."""
+        out, lse = reference_attention(q[None], k[lo:hi], v[lo:hi])
+        m = s[lo:hi].max(keepdims=True)
+        l = np.exp(lse[0] - m)
+        return provided.AttentionState(m, l, out[0] * l[:, None])
+
+    leaves = [state(lo, hi) for lo, hi in bounds]
+    left, right, root = state(0, n // 2), state(n // 2, n), state(0, n)
+    alpha = np.exp(left.m - root.m), np.exp(right.m - root.m)
+    merged_l = alpha[0] * left.l + alpha[1] * right.l  # the merge, applied by hand at the root
 
     fig = plt.figure(figsize=(11, 6.4))
     ax_s = fig.add_axes([0.06, 0.08, 0.88, 0.2])
@@ -87,8 +94,8 @@ def merge_tree() -> None:
         edge(xs[i], 0.14, px, 0.5, leaves[i], parent)
     edge(0.245, 0.5, 0.5, 0.84, left, root)
     edge(0.755, 0.5, 0.5, 0.84, right, root)
-    ax.text(0.5, 0.985, f"finalize(root): lse = {lse[0]:.6f}   dense lse = {ref_lse[0, 0]:.6f}   "
-            f"max |out - dense| = {np.abs(out - ref_out[0]).max():.1e}",
+    ax.text(0.5, 0.985, f"root: lse = m + log l = {root.m[0] + np.log(root.l[0]):.6f};   "
+            f"merging its two children gives l = {merged_l[0]:.6f}",
             ha="center", va="top", fontsize=10)
     ax.text(0.01, 0.8, "edge label: exp(m_child - m_parent),\nthe rescale applied to the "
             "child's\nl and acc before adding", fontsize=8, color="0.3", va="center")

@@ -277,8 +277,8 @@ def split_kv_decode(partition_kernel: Any, merge_kernel: Any) -> Callable[..., A
         batch, num_heads, head_dim = (int(s) for s in q.shape)
         head_dim_v = int(v_cache.shape[3])
         q, k_cache, v_cache = (_last_dim_contiguous(t) for t in (q, k_cache, v_cache))
-        block_tables = block_tables.to(device=q.device, dtype=torch.int32).contiguous()
-        seq_lens = seq_lens.to(device=q.device, dtype=torch.int32).contiguous()
+        tables, lens = (t.to(device=q.device, dtype=torch.int32).contiguous()
+                        for t in (block_tables, seq_lens))
         part_out = _buffer((batch, num_heads, plan.splits, head_dim_v), torch.float32, q)
         part_lse = _buffer((batch, num_heads, plan.splits), torch.float32, q)
         out = _buffer((batch, num_heads, head_dim_v), q.dtype, q)
@@ -286,14 +286,10 @@ def split_kv_decode(partition_kernel: Any, merge_kernel: Any) -> Callable[..., A
         if batch == 0:
             return out, lse
         partition_kernel[plan.partition_grid](
-            q, k_cache, v_cache, block_tables, seq_lens, part_out, part_lse,
+            q, k_cache, v_cache, tables, lens, part_out, part_lse,
             log2e_scale(plan.scale), plan.splits,
-            q.stride(0), q.stride(1),
-            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-            block_tables.stride(0),
-            part_out.stride(0), part_out.stride(1), part_out.stride(2),
-            part_lse.stride(0), part_lse.stride(1),
+            *q.stride()[:2], *k_cache.stride()[:3], *v_cache.stride()[:3], tables.stride()[0],
+            *part_out.stride()[:3], *part_lse.stride()[:2],
             PARTITION_SIZE=plan.partition_size, NUM_SEGMENTS=plan.num_segments,
             BLOCK_SIZE=plan.block_size, GROUP=plan.group, HEAD_DIM=head_dim,
             HEAD_DIM_V=head_dim_v, BLOCK_H=dot_tile(plan.group), BLOCK_D=dot_tile(head_dim),
@@ -313,9 +309,7 @@ def _launch_merge(
 ) -> None:
     merge_kernel[grid](
         part_out, part_lse, out, lse, int(part_lse.shape[2]),
-        part_out.stride(0), part_out.stride(1), part_out.stride(2),
-        part_lse.stride(0), part_lse.stride(1),
-        out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
+        *part_out.stride()[:3], *part_lse.stride()[:2], *out.stride()[:2], *lse.stride()[:2],
         HEAD_DIM_V=int(part_out.shape[3]), BLOCK_P=block_p,
         BLOCK_DV=dot_tile(int(part_out.shape[3])), LOG2E=LOG2E,
         num_warps=4,

@@ -764,8 +764,14 @@ def check_split_kv(seq_lens, kwargs, dtype=torch.float32, heads=(2, 1), d=16, of
                    shared_prefix=0, more_wrong=None):
     """Run the launcher on a poisoned paged problem and compare with the reference;
     ``more_wrong(q, ks, vs)`` adds wrong answers to name."""
+    reach = kwargs.get("num_segments", 0) * (kwargs.get("block_n") or 16) \
+        or kwargs.get("partition_size", 512)  # how far past seq_len a wrong split could read
     q, ks, vs, paged = paged_problem(seq_lens, heads=heads, d=d, offset=offset,
-                                     shared_prefix=shared_prefix)
+                                     shared_prefix=shared_prefix, reach=reach)
+    if shared_prefix:  # the premise: some physical blocks are named by several tables
+        used = np.concatenate([t[: -(-n // paged.block_size)]
+                               for t, n in zip(paged.block_tables, seq_lens)])
+        assert len(np.unique(used)) < len(used), "the test's tables share no block"
     out, lse = run_split_kv(q, paged, dtype, **kwargs)
     want_out, want_lse = reference_batch(q, ks, vs)
     bounds = split_bounds_for(seq_lens, kwargs.get("partition_size", 512),
