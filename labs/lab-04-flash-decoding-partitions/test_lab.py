@@ -909,8 +909,9 @@ def test_split_kv_decode_triton_in_float16():
     check_split_kv([37, 20], {"partition_size": 16}, dtype=torch.float16)
 
 
+# Checks the given launcher (provided.py), not your code: worth no points.
 @pytest.mark.triton
-@pytest.mark.points(1)
+@pytest.mark.points(0)
 def test_split_kv_decode_triton_refuses_bfloat16_on_the_interpreter():
     if not provided.on_interpreter():
         pytest.skip("bfloat16 runs on a GPU")
@@ -939,7 +940,8 @@ def test_split_kv_decode_triton_makes_no_host_sync_when_given_max_seq_len(mode):
     assert_close(out, want_out, what="out with max_seq_len given", atol=atol, rtol=rtol)
 
 
-@pytest.mark.points(2)
+# Checks the given launcher (provided.py), not your code: worth no points.
+@pytest.mark.points(0)
 def test_the_launch_grids_stay_within_cuda_limits_at_realistic_sizes():
     """CUDA allows 2^31 - 1 programs on grid x but only 65,535 on y and z (no launch here)."""
     limit_x, limit_yz = provided.CUDA_MAX_GRID_X, provided.CUDA_MAX_GRID_YZ
@@ -990,8 +992,9 @@ TRITON_BAD_INPUTS = {
 }
 
 
+# Checks the given launcher (provided.py), not your code: worth no points.
 @pytest.mark.triton
-@pytest.mark.points(1)
+@pytest.mark.points(0)
 @pytest.mark.parametrize("case", list(TRITON_BAD_INPUTS))
 def test_split_kv_decode_triton_rejects_bad_input_naming_the_argument(case):
     change, name = TRITON_BAD_INPUTS[case]
