@@ -361,10 +361,13 @@ def _split_kv_partition_kernel(
         return
     dims = tl.arange(0, BLOCK_D)
     dims_v = tl.arange(0, BLOCK_DV)
+    d_ok, dv_ok = dims < HEAD_DIM, dims_v < HEAD_DIM_V  # the pad of head dims like 80 or 96
     q = tl.load(
         q_ptr + b * stride_qb + head[:, None] * stride_qh + dims[None, :],
-        mask=row_ok[:, None] & (dims[None, :] < HEAD_DIM), other=0.0,
+        mask=row_ok[:, None] & d_ok[None, :], other=0.0,
     )  # [BLOCK_H, BLOCK_D]
+    k_head = k_cache_ptr + kv_head * stride_kh + dims[None, :]  # this KV head, any token
+    v_head = v_cache_ptr + kv_head * stride_vh + dims_v[None, :]
 
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)  # 4. log2 units
     l = tl.zeros([BLOCK_H], tl.float32)
@@ -375,21 +378,15 @@ def _split_kv_partition_kernel(
         block = tl.load(block_tables_ptr + b * stride_bt + pos // BLOCK_SIZE, mask=valid, other=0)
         block = block.to(tl.int64)  # block * stride overflows int32 in a large cache
         slot = pos % BLOCK_SIZE
-        k = tl.load(
-            k_cache_ptr + block[:, None] * stride_kb + slot[:, None] * stride_kt
-            + kv_head * stride_kh + dims[None, :],
-            mask=valid[:, None] & (dims[None, :] < HEAD_DIM), other=0.0,
-        )  # [BLOCK_N, BLOCK_D]
+        k = tl.load(k_head + block[:, None] * stride_kb + slot[:, None] * stride_kt,
+                    mask=valid[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_H, BLOCK_N]
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))  # finite: the tile has at least one valid token
         alpha = tl.exp2(m - m_new)
         p = tl.exp2(s - m_new[:, None])
-        v = tl.load(
-            v_cache_ptr + block[:, None] * stride_vb + slot[:, None] * stride_vt
-            + kv_head * stride_vh + dims_v[None, :],
-            mask=valid[:, None] & (dims_v[None, :] < HEAD_DIM_V), other=0.0,
-        )  # [BLOCK_N, BLOCK_DV]
+        v = tl.load(v_head + block[:, None] * stride_vb + slot[:, None] * stride_vt,
+                    mask=valid[:, None] & dv_ok[None, :], other=0.0)  # [BLOCK_N, BLOCK_DV]
         l = l * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m = m_new
@@ -399,7 +396,7 @@ def _split_kv_partition_kernel(
     tl.store(
         part_out_ptr + b * stride_ob + head[:, None] * stride_oh + split * stride_op
         + dims_v[None, :],
-        out, mask=row_ok[:, None] & (dims_v[None, :] < HEAD_DIM_V),
+        out, mask=row_ok[:, None] & dv_ok[None, :],
     )
     tl.store(part_lse_ptr + b * stride_lb + head * stride_lh + split, lse, mask=row_ok)
 
