@@ -1,4 +1,4 @@
-"""Draw lab 04's README figures (``make figures``), from the float64 reference and the lab's
+"""Draw lab 04's README figures from the float64 reference and the lab's
 given code (``provided.py``), so they draw the same with or without a solution.
 
     MPLBACKEND=Agg python labs/lab-04-flash-decoding-partitions/figures.py
