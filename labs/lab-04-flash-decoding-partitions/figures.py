@@ -1,5 +1,5 @@
 """Draw lab 04's README figures from the float64 reference and the lab's
-given code (``provided.py``), so they draw the same with or without a solution.
+given code (``provided.py``), so they draw the same in the student copy.
 
     MPLBACKEND=Agg python labs/lab-04-flash-decoding-partitions/figures.py
 
