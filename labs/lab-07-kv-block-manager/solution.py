@@ -407,45 +407,29 @@ def simulate_contiguous(
     requests: list, num_blocks: int, block_size: int, max_num_seqs: int, max_model_len: int,
 ) -> Stats:
     """The pre-paging baseline: each admitted request reserves ``max_model_len`` contiguous
-    slots (the lowest free range, first fit) of the ``num_blocks * block_size`` slots and
-    keeps them until it finishes. Same steps as ``simulate``; nothing is ever preempted, and
-    there is no prefix cache."""
-    max_model_len = provided.check_int("max_model_len", max_model_len, minimum=1)
+    slots of the ``num_blocks * block_size`` and keeps them until it finishes, so at most
+    ``total_slots // max_model_len`` requests run at once. Same steps as ``simulate``;
+    waiting requests are admitted in order while a reservation fits; nothing is ever
+    preempted (a reservation covers the longest possible request); no prefix cache."""
     total = provided.check_int("num_blocks", num_blocks, 1) * provided.check_int(
         "block_size", block_size, 1)
+    max_model_len = provided.check_int("max_model_len", max_model_len, minimum=1)
     if max_model_len > total:
         raise ValueError(f"max_model_len={max_model_len} exceeds the {total} slots of the pool")
     workload = provided.check_workload(requests, max_model_len, "max_model_len")
     max_num_seqs = provided.check_int("max_num_seqs", max_num_seqs, minimum=1)
     recorder = provided.StatsRecorder(len(workload), total)
     requests = [Request(f"req-{i}", r.prompt_tokens) for i, r in enumerate(workload)]
-    start: dict[int, int] = {}  # request -> first slot of its reservation
+    capacity = min(max_num_seqs, total // max_model_len)
 
     def admit(running: list[int], waiting: deque[int]) -> None:
-        while waiting and len(running) < max_num_seqs:
-            slot = _first_fit(sorted(start.values()), max_model_len, total)
-            if slot is None:
-                return
+        while waiting and len(running) < capacity:
             i = waiting.popleft()
-            start[i] = slot
             running.append(i)
             recorder.record_admission(i, len(workload[i].prompt_tokens), 0)
 
     def usage(running: list[int]) -> tuple[int, int]:
         return sum(requests[i].num_tokens for i in running), max_model_len * len(running)
 
-    def finish(i: int) -> None:
-        del start[i]
-
-    provided.run_steps(workload, requests, recorder, admit, usage, finish)
+    provided.run_steps(workload, requests, recorder, admit, usage, lambda i: None)
     return recorder.stats()
-
-
-def _first_fit(starts: list[int], size: int, total: int) -> int | None:
-    """The lowest slot where ``size`` slots are free between reservations at ``starts``."""
-    candidate = 0
-    for s in starts:
-        if s - candidate >= size:
-            return candidate
-        candidate = s + size
-    return candidate if total - candidate >= size else None
