@@ -55,10 +55,12 @@ class BlockPool:
 
     @property
     def num_blocks(self) -> int:
+        """How many blocks the pool has."""
         return self._num_blocks
 
     @property
     def block_size(self) -> int:
+        """How many token slots a block has."""
         return self._block_size
 
     @property

@@ -322,7 +322,7 @@ def test_extra_keys_are_part_of_the_identity():
     ("parent_hash", lambda: impl.hash_block("abc", [1, 2])),
     ("token_ids", lambda: impl.hash_block(None, [1, -2])),
     ("extra_keys", lambda: impl.hash_block(None, [1, 2], "lora")),
-])
+], ids=["parent_hash", "token_ids", "extra_keys"])
 def test_bad_hash_input_raises_ValueError_naming_the_argument(argument, call):
     with pytest.raises(ValueError, match=argument):
         call()
@@ -708,7 +708,8 @@ class KVCacheMachine(RuleBasedStateMachine):
     @rule(data=st.data(), preempt=st.booleans())
     def finish_or_preempt_a_request(self, data, preempt):
         rid = self._pick(data)
-        table, refs0, free0 = self.manager.block_table(rid), self._refs(), self.pool.free_block_ids()
+        table, refs0 = self.manager.block_table(rid), self._refs()
+        free0 = self.pool.free_block_ids()
         hashes0 = [self.pool.block_hash(b) for b in range(self.nb)]
         self.manager.free(rid)
         released = [b for b in reversed(table) if refs0[b] == 1]
@@ -773,7 +774,15 @@ class KVCacheMachine(RuleBasedStateMachine):
 
 @pytest.mark.points(6)
 def test_random_sequences_of_allocate_append_fork_free_preempt_keep_every_invariant():
-    run_state_machine_as_test(KVCacheMachine, settings=settings(stateful_step_count=20))
+    this = test_random_sequences_of_allocate_append_fork_free_preempt_keep_every_invariant
+    run_state_machine_as_test(KVCacheMachine, settings=this._hypothesis_internal_use_settings)
+
+
+# Where hypothesis keeps a @given test's settings: the grader's plugin rewrites this attribute
+# (no shrinking under the grader), and the test above reads it back when it runs. The
+# examples and the profile are the course's; 20 steps keep the machine quick.
+test_random_sequences_of_allocate_append_fork_free_preempt_keep_every_invariant.\
+    _hypothesis_internal_use_settings = settings(stateful_step_count=20)
 
 
 # ---- 5. end to end: K/V through the slot mapping, attention through the block tables ----
@@ -973,16 +982,21 @@ def test_the_paper_point_contiguous_uses_20_to_40_percent_and_paged_wastes_under
     assert paged.steps < contiguous.steps, "more requests fit at once: the workload ends sooner"
 
 
+BAD_WORKLOADS = {
+    "requests (negative arrival)": lambda: impl.simulate([(-1, [1], 1)], 4, 2, 1),
+    "requests (empty prompt)": lambda: impl.simulate([(0, [], 1)], 4, 2, 1),
+    "requests (no output)": lambda: impl.simulate([(0, [1], 0)], 4, 2, 1),
+    "requests (longer than the pool)": lambda: impl.simulate([(0, list(range(9)), 1)], 4, 2, 1),
+    "max_num_seqs": lambda: impl.simulate([(0, [1], 1)], 4, 2, 0),
+    "max_model_len (more than the pool)": lambda: impl.simulate_contiguous(
+        [(0, [1], 1)], 4, 2, 1, 9),
+    "requests (longer than max_model_len)": lambda: impl.simulate_contiguous(
+        [(0, [1, 2, 3], 2)], 4, 2, 1, 3),
+}
+
+
 @pytest.mark.points(1)
-@pytest.mark.parametrize("argument, call", [
-    ("requests", lambda: impl.simulate([(-1, [1], 1)], 4, 2, 1)),
-    ("requests", lambda: impl.simulate([(0, [], 1)], 4, 2, 1)),
-    ("requests", lambda: impl.simulate([(0, [1], 0)], 4, 2, 1)),
-    ("requests", lambda: impl.simulate([(0, list(range(9)), 1)], 4, 2, 1)),
-    ("max_num_seqs", lambda: impl.simulate([(0, [1], 1)], 4, 2, 0)),
-    ("max_model_len", lambda: impl.simulate_contiguous([(0, [1], 1)], 4, 2, 1, 9)),
-    ("requests", lambda: impl.simulate_contiguous([(0, [1, 2, 3], 2)], 4, 2, 1, 3)),
-])
-def test_bad_workloads_raise_ValueError_naming_the_argument(argument, call):
-    with pytest.raises(ValueError, match=argument):
-        call()
+@pytest.mark.parametrize("case", list(BAD_WORKLOADS))
+def test_bad_workloads_raise_ValueError_naming_the_argument(case):
+    with pytest.raises(ValueError, match=case.split(" ")[0]):
+        BAD_WORKLOADS[case]()
