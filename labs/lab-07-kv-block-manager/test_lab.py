@@ -922,6 +922,8 @@ def test_contiguous_reservation_holds_max_model_len_per_request():
     assert stats.mean_utilisation == pytest.approx(27 / 96)
     assert stats.waste == pytest.approx(1 - 27 / 72)
     assert stats.preemptions == 0
+    one_at_a_time = impl.simulate_contiguous(workload, 8, 2, max_num_seqs=1, max_model_len=8)
+    assert one_at_a_time.finish_step == (2, 5, 8), "max_num_seqs=1: one request at a time"
     paged = impl.simulate(workload, 8, 2, max_num_seqs=8)
     assert paged.finish_step == (2, 2, 2), "paged, all three fit at once"
 
