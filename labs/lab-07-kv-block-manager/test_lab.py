@@ -63,6 +63,10 @@ SHARED_WRITE = (
     "write into a shared partial block copies it (copy-on-write, a BlockCopy in "
     "take_copies()) and writes into the copy"
 )
+NONE_CHANGED = (
+    "allocate_slots returned None but changed the pool or the manager: check that the pool "
+    "can serve the request first; only then touch the hits and allocate"
+)
 EVICTION_ORDER = (
     "the free queue is in eviction order: a freed request's blocks are released tail first; "
     "those without a hash go to the head (nothing to keep: reused first), those with a hash to "
@@ -642,7 +646,7 @@ class KVCacheMachine(RuleBasedStateMachine):
         free_before, before = self.pool.free_block_ids(), snapshot(self.pool, self.manager)
         new = self.manager.allocate_slots(request, len(tokens) - num_hit)
         if new is None:
-            assert snapshot(self.pool, self.manager) == before, "None, yet the pool changed"
+            assert snapshot(self.pool, self.manager) == before, NONE_CHANGED
             return False
         queue = [b for b in free_before if b not in hit_blocks]
         assert new == queue[:len(new)], (
@@ -683,7 +687,7 @@ class KVCacheMachine(RuleBasedStateMachine):
         free0, before = self.pool.free_block_ids(), snapshot(self.pool, self.manager)
         result = self.manager.allocate_slots(Request(rid, tokens), len(new))
         if result is None:
-            assert snapshot(self.pool, self.manager) == before, "None, yet the pool changed"
+            assert snapshot(self.pool, self.manager) == before, NONE_CHANGED
             return
         copies = self.manager.take_copies()
         must_copy = n0 % self.bs != 0 and refs0[table0[-1]] > 1
@@ -781,16 +785,25 @@ class KVCacheMachine(RuleBasedStateMachine):
             )
 
     @invariant()
-    def only_full_blocks_are_cached(self):
+    def only_full_blocks_are_cached_under_the_hash_of_their_tokens(self):
+        bs = self.bs
         for rid, tokens in self.tokens.items():
+            hashes = chain(tokens, bs)
             for i, block in enumerate(self.manager.block_table(rid)):
                 h = self.pool.block_hash(block)
-                if h is not None:
-                    assert (i + 1) * self.bs <= len(tokens), (
-                        f"block {block} (logical block {i} of {rid!r}, {len(tokens)} tokens) "
-                        f"has a hash: {PARTIAL_CACHED}"
-                    )
-                    assert self.pool.get_cached_block(h) == block
+                if h is None:
+                    continue
+                where = f"block {block} (logical block {i} of {rid!r}, {len(tokens)} tokens)"
+                if (i + 1) * bs > len(tokens):
+                    parent = hashes[i - 1] if i else None
+                    own = h == impl.hash_block(parent, tokens[i * bs:], ())
+                    assert not own, f"{where} has a hash: {PARTIAL_CACHED}"
+                assert i < len(hashes) and h == hashes[i], (
+                    f"{where} is cached under a hash that is not the chained hash of its "
+                    "tokens: a stale hash? A block handed out again by allocate must lose the "
+                    "hash of its previous content (eviction)"
+                )
+                assert self.pool.get_cached_block(h) == block
 
 
 @pytest.mark.points(8)
