@@ -46,6 +46,11 @@ DIAGONAL_DROPPED = (
     "causal skipping dropped a diagonal tile: the tile that holds both the first key of a "
     "K/V tile and later queries is half visible, so it must be visited (masked), not skipped"
 )
+DIAGONAL_ROUNDED_UP = (
+    "causal skipping dropped a diagonal tile: the Q loop started at the first tile that "
+    "begins at or after the key tile's first key k0; start at the tile that holds row k0, "
+    "(k0 // block_q) * block_q, whose lower rows see k0"
+)
 DQ_DIAGONAL_DROPPED = (
     "causal skipping dropped the diagonal key tile in the dQ loop: a query tile [m0, m1) "
     "needs the keys up to m1 - 1, so the loop runs to min(Lk, Lq, m1), not to m0"
@@ -54,6 +59,22 @@ SWAPPED_TILES = (
     "BLOCK_M and BLOCK_N mixed up in a causal loop bound: a query tile ends at "
     "(start_m + 1) * BLOCK_M and a key tile starts at start_n * BLOCK_N; tile indices of "
     "one size are not positions in the other"
+)
+DELTA_AXIS = (
+    "rowsum(P ∘ dP) summed over the wrong axis (over queries, a column sum): D_i sums row i "
+    "of P ∘ dP, over the keys"
+)
+BACKWARD_NOT_CAUSAL = (
+    "the backward ran without the causal mask: FlashAttentionFunction.backward must pass the "
+    "forward's causal flag (kept on ctx) to flash_attention_backward_triton"
+)
+UNMASKED_P = (
+    "the recomputed P was not masked: under causal, P_ij = 0 for every key j > query i in "
+    "the backward as in the forward (tl.where on the recomputed tile)"
+)
+MODULO_HEADS = (
+    "query head h read KV head h % num_kv_heads: heads are grouped, query head h reads KV "
+    "head h // (H // KVH)"
 )
 LSE_BASE_E = (
     "the natural-log lse was subtracted from base-2 scores: with qk_scale = scale · log2(e) "
@@ -105,34 +126,43 @@ def gradients(q, k, v, do, causal, scale=None):
 
 
 def variant_backward(q, k, v, do, causal, scale=None, *, p_of=None, use_delta=True,
-                     grad_scale=None, visited=None, o_lse=None):
+                     grad_scale=None, visited=None, o_lse=None, mask_p=True, delta_of=None):
     """The textbook backward with one mistake planted, in float64 (single head).
 
     p_of(s, lse, scale): how P is recomputed from the raw scores s = q kᵀ (right: exp(s ·
     scale - lse)); use_delta: subtract D; grad_scale: the factor on dQ and dK (right: scale);
     visited: [Lq, Lk] bool, the (query, key) pairs the loops reach (right: all);
-    o_lse: the forward's (o, lse), if already computed.
+    o_lse: the forward's (o, lse), if already computed; mask_p: apply the causal mask to the
+    recomputed P (right: yes); delta_of(p, dp): the D subtracted from dP (right:
+    rowsum(dO ∘ O) per row).
     """
     q, k, v, do = (to_float64(x) for x in (q, k, v, do))
     scale = 1.0 / math.sqrt(q.shape[1]) if scale is None else scale
     o, lse = o_lse if o_lse is not None else forward(q, k, v, causal, scale)
     s = q @ k.T
-    allowed = causal_mask(len(q), len(k)) if causal else np.ones(s.shape, dtype=bool)
+    allowed = np.ones(s.shape, dtype=bool)
+    if causal and mask_p:
+        allowed = causal_mask(len(q), len(k))
     if visited is not None:
         allowed = allowed & visited
     with np.errstate(over="ignore", invalid="ignore"):
         p = (p_of or (lambda s_, lse_, c: np.exp(s_ * c - lse_[:, None])))(s, lse, scale)
         p = np.where(allowed, p, 0.0)
-        D = (do * o).sum(axis=1) if use_delta else np.zeros(len(q))
-        ds = p * (do @ v.T - D[:, None])
+        dp = do @ v.T
+        D = (do * o).sum(axis=1)[:, None] if use_delta else np.zeros((len(q), 1))
+        if delta_of is not None:
+            D = delta_of(p, dp)
+        ds = p * (dp - D)
         g = scale if grad_scale is None else grad_scale
         return g * ds @ k, g * ds.T @ q, p.T @ do
 
 
-def diagonal_dropped_visits(lq, lk, block_q, block_k):
-    """Pairs an outer-K/inner-Q loop reaches when its Q loop starts one tile too late."""
-    key_tile_start = (np.arange(lk) // block_k) * block_k
-    first_q = (key_tile_start // block_q + 1) * block_q
+def diagonal_dropped_visits(lq, lk, block_q, block_k, round_up=False):
+    """Pairs an outer-K/inner-Q loop reaches when its Q loop starts one tile too late: after
+    the tile that holds the key tile's first key k0, or (round_up) at the first tile that
+    starts at or after k0."""
+    k0 = (np.arange(lk) // block_k) * block_k
+    first_q = -(-k0 // block_q) * block_q if round_up else (k0 // block_q + 1) * block_q
     return np.arange(lq)[:, None] >= first_q[None, :]
 
 
@@ -152,6 +182,11 @@ def numpy_misconceptions(q, k, v, do, causal, block_q, block_k, scale=None):
     if causal:
         variants[DIAGONAL_DROPPED] = dict(
             visited=diagonal_dropped_visits(len(q), len(k), block_q, block_k))
+        variants[DIAGONAL_ROUNDED_UP] = dict(
+            visited=diagonal_dropped_visits(len(q), len(k), block_q, block_k, round_up=True))
+        key_start = (np.arange(len(k)) // block_k) * block_k  # P unmasked in visited tiles
+        variants[UNMASKED_P] = dict(mask_p=False, visited=np.arange(len(q))[:, None] >= (
+            key_start // block_q * block_q)[None, :])
     wrong = {name: {} for name in NAMES}
     o_lse = forward(q, k, v, causal, scale)
     for misconception, kw in variants.items():
@@ -199,8 +234,13 @@ def test_naive_backward_equals_the_float64_autograd_gradients(lq, lk, d, dv, cau
         got = impl.attention_backward_naive(q, k, v, do, causal=causal)
     wrong = numpy_misconceptions(q, k, v, do, causal, 1, 1)
     for w in wrong.values():  # the naive version has no lse, no tiles: only these apply
-        for name in (NO_LSE, P_UNSCALED, P_SCALE_TWICE, DIAGONAL_DROPPED):
+        for name in (NO_LSE, P_UNSCALED, P_SCALE_TWICE, DIAGONAL_DROPPED, DIAGONAL_ROUNDED_UP,
+                     UNMASKED_P):
             w.pop(name, None)
+    column_sums = variant_backward(q, k, v, do, causal,
+                                   delta_of=lambda p, dp: (p * dp).sum(axis=0, keepdims=True))
+    for name, w in zip(NAMES, column_sums):
+        wrong[name][DELTA_AXIS] = w
     check_gradients(got, gradients(q, k, v, do, causal),
                     f"naive, Lq={lq} Lk={lk} d={d} dv={dv} causal={causal}", wrong)
 
@@ -456,15 +496,26 @@ def per_head_variant(q, k, v, do, causal, scale, **variant):
 
 
 def group_misconceptions(q, k, v, do, causal, scale=None):
-    """Wrong dK, dV of a kernel that does not sum over the query group."""
+    """Wrong dK, dV of a kernel that does not sum over the query group, and the wrong dQ of
+    one that maps query head h to KV head h % KVH."""
     H, KVH = q.shape[1], k.shape[1]
     group = H // KVH
     if group == 1:
         return {}
+    wrong = {"dq": {}, "dk": {}, "dv": {}}
+    if KVH > 1:
+        q64, k64, v64, do64 = (to_float64(x) for x in (q, k, v, do))
+        dq = np.zeros_like(q64)
+        for b in range(q64.shape[0]):
+            for h in range(H):
+                o_lse = forward(q64[b, h], k64[b, h // group], v64[b, h // group], causal, scale)
+                dq[b, h] = variant_backward(q64[b, h], k64[b, h % KVH], v64[b, h % KVH],
+                                            do64[b, h], causal, scale, o_lse=o_lse)[0]
+        if np.isfinite(dq).all():
+            wrong["dq"][MODULO_HEADS] = dq
     k_rep = np.repeat(to_float64(k), group, axis=1)  # one KV copy per query head
     v_rep = np.repeat(to_float64(v), group, axis=1)
     _, dk_h, dv_h = reference_bhld_backward(q, k_rep, v_rep, do, causal, scale)  # [B, H, L, d]
-    wrong = {"dk": {}, "dv": {}}
     for name, per_head in (("dk", dk_h), ("dv", dv_h)):
         wrong[name][GROUP_FIRST] = per_head[:, ::group]
         wrong[name][GROUP_LAST] = per_head[:, group - 1::group]
@@ -493,19 +544,30 @@ def triton_misconceptions(q, k, v, do, causal, tiles, scale=None):
         variants[PADDED_SCALE] = dict(
             p_of=lambda s, lse, c_: np.exp(s * padded - lse[:, None]), grad_scale=padded)
     rows, cols = np.arange(lq)[:, None], np.arange(lk)[None, :]
+    dkdv_only, dq_only = ("dk", "dv"), ("dq",)  # a mistake in one kernel shows in its outputs
+    kernel_specific = {}
     if causal:
         key_start = (cols // block_n) * block_n
-        variants[DIAGONAL_DROPPED] = dict(visited=rows >= (key_start // block_m + 1) * block_m)
-        variants[DQ_DIAGONAL_DROPPED] = dict(visited=cols < (rows // block_m) * block_m)
+        kernel_specific[DIAGONAL_DROPPED] = (
+            dict(visited=rows >= (key_start // block_m + 1) * block_m), dkdv_only)
+        kernel_specific[DQ_DIAGONAL_DROPPED] = (
+            dict(visited=cols < (rows // block_m) * block_m), dq_only)
+        # P unmasked inside the tiles the loops visit (the diagonal tiles' future entries)
+        kernel_specific[UNMASKED_P + " (dK/dV kernel)"] = (
+            dict(mask_p=False, visited=rows >= (key_start // block_m) * block_m), dkdv_only)
+        kernel_specific[UNMASKED_P + " (dQ kernel)"] = (
+            dict(mask_p=False, visited=cols < np.minimum(lq, (rows // block_m + 1) * block_m)),
+            dq_only)
         if block_m != block_n:
-            variants[SWAPPED_TILES + " (dK/dV: first query tile)"] = dict(
-                visited=rows >= (cols // block_n) * block_m)
-            variants[SWAPPED_TILES + " (dQ: last key)"] = dict(
-                visited=cols < (rows // block_m + 1) * block_n)
+            kernel_specific[SWAPPED_TILES + " (in the dK/dV kernel's first query tile)"] = (
+                dict(visited=rows >= (cols // block_n) * block_m), dkdv_only)
+            kernel_specific[SWAPPED_TILES + " (in the dQ kernel's last key)"] = (
+                dict(visited=cols < (rows // block_m + 1) * block_n), dq_only)
     wrong = {name: {} for name in NAMES}
-    for misconception, kw in variants.items():
+    planted = {m: (kw, NAMES) for m, kw in variants.items()} | kernel_specific
+    for misconception, (kw, names) in planted.items():
         for name, w in zip(NAMES, per_head_variant(q, k, v, do, causal, scale, **kw)):
-            if np.isfinite(w).all():
+            if name in names and np.isfinite(w).all():
                 wrong[name][misconception] = w
     for name, answers in group_misconceptions(q, k, v, do, causal, scale).items():
         wrong[name].update(answers)
@@ -722,7 +784,13 @@ def test_loss_backward_through_flash_attention_gives_the_float64_gradients(h, kv
     q, k, v, _, _, do = torch_case(1, h, kvh, 20, 16, 16, torch.float32, seed=h, causal=causal)
     got = impl.gradients_through_autograd(q, k, v, do, causal=causal)
     want = reference_bhld_backward(q, k, v, do, causal)
-    wrong = triton_misconceptions(q, k, v, do, causal, (16, 16))
+    wrong = {name: {} for name in NAMES}
+    if causal:  # first: the Function forgot to pass causal on
+        not_causal = per_head_variant(q, k, v, do, True, None, mask_p=False)
+        for name, w in zip(NAMES, not_causal):
+            wrong[name][BACKWARD_NOT_CAUSAL] = w
+    for name, answers in triton_misconceptions(q, k, v, do, causal, (16, 16)).items():
+        wrong[name].update(answers)
     atol, rtol = tolerance("float32")
     for name, g, w in zip(NAMES, got, want):
         assert g is not None, (
