@@ -99,3 +99,69 @@ def reference_softmax(x: Any) -> np.ndarray:
     x = to_float64(x)
     e = np.exp(x - x.max())
     return e / e.sum()
+
+
+def reference_attention_backward(
+    q: Any,
+    k: Any,
+    v: Any,
+    do: Any,
+    scale: float | None = None,
+    mask: Any = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The gradients of :func:`reference_attention`'s ``out`` in float64, textbook formulas.
+
+    With ``P = softmax(q kᵀ · scale)`` (masked entries 0) and ``dO`` the gradient of ``out``:
+    ``dV = Pᵀ dO``, ``dP = dO Vᵀ``, ``dS = P ∘ (dP − rowsum(P ∘ dP))``,
+    ``dQ = scale · dS K``, ``dK = scale · dSᵀ Q``, each per query head; a KV head's ``dK``
+    and ``dV`` are the sums over the query heads that read it (GQA, MQA).
+
+    Args:
+        q, k, v, scale, mask: as in :func:`reference_attention` (3-D or 2-D).
+        do: ``[Lq, H, dv]`` (or ``[Lq, dv]``), the gradient of ``out``.
+
+    Returns:
+        ``(dq, dk, dv)`` shaped like ``q``, ``k``, ``v``. A row that may attend nothing
+        contributes nothing.
+    """
+    q, k, v, do = to_float64(q), to_float64(k), to_float64(v), to_float64(do)
+    single_head = q.ndim == 2
+    if single_head:
+        q, k, v, do = q[:, None, :], k[:, None, :], v[:, None, :], do[:, None, :]
+    if q.ndim != 3 or k.ndim != 3 or v.ndim != 3 or do.ndim != 3:
+        raise ValueError(
+            f"q, k, v, do must be [L, heads, dim]; got {q.shape}, {k.shape}, {v.shape}, {do.shape}"
+        )
+    Lq, H, d = q.shape
+    Lk, KVH, dk_ = k.shape
+    if dk_ != d or v.shape[:2] != (Lk, KVH):
+        raise ValueError(f"shapes do not agree: q {q.shape}, k {k.shape}, v {v.shape}")
+    if do.shape != (Lq, H, v.shape[2]):
+        raise ValueError(f"do has shape {do.shape}, expected {(Lq, H, v.shape[2])}")
+    kv_head_for(0, H, KVH)  # validates the head counts
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+
+    heads = kv_head_for(np.arange(H), H, KVH)
+    k_per_q, v_per_q = k[:, heads, :], v[:, heads, :]  # [Lk, H, d], [Lk, H, dv]
+    scores = np.einsum("qhd,khd->hqk", q, k_per_q) * scale  # [H, Lq, Lk]
+    allowed = np.ones_like(scores, dtype=bool)
+    if mask is not None:
+        allowed = np.broadcast_to(np.asarray(mask, dtype=bool), scores.shape)
+    scores = np.where(allowed, scores, -np.inf)
+    m = np.where(allowed.any(axis=-1), scores.max(axis=-1, initial=-np.inf), 0.0)
+    e = np.where(allowed, np.exp(scores - m[..., None]), 0.0)
+    l = e.sum(axis=-1)
+    p = e / np.where(l > 0, l, 1.0)[..., None]  # [H, Lq, Lk], rows of nothing are 0
+
+    dv_per_q = np.einsum("hqk,qhd->khd", p, do)  # [Lk, H, dv]  dV = Pᵀ dO
+    dp = np.einsum("qhd,khd->hqk", do, v_per_q)  # [H, Lq, Lk]  dP = dO Vᵀ
+    ds = p * (dp - (p * dp).sum(axis=-1, keepdims=True))  # the softmax Jacobian
+    dq = np.einsum("hqk,khd->qhd", ds, k_per_q) * scale  # [Lq, H, d]
+    dk_per_q = np.einsum("hqk,qhd->khd", ds, q) * scale  # [Lk, H, d]
+
+    group = H // KVH  # query heads h*group ... h*group+group-1 read KV head h
+    dk = dk_per_q.reshape(Lk, KVH, group, d).sum(axis=2)
+    dv = dv_per_q.reshape(Lk, KVH, group, v.shape[2]).sum(axis=2)
+    if single_head:
+        return dq[:, 0, :], dk[:, 0, :], dv[:, 0, :]
+    return dq, dk, dv
