@@ -295,12 +295,13 @@ def _window_sink_decode_kernel(
 ):
     """One program = one sequence x one KV head (lab 01's grid ``(batch, num_kv_heads)``).
 
-    1. ``seq``, ``kv_head`` from the program ids; load ``seq_len``. The first position read
-       is ``start = max(seq_len - window, 0)`` when ``window > 0``, else 0.
+    1. ``seq``, ``kv_head`` from the program ids; load ``seq_len``; ``start`` = the
+       window's first position, as in ``window_decode_attention`` (``window = 0``: 0).
     2. Load the group's queries as one ``[GROUP_PAD, HEAD_DIM_PAD]`` tile (masked).
-    3. The state: with sinks, ``m = sinks[head] * log2(e)`` (base 2, like the scores; no
-       softmax scale: a sink is already a scaled logit) and ``l = 1`` (``exp2(m - m)``);
-       without, ``m = -inf``, ``l = 0``. ``acc = 0`` in both cases: a sink has no value.
+    3. The state: with sinks (``HAS_SINKS``), each head's ``(m, l)`` starts from its sink as
+       in ``sink_decode_attention``, but in base 2 like the scores (a sink is already a
+       scaled logit: it is multiplied by log2(e) and nothing else); without, ``m = -inf``,
+       ``l = 0``. ``acc = 0`` in both cases.
     4. For each tile of ``BLOCK_N`` positions from ``start`` (the window is the loop's
        start, not a mask) while below ``seq_len``: look the blocks up (int64 offsets), load
        K and V with ``mask=pos < seq_len``, ``other=0``, and run lab 01's base-2 update.
