@@ -417,15 +417,15 @@ def test_a_window_longer_than_the_sequence_is_plain_decode():
 @pytest.mark.points(2)
 def test_table_entries_before_the_window_may_be_padding_and_are_never_read():
     """vLLM frees the blocks that fell out of a sliding window; their table entries then
-    name nothing useful. Here they are -1 and the cache's last block (what -1 indexes in
-    numpy) is NaN."""
+    name nothing useful. Here they are -1 (the cache's last block, what -1 indexes in numpy,
+    is NaN) or a block number far past the cache: reading one is an error."""
     rng = np.random.default_rng(6)
     block_size, seq_len, window = 4, 30, 9  # the window is positions 21..29: blocks 5..7
     (k,), (v,) = random_kv(rng, [seq_len], 1, 4)
     paged = build_paged_kv([k], [v], block_size, rng=rng, extra_blocks=1, shuffle=False)
     paged.k_cache[-1] = paged.v_cache[-1] = np.nan
     table = paged.block_tables[0].copy()
-    table[:5] = -1
+    table[:5] = [-1, 10**6, -1, 10**6, -1]
     q = rng.standard_normal((2, 4))
     out, lse = impl.window_decode_attention(q, paged.k_cache, paged.v_cache, table, seq_len,
                                             window)
