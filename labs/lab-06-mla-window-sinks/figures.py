@@ -158,7 +158,7 @@ def draw_window_loop_bound() -> pathlib.Path:
             f"{SEQ_LEN - 1} (window = {WINDOW}, itself included)", ha="center", fontsize=9,
             color="#C44E52")
     ax.text(-2.5, 1.45, "block table\nof one sequence", fontsize=9, va="center")
-    ax.text(-2.5, -1.9, f"first block read: logical {first} // {BLOCK_SIZE} = "
+    ax.text(-2.5, -1.9, f"first block read: logical block {first} // {BLOCK_SIZE} = "
             f"{first // BLOCK_SIZE}, entered at slot {first} % {BLOCK_SIZE} = "
             f"{first % BLOCK_SIZE}", fontsize=8.5)
     handles = [Rectangle((0, 0), 1, 1, facecolor=colors[k], edgecolor="#7F7F7F")
