@@ -42,6 +42,8 @@ def reference_attention(
     v: Any,
     scale: float | None = None,
     mask: Any = None,
+    window: int | None = None,
+    sinks: Any = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Dense softmax(q kᵀ · scale) v in float64, with its log-sum-exp.
 
@@ -52,11 +54,21 @@ def reference_attention(
         scale: defaults to ``1/sqrt(d)``.
         mask: ``None`` (attend everything) or a boolean array broadcastable to
             ``[H, Lq, Lk]`` (``[Lq, Lk]`` is the usual case); True means "may attend".
+        window: ``None`` (no window) or an int ``>= 1``: query ``i`` sits at position
+            ``p = Lk - Lq + i`` (the queries are the last ``Lq`` of the ``Lk`` tokens, as in
+            decode and chunked prefill) and sees only its ``window`` most recent keys,
+            itself included: ``p - window < j <= p`` (FlashAttention's
+            ``window_size=(window - 1, 0)``; Hugging Face's and vLLM's ``sliding_window``).
+            Combined with ``mask`` by AND.
+        sinks: ``None`` or ``[H]`` per-head logits (gpt-oss's attention sinks), in the units
+            of the scaled scores: each joins its head's softmax denominator as
+            ``exp(sink)`` and contributes no value. Not affected by ``mask`` or ``window``.
 
     Returns:
         ``(out [Lq, H, dv], lse [Lq, H])`` (2-D inputs give ``[Lq, dv]`` and ``[Lq]``).
         ``lse = m + log(l)`` in natural log; a row that may attend nothing has
-        ``lse = -inf`` and output 0.
+        ``lse = -inf`` and output 0. With sinks, ``l`` includes ``exp(sink)`` (a row that
+        attends nothing then has output 0 and ``lse = sink``).
     """
     q, k, v = to_float64(q), to_float64(k), to_float64(v)
     single_head = q.ndim == 2
@@ -78,13 +90,16 @@ def reference_attention(
     allowed = np.ones_like(scores, dtype=bool)
     if mask is not None:
         allowed = np.broadcast_to(np.asarray(mask, dtype=bool), scores.shape)
+    if window is not None:
+        allowed = allowed & window_mask(Lq, Lk, window)
     scores = np.where(allowed, scores, -np.inf)
+    sink = _sink_logits(sinks, H)  # [H] (-inf: no sink)
 
-    m = scores.max(axis=-1, initial=-np.inf)  # [H, Lq]
-    empty = ~allowed.any(axis=-1)
+    m = np.maximum(scores.max(axis=-1, initial=-np.inf), sink[:, None])  # [H, Lq]
+    empty = np.isneginf(m)  # nothing to attend and no sink
     m_safe = np.where(empty, 0.0, m)
     p = np.where(allowed, np.exp(scores - m_safe[..., None]), 0.0)  # [H, Lq, Lk]
-    l = p.sum(axis=-1)
+    l = p.sum(axis=-1) + np.exp(sink[:, None] - m_safe)  # the sink: a weight, no value
     l_safe = np.where(empty, 1.0, l)
     out = np.einsum("hqk,khd->qhd", p / l_safe[..., None], v_per_q)  # [Lq, H, dv]
     with np.errstate(divide="ignore"):
@@ -92,6 +107,28 @@ def reference_attention(
     if single_head:
         return out[:, 0, :], lse[:, 0]
     return out, lse
+
+
+def window_mask(num_queries: int, num_keys: int, window: int) -> np.ndarray:
+    """``mask[i, j]``: query ``i`` (at position ``num_keys - num_queries + i``) may attend key
+    ``j``, i.e. ``j`` is among its ``window`` most recent tokens, itself included.
+    ``[num_queries, num_keys]``."""
+    if isinstance(window, bool) or int(window) != window or window < 1:
+        raise ValueError(f"window must be an integer >= 1 (or None), got {window!r}")
+    pos = np.arange(num_queries)[:, None] + (num_keys - num_queries)
+    keys = np.arange(num_keys)[None, :]
+    return (keys <= pos) & (keys > pos - int(window))
+
+
+def _sink_logits(sinks: Any, num_heads: int) -> np.ndarray:
+    """``sinks`` as ``[num_heads]`` float64 (``-inf`` everywhere when ``None``)."""
+    if sinks is None:
+        return np.full(num_heads, -np.inf)
+    sink = to_float64(sinks).reshape(-1)
+    if sink.shape != (num_heads,):
+        raise ValueError(f"sinks must have shape [{num_heads}] (one per query head), "
+                         f"got {np.shape(sinks)}")
+    return sink
 
 
 def reference_softmax(x: Any) -> np.ndarray:
