@@ -205,7 +205,8 @@ def launch_spec(entry: GpuKernel, lab: Lab, fn: Any, dtype: str, head_dim: int) 
     try:
         launch = entry.launch(lab, dtype, head_dim)
     except (AttributeError, KeyError, LookupError, TypeError) as exc:
-        raise SkipEntry(f"{entry.lab}: the entry's launch arguments fail here: {exc}") from None
+        raise SkipEntry(f"the entry's launch arguments do not fit this tree's version of the lab "
+                        f"({type(exc).__name__}: {exc})") from None  # fmt: skip
     return specialize(fn, launch)
 
 

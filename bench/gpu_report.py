@@ -245,19 +245,22 @@ def _git(*args: str) -> str | None:
 
 
 def provenance(command: str, rows: list[dict]) -> dict[str, Any]:
-    """Deterministic: the date is the commit's, and the tools' versions come from the
-    results. ``+dirty`` when tracked files other than captured_outputs/ differ from HEAD."""
-    head = _git("rev-parse", "HEAD")
-    dirty = _git("status", "--porcelain", "--untracked-files=no", "--", ".",
-                 ":(exclude)captured_outputs")  # fmt: skip
+    """Deterministic: the commit is the last one that changed anything outside
+    captured_outputs/ (so committing the report does not change it), the date is that
+    commit's, and the tools' versions come from the results. ``+dirty`` when tracked files
+    outside captured_outputs/ differ from HEAD."""
+    outside = ["--", ".", ":(exclude)captured_outputs"]
+    source = _git("log", "-1", "--format=%H %cI", *outside)
+    commit, date = source.split() if source else ("unknown (not a git checkout)", "unknown")
+    dirty = _git("status", "--porcelain", "--untracked-files=no", *outside)
     by_arch = {int(r["arch"][3:]): r["tools"]["ptxas"] for r in rows if "tools" in r}
     ptxas = [f"sm_{arch}: {by_arch[arch]}" for arch in sorted(by_arch)]
     tools = next((r["tools"] for r in rows if "tools" in r), {})
     return {
         "command": command,
-        "commit": (head or "unknown (not a git checkout)") + ("+dirty" if dirty else ""),
-        "date": _git("log", "-1", "--format=%cI") or "unknown",
-        "date_is": "the commit's date: the report is a function of the commit",
+        "commit": commit + ("+dirty" if dirty else ""),
+        "date": date,
+        "date_is": "the commit's date: the report is a function of the source at that commit",
         "triton": tools.get("triton", "unknown"),
         "ptxas": ptxas,
         "cuobjdump": tools.get("cuobjdump", "unknown"),
