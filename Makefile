@@ -13,7 +13,7 @@ BENCH_ARGS ?=
 DEPS := $(if $(filter $(VENV)/bin/python,$(PY)),$(STAMP))
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-lab grade bench lint clean
+.PHONY: help setup test test-lab grade bench gpu-report lint clean
 
 # The instructor's tree tests the solutions; a student copy (no solution.py) tests the starters.
 TEST_IMPL := $(if $(wildcard labs/*/solution.py),solution,starter)
@@ -24,6 +24,7 @@ help::
 	@echo "make grade LAB=00    grade your starter.py (LAB_IMPL=starter); omit LAB for all labs"
 	@echo "make test-lab LAB=00 run one lab's tests ($(TEST_IMPL).py)"
 	@echo "make bench           benchmark the Triton kernels (interpreter mode without CUDA)"
+	@echo "make gpu-report      compile the kernels for sm_80/90/100 on the CPU: regs, spills, smem, MMAs"
 	@echo "make lint            ruff"
 
 # One stamp per requirements file: a second `make test` installs nothing.
@@ -49,6 +50,10 @@ grade: $(DEPS)
 bench: $(DEPS)
 	@echo ">> benchmarking the lab kernels"
 	$(PY) -m bench --impl $(TEST_IMPL) $(BENCH_ARGS)
+
+gpu-report: $(DEPS)
+	@echo ">> compiling the lab kernels for sm_80, sm_90, sm_100 (compiled, not run; cached in build/gpu-report/)"
+	$(PY) -m bench.gpu_report
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
