@@ -149,7 +149,8 @@ def test_nothing_else_is_skipped_for_want_of_triton(outcomes):
     )
 
 
-def test_the_grader_counts_only_what_ran(python, tmp_path):
+def test_the_grader_counts_only_what_ran(python, outcomes, tmp_path):
+    not_run = {lab_of(k) for k, v in outcomes.items() if v["reason"].startswith("not run:")}
     results = tmp_path / "results.json"
     cmd = [
         str(python),
@@ -174,6 +175,8 @@ def test_the_grader_counts_only_what_ran(python, tmp_path):
     assert sorted(lab["name"] for lab in labs) == LABS
     for lab in labs:
         assert lab["possible"] > 0, f"{lab['name']}: nothing graded without triton"
+        if lab["name"] in not_run:
+            assert lab.get("not_run", lab["skipped"]) > 0, f"{lab['name']}: Triton tests counted"
         assert lab["score"] == lab["possible"], (
             f"{lab['name']}: {lab['score']}/{lab['possible']} with the solutions and no "
             f"triton: {lab.get('problems')}\n{done.stdout[-3000:]}"
