@@ -111,4 +111,4 @@ test-no-triton: $(DEPS)
 	  tests/test_setup_no_triton.py
 
 clean:
-	rm -rf $(VENV) .venv-no-triton .pytest_cache .hypothesis .ruff_cache
+	rm -rf $(VENV) .pytest_cache .hypothesis .ruff_cache
