@@ -1,6 +1,16 @@
 # The Makefile is the interface: every target works on a fresh clone and says what it does.
 SHELL := /bin/bash
-PYTHON ?= python3
+# Supported Pythons: 3.10-3.13 (the pins in requirements-cpu.txt have wheels for exactly
+# these). Default: python3 if it is one of them, else the newest python3.1x on PATH.
+SUPPORTED_PY := import sys; sys.exit(not (3, 10) <= sys.version_info[:2] <= (3, 13))
+FIND_PYTHON = $(firstword $(foreach p,python3 python3.13 python3.12 python3.11 python3.10,$(if $(shell command -v $(p) >/dev/null 2>&1 && $(p) -c '$(SUPPORTED_PY)' >/dev/null 2>&1 && echo y),$(p))) python3)
+# Looked up once, and only by a recipe that creates the venv.
+PYTHON ?= $(eval PYTHON := $(FIND_PYTHON))$(PYTHON)
+# Where torch comes from. Empty: PyPI, whose Linux wheels are the CUDA build (~2.8 GB with
+# its CUDA libraries). On a Linux laptop without a GPU, use PyTorch's CPU wheel index:
+#   make setup TORCH_INDEX=https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?=
+TORCH_PIN := $(shell grep -E '^torch==' requirements-cpu.txt)
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -13,24 +23,38 @@ BENCH_ARGS ?=
 DEPS := $(if $(filter $(VENV)/bin/python,$(PY)),$(STAMP))
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-lab grade bench lint clean
+.PHONY: help setup test test-lab grade bench gpu-report lint clean check-setup test-no-triton
 
 # The instructor's tree tests the solutions; a student copy (no solution.py) tests the starters.
 TEST_IMPL := $(if $(wildcard labs/*/solution.py),solution,starter)
 
 help::
-	@echo "make setup           create .venv with the pinned CPU packages (first time: a few minutes)"
+	@echo "make setup           create .venv with the pinned packages (first time: a few minutes)"
+	@echo "                     on Linux without a GPU: make setup TORCH_INDEX=https://download.pytorch.org/whl/cpu"
 	@echo "make test            run the whole CPU suite ($(TEST_IMPL).py of every lab)"
 	@echo "make grade LAB=00    grade your starter.py (LAB_IMPL=starter); omit LAB for all labs"
 	@echo "make test-lab LAB=00 run one lab's tests ($(TEST_IMPL).py)"
 	@echo "make bench           benchmark the Triton kernels (interpreter mode without CUDA)"
+	@echo "make gpu-report      compile the kernels for sm_80/90/100 on the CPU: regs, spills, smem, MMAs"
 	@echo "make lint            ruff"
+	@echo "make check-setup     resolve the pins for Linux/macOS/Windows x Python 3.10-3.13 (PyPI, minutes)"
+	@echo "make test-no-triton  the suite as a Mac or Windows laptop runs it (triton unimportable)"
 
 # One stamp per requirements file: a second `make test` installs nothing.
+# --only-binary: every pin has a wheel for every supported laptop (make check-setup), so
+# nothing is ever compiled; a missing wheel fails at once instead of in a C compiler.
 $(STAMP): requirements-cpu.txt
-	@test -x $(PY) || { echo ">> creating $(VENV) with $(PYTHON)"; $(PYTHON) -m venv $(VENV); }
-	@echo ">> installing pinned CPU requirements into $(VENV) (torch 2.13.0 CPU, triton 3.9.0)"
-	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-cpu.txt
+	@test -x $(PY) || { \
+	  $(PYTHON) -c '$(SUPPORTED_PY)' 2>/dev/null || { \
+	    echo "!! $(PYTHON) is $$($(PYTHON) --version 2>&1): the course needs Python 3.10-3.13."; \
+	    echo "   Install one and run e.g. 'make setup PYTHON=python3.12'."; exit 1; }; \
+	  echo ">> creating $(VENV) with $(PYTHON) ($$($(PYTHON) --version 2>&1))"; \
+	  $(PYTHON) -m venv $(VENV); }
+	$(if $(TORCH_INDEX),$(PY) -m pip install --quiet --disable-pip-version-check \
+	  --only-binary=:all: --index-url $(TORCH_INDEX) $(TORCH_PIN))
+	@echo ">> installing the pinned requirements into $(VENV) (first time: a few minutes)"
+	$(PY) -m pip install --quiet --disable-pip-version-check --only-binary=:all: \
+	  -r requirements-cpu.txt
 	@touch $@
 
 setup: $(STAMP)
@@ -50,8 +74,25 @@ bench: $(DEPS)
 	@echo ">> benchmarking the lab kernels"
 	$(PY) -m bench --impl $(TEST_IMPL) $(BENCH_ARGS)
 
+gpu-report: $(DEPS)
+	@echo ">> compiling the lab kernels for sm_80, sm_90, sm_100 (compiled, not run; cached in build/gpu-report/)"
+	$(PY) -m bench.gpu_report
+
 lint: $(STAMP)
 	$(PY) -m ruff check .
+
+# Resolve requirements-cpu.txt against PyPI for every supported laptop and Python (network,
+# a few minutes), then run the suite with triton unimportable (what a Mac or Windows laptop
+# runs).
+check-setup: $(DEPS)
+	@echo ">> resolving the pins for Linux x86-64/aarch64, macOS arm64, Windows x Python 3.10-3.13"
+	CHECK_SETUP=1 LAB_IMPL=$(TEST_IMPL) $(PY) -m pytest -q -p no:cacheprovider -m setup \
+	  tests/test_setup.py tests/test_setup_no_triton.py
+
+test-no-triton: $(DEPS)
+	@echo ">> the suite where 'import triton' fails, as on macOS and Windows"
+	CHECK_SETUP=1 LAB_IMPL=$(TEST_IMPL) $(PY) -m pytest -q -p no:cacheprovider \
+	  tests/test_setup_no_triton.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .ruff_cache

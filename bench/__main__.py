@@ -158,7 +158,7 @@ def run(args: argparse.Namespace, chosen: list[KernelSpec], command: str) -> int
     ]
     print()
     print(report.format_table(per_kernel, verdicts, roofs, dtype_name))
-    print("Targets (../shared/DESIGN.md; evaluated on a GPU only):")
+    print("Targets (README.md, \"Benchmarks\"; evaluated on a GPU only):")
     print(report.headline_markdown(verdicts, real) if verdicts else "(no target shapes ran)")
     if runner.cuda_broken:
         print(f"\nA CUDA error stopped the run early: {runner.cuda_broken}")

@@ -107,3 +107,19 @@ def rate(work: Work, ms: float) -> dict[str, float]:
         "kv_GBps": work.kv_bytes / ms / 1e6,
         "TFLOPs": work.flops / ms / 1e9,
     }
+
+
+# The H100 SXM5 datasheet figures (NVIDIA): 3.35 TB/s of HBM3, 989 dense bf16 TFLOP/s.
+H100_TBPS = 3.35
+H100_TFLOPS = 989.0
+
+
+def lower_bound_ms(
+    work: Work, tbps: float = H100_TBPS, tflops: float = H100_TFLOPS
+) -> tuple[float, str]:
+    """``(ms, roof)``: no kernel can beat moving ``work.bytes`` at ``tbps`` TB/s nor doing
+    ``work.flops`` at ``tflops`` TFLOP/s; ``roof`` names the one that binds (``memory`` or
+    ``compute``). On an H100 by default: what a kernel would have to reach."""
+    memory_ms = work.bytes / (tbps * 1e12) * 1e3
+    compute_ms = work.flops / (tflops * 1e12) * 1e3
+    return (memory_ms, "memory") if memory_ms >= compute_ms else (compute_ms, "compute")

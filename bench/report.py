@@ -61,6 +61,22 @@ def evaluate(
     if kernel is None or kernel.status != "ok" or not kernel.ms:
         verdict["status"] = f"n/a (kernel {kernel.status if kernel else 'missing'})"
         return verdict
+    required, measured = _measure(target, res, all_results, roofs, kernel, verdict)
+    verdict["required"], verdict["measured"] = required, measured
+    if measured is None:
+        verdict["status"] = f"n/a (no {target.ref or 'breakdown'} row in this run)"
+    elif target.kind == "merge_share":
+        verdict["status"] = "PASS" if measured <= target.value else "MISS"
+    else:
+        verdict["status"] = "PASS" if measured >= (required or 0.0) else "MISS"
+    return verdict
+
+
+def _measure(
+    target: Target, res: ShapeResult, all_results: list[ShapeResult], roofs: Roofs,
+    kernel: Any, verdict: dict[str, Any],
+) -> tuple[float | None, float | None]:
+    """``(required, measured)`` for one target on a kernel row that ran."""
     required: float | None = target.value
     measured: float | None = None
     if target.kind == "kv_GBps":
@@ -91,14 +107,7 @@ def evaluate(
             measured = 100 * (kernel.TFLOPs or 0.0) / other_kernel.TFLOPs
     else:
         raise ValueError(f"unknown target kind {target.kind!r}")
-    verdict["required"], verdict["measured"] = required, measured
-    if measured is None:
-        verdict["status"] = f"n/a (no {target.ref or 'breakdown'} row in this run)"
-    elif target.kind == "merge_share":
-        verdict["status"] = "PASS" if measured <= target.value else "MISS"
-    else:
-        verdict["status"] = "PASS" if measured >= (required or 0.0) else "MISS"
-    return verdict
+    return required, measured
 
 
 def _unit(kind: str) -> str:

@@ -1,11 +1,13 @@
-"""The device's roofs, measured in the same run as the kernels, plus the datasheet figures.
+"""The device's roofs, measured by ``make bench`` in the same run as the kernels, plus the
+datasheet figures.
 
 * Copy bandwidth: ``dst.copy_(src)`` on a tensor far larger than L2 (1 GiB by default),
-  counted as 2x its bytes (one read, one write). On an H100 SXM this gives about
-  3.0 TB/s against the 3.35 TB/s on the datasheet.
+  counted as 2x its bytes (one read, one write). Expected on an H100 SXM: about 3.0 TB/s
+  against the 3.35 TB/s of the datasheet (a practical figure reported for H100 SXM hosts,
+  not yet measured by this project: no GPU output is captured in ``captured_outputs/``).
 * GEMM throughput: ``torch.matmul`` of two bf16 8192x8192 matrices (cuBLAS), counted as
-  ``2*n^3`` FLOPs. About 800 TFLOP/s on an H100 SXM against the 989 dense bf16 of the
-  datasheet.
+  ``2*n^3`` FLOPs. Expected: about 800 TFLOP/s on an H100 SXM against the 989 dense bf16
+  of the datasheet (same caveat).
 
 "% meas" in the table is relative to these two numbers; "% nom" to the datasheet figures
 below, where the GPU is one we know (never guessed for an unknown name).

@@ -1,4 +1,4 @@
-"""Benchmark shapes and the targets attached to them (from ../shared/DESIGN.md).
+"""Benchmark shapes and the targets attached to them (the course targets in README.md).
 
 Every workload is described the same way, the serving way: per sequence, ``q_len`` new
 query tokens at the end of a context of ``seq_len`` tokens (cached + new). Dense prefill

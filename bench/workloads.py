@@ -1,6 +1,6 @@
 """Inputs, a spot-check reference and the baselines for each calling convention.
 
-Three conventions cover the labs' Triton kernels (see ../shared/DESIGN.md):
+Three conventions cover the labs' Triton kernels (each lab README's "Contract" section):
 
 * ``DenseWorkload``  ``fn(q, k, v, causal=...)`` on ``[B, H, L, d]`` (lab-00).
 * ``PagedDecodeWorkload``  ``fn(q, k_cache, v_cache, block_tables, seq_lens, ...)`` with q

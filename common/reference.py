@@ -42,6 +42,8 @@ def reference_attention(
     v: Any,
     scale: float | None = None,
     mask: Any = None,
+    window: int | None = None,
+    sinks: Any = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Dense softmax(q kᵀ · scale) v in float64, with its log-sum-exp.
 
@@ -52,11 +54,21 @@ def reference_attention(
         scale: defaults to ``1/sqrt(d)``.
         mask: ``None`` (attend everything) or a boolean array broadcastable to
             ``[H, Lq, Lk]`` (``[Lq, Lk]`` is the usual case); True means "may attend".
+        window: ``None`` (no window) or an int ``>= 1``: query ``i`` sits at position
+            ``p = Lk - Lq + i`` (the queries are the last ``Lq`` of the ``Lk`` tokens, as in
+            decode and chunked prefill) and sees only its ``window`` most recent keys,
+            itself included: ``p - window < j <= p`` (FlashAttention's
+            ``window_size=(window - 1, 0)``; Hugging Face's and vLLM's ``sliding_window``).
+            Combined with ``mask`` by AND.
+        sinks: ``None`` or ``[H]`` per-head logits (gpt-oss's attention sinks), in the units
+            of the scaled scores: each joins its head's softmax denominator as
+            ``exp(sink)`` and contributes no value. Not affected by ``mask`` or ``window``.
 
     Returns:
         ``(out [Lq, H, dv], lse [Lq, H])`` (2-D inputs give ``[Lq, dv]`` and ``[Lq]``).
         ``lse = m + log(l)`` in natural log; a row that may attend nothing has
-        ``lse = -inf`` and output 0.
+        ``lse = -inf`` and output 0. With sinks, ``l`` includes ``exp(sink)`` (a row that
+        attends nothing then has output 0 and ``lse = sink``).
     """
     q, k, v = to_float64(q), to_float64(k), to_float64(v)
     single_head = q.ndim == 2
@@ -78,13 +90,16 @@ def reference_attention(
     allowed = np.ones_like(scores, dtype=bool)
     if mask is not None:
         allowed = np.broadcast_to(np.asarray(mask, dtype=bool), scores.shape)
+    if window is not None:
+        allowed = allowed & window_mask(Lq, Lk, window)
     scores = np.where(allowed, scores, -np.inf)
+    sink = _sink_logits(sinks, H)  # [H] (-inf: no sink)
 
-    m = scores.max(axis=-1, initial=-np.inf)  # [H, Lq]
-    empty = ~allowed.any(axis=-1)
+    m = np.maximum(scores.max(axis=-1, initial=-np.inf), sink[:, None])  # [H, Lq]
+    empty = np.isneginf(m)  # nothing to attend and no sink
     m_safe = np.where(empty, 0.0, m)
     p = np.where(allowed, np.exp(scores - m_safe[..., None]), 0.0)  # [H, Lq, Lk]
-    l = p.sum(axis=-1)
+    l = p.sum(axis=-1) + np.exp(sink[:, None] - m_safe)  # the sink: a weight, no value
     l_safe = np.where(empty, 1.0, l)
     out = np.einsum("hqk,khd->qhd", p / l_safe[..., None], v_per_q)  # [Lq, H, dv]
     with np.errstate(divide="ignore"):
@@ -94,8 +109,96 @@ def reference_attention(
     return out, lse
 
 
+def window_mask(num_queries: int, num_keys: int, window: int) -> np.ndarray:
+    """``mask[i, j]``: query ``i`` (at position ``num_keys - num_queries + i``) may attend key
+    ``j``, i.e. ``j`` is among its ``window`` most recent tokens, itself included.
+    ``[num_queries, num_keys]``."""
+    if isinstance(window, bool) or int(window) != window or window < 1:
+        raise ValueError(f"window must be an integer >= 1 (or None), got {window!r}")
+    pos = np.arange(num_queries)[:, None] + (num_keys - num_queries)
+    keys = np.arange(num_keys)[None, :]
+    return (keys <= pos) & (keys > pos - int(window))
+
+
+def _sink_logits(sinks: Any, num_heads: int) -> np.ndarray:
+    """``sinks`` as ``[num_heads]`` float64 (``-inf`` everywhere when ``None``)."""
+    if sinks is None:
+        return np.full(num_heads, -np.inf)
+    sink = to_float64(sinks).reshape(-1)
+    if sink.shape != (num_heads,):
+        raise ValueError(f"sinks must have shape [{num_heads}] (one per query head), "
+                         f"got {np.shape(sinks)}")
+    return sink
+
+
 def reference_softmax(x: Any) -> np.ndarray:
     """Softmax of a 1-D vector in float64 (max-subtracted, so huge values do not overflow)."""
     x = to_float64(x)
     e = np.exp(x - x.max())
     return e / e.sum()
+
+
+def reference_attention_backward(
+    q: Any,
+    k: Any,
+    v: Any,
+    do: Any,
+    scale: float | None = None,
+    mask: Any = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The gradients of :func:`reference_attention`'s ``out`` in float64, textbook formulas.
+
+    With ``P = softmax(q kᵀ · scale)`` (masked entries 0) and ``dO`` the gradient of ``out``:
+    ``dV = Pᵀ dO``, ``dP = dO Vᵀ``, ``dS = P ∘ (dP − rowsum(P ∘ dP))``,
+    ``dQ = scale · dS K``, ``dK = scale · dSᵀ Q``, each per query head; a KV head's ``dK``
+    and ``dV`` are the sums over the query heads that read it (GQA, MQA).
+
+    Args:
+        q, k, v, scale, mask: as in :func:`reference_attention` (3-D or 2-D).
+        do: ``[Lq, H, dv]`` (or ``[Lq, dv]``), the gradient of ``out``.
+
+    Returns:
+        ``(dq, dk, dv)`` shaped like ``q``, ``k``, ``v``. A row that may attend nothing
+        contributes nothing.
+    """
+    q, k, v, do = to_float64(q), to_float64(k), to_float64(v), to_float64(do)
+    single_head = q.ndim == 2
+    if single_head:
+        q, k, v, do = q[:, None, :], k[:, None, :], v[:, None, :], do[:, None, :]
+    if q.ndim != 3 or k.ndim != 3 or v.ndim != 3 or do.ndim != 3:
+        raise ValueError(
+            f"q, k, v, do must be [L, heads, dim]; got {q.shape}, {k.shape}, {v.shape}, {do.shape}"
+        )
+    Lq, H, d = q.shape
+    Lk, KVH, dk_ = k.shape
+    if dk_ != d or v.shape[:2] != (Lk, KVH):
+        raise ValueError(f"shapes do not agree: q {q.shape}, k {k.shape}, v {v.shape}")
+    if do.shape != (Lq, H, v.shape[2]):
+        raise ValueError(f"do has shape {do.shape}, expected {(Lq, H, v.shape[2])}")
+    kv_head_for(0, H, KVH)  # validates the head counts
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+
+    heads = kv_head_for(np.arange(H), H, KVH)
+    k_per_q, v_per_q = k[:, heads, :], v[:, heads, :]  # [Lk, H, d], [Lk, H, dv]
+    scores = np.einsum("qhd,khd->hqk", q, k_per_q) * scale  # [H, Lq, Lk]
+    allowed = np.ones_like(scores, dtype=bool)
+    if mask is not None:
+        allowed = np.broadcast_to(np.asarray(mask, dtype=bool), scores.shape)
+    scores = np.where(allowed, scores, -np.inf)
+    m = np.where(allowed.any(axis=-1), scores.max(axis=-1, initial=-np.inf), 0.0)
+    e = np.where(allowed, np.exp(scores - m[..., None]), 0.0)
+    l = e.sum(axis=-1)
+    p = e / np.where(l > 0, l, 1.0)[..., None]  # [H, Lq, Lk], rows of nothing are 0
+
+    dv_per_q = np.einsum("hqk,qhd->khd", p, do)  # [Lk, H, dv]  dV = Pᵀ dO
+    dp = np.einsum("qhd,khd->hqk", do, v_per_q)  # [H, Lq, Lk]  dP = dO Vᵀ
+    ds = p * (dp - (p * dp).sum(axis=-1, keepdims=True))  # the softmax Jacobian
+    dq = np.einsum("hqk,khd->qhd", ds, k_per_q) * scale  # [Lq, H, d]
+    dk_per_q = np.einsum("hqk,qhd->khd", ds, q) * scale  # [Lk, H, d]
+
+    group = H // KVH  # query heads h*group ... h*group+group-1 read KV head h
+    dk = dk_per_q.reshape(Lk, KVH, group, d).sum(axis=2)
+    dv = dv_per_q.reshape(Lk, KVH, group, v.shape[2]).sum(axis=2)
+    if single_head:
+        return dq[:, 0, :], dk[:, 0, :], dv[:, 0, :]
+    return dq, dk, dv

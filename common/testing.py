@@ -162,8 +162,9 @@ def peak_memory(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any,
 
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-_SYNC_METHODS = ("cpu", "item", "tolist", "numpy", "__bool__", "__int__", "__float__",
-                 "__index__", "__array__")
+# What copies a device tensor to the host. (``.numpy()`` and ``np.asarray`` refuse a CUDA
+# tensor, so they only ever follow one of these and are not counted again.)
+_SYNC_METHODS = ("cpu", "item", "tolist", "__bool__", "__int__", "__float__", "__index__")
 
 
 @contextlib.contextmanager
@@ -194,8 +195,8 @@ def _recording_host_syncs(folder: Path) -> Iterator[list[str]]:
 def host_syncs(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, list[str]]:
     """``(fn(...), the host synchronisations its lab's own code made)``.
 
-    Counts ``.cpu()``, ``.item()``, ``.tolist()``, ``.numpy()`` and conversions to Python
-    numbers or booleans of torch tensors, called from the course's own files (the lab's code,
+    Counts ``.cpu()``, ``.item()``, ``.tolist()`` and conversions to Python numbers or
+    booleans of torch tensors, called from the course's own files (the lab's code,
     its provided code, ``common``), not from Triton's or torch's launch machinery. On a GPU
     each is a device-to-host copy that stalls the stream.
     """

@@ -13,8 +13,9 @@
 Helpers (one answer per question, used by every launcher):
 ``on_interpreter(t)``, ``dot_precision(dtype)``, ``dot_tile(n)``, ``tile_config(...)``,
 ``check_kernel_dtype(t, name)`` and ``LOG2E`` (kernels use ``exp2`` with ``log2(e)`` folded
-into the softmax scale, as FlashAttention and vLLM do: ``exp(x) == exp2(x * LOG2E)``, and
-``exp2`` is the instruction the GPU's special-function unit has).
+into the softmax scale, as FlashAttention's and FlashInfer's CUDA kernels and Triton's fused
+attention tutorial do: ``exp(x) == exp2(x * LOG2E)``, and ``exp2`` is the instruction the
+GPU's special-function unit has; vLLM 0.33.0's Triton kernels call ``tl.exp``).
 """
 
 from __future__ import annotations

@@ -256,6 +256,7 @@ def test_datasheet_roofs_are_known_for_h100_variants_and_never_guessed():
     assert nominal_for("Some Future GPU") == (None, None, None)
 
 
+@pytest.mark.triton  # imports triton.testing: skipped with the reason where triton is missing
 def test_on_cuda_the_timer_asks_do_bench_for_the_median_and_spread(monkeypatch):
     import triton.testing
 

@@ -66,3 +66,55 @@ def test_grading_starters_never_imports_a_solution_module():
     assert done.returncode == 0, done.stderr[-2000:]
     loaded = json.loads(done.stdout.strip().splitlines()[-1])
     assert loaded == [], f"LAB_IMPL=starter imported solution files: {loaded}"
+
+
+def _fresh_module(lab: pathlib.Path, kind: str):
+    """``<lab>/<kind>.py`` imported anew under a private name (never a cached copy)."""
+    import importlib.util
+
+    name = f"course_rules_{lab.name.replace('-', '_')}.{kind}"
+    spec = importlib.util.spec_from_file_location(name, lab / f"{kind}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules[name]
+    return module
+
+
+def _public_api(module, lab: pathlib.Path) -> dict[str, str]:
+    """Public name -> signature (or kind) of what a lab module defines or re-exports from its
+    own folder (functions, classes, kernels); imports from numpy/torch/common are not API."""
+    import inspect
+
+    own = {module.__name__, f"{lab.name.replace('-', '_')}.provided"}
+    api: dict[str, str] = {}
+    for name, obj in vars(module).items():
+        if name.startswith("_") or inspect.ismodule(obj):
+            continue
+        target = getattr(obj, "fn", obj)  # a triton.jit kernel wraps its Python function
+        if getattr(target, "__module__", "") not in own:
+            continue
+        if inspect.isclass(obj):
+            api[name] = "class"
+        elif callable(target):
+            try:
+                api[name] = str(inspect.signature(target))
+            except (TypeError, ValueError):
+                api[name] = "callable"
+    return api
+
+
+@pytest.mark.parametrize(
+    "lab", [p for p in LABS if (p / "solution.py").is_file()], ids=lambda p: p.name
+)
+def test_starter_and_solution_expose_the_same_public_names_and_signatures(lab):
+    starter = _public_api(_fresh_module(lab, "starter"), lab)
+    solution = _public_api(_fresh_module(lab, "solution"), lab)
+    assert starter.keys() == solution.keys(), (
+        f"{lab.name}: only in starter.py: {sorted(starter.keys() - solution.keys())}; "
+        f"only in solution.py: {sorted(solution.keys() - starter.keys())}"
+    )
+    differ = {n: (starter[n], solution[n]) for n in starter if starter[n] != solution[n]}
+    assert not differ, f"{lab.name}: (starter, solution) signatures differ: {differ}"

@@ -33,7 +33,7 @@ INSTRUCTOR_WORDS = [
     (re.compile(r"\bfor instructors\b", re.IGNORECASE), "an instructor section"),
     (re.compile(r"LAB_IMPL=solution\b"), "LAB_IMPL=solution (there is no solution here)"),
     (re.compile(r"(?<![\w/.-])(?<!-m )pytest (?=labs/|tests/|-)"), "a bare pytest (use .venv)"),
-    (re.compile(r"(?<![\w/.-])python3? (?=labs/|tests/|-m pytest)"), "a bare python (use .venv)"),
+    (re.compile(r"(?<![\w/.\\-])python3? (?=labs/|tests/|-m pytest)"), "a bare python (use .venv)"),
 ]
 MAKE_TARGET = re.compile(r"(?:^\s*|`)make ([a-z][\w-]*)")  # `make x`, or a code line of it
 PY_FILE = re.compile(r"(?<![\w/.-])((?:[\w.-]+/)*[\w-]+\.py)\b")

@@ -13,55 +13,21 @@ it exactly. After the last tile: out = acc / l and lse = m + log(l).
 
 Causal attention here is *top-left* aligned, like PyTorch SDPA's ``is_causal``: query ``i``
 attends keys ``0 … i`` whatever Lq and Lk are (keys past the last query are never read).
+The given code (input checks, scale, tile sizes, launch grid) is in ``provided.py``.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from typing import Any
 
 import numpy as np
+import torch
 
-from common.triton_env import DEVICE, INTERPRET, tl, triton
+from common.loader import load_lab_module
+from common.triton_env import dot_precision, dot_tile, log2e_scale, tile_config, tl, triton
 
-# ---------------------------------------------------------------------------------------
-# Input checks (one place, so every function fails the same readable way)
-# ---------------------------------------------------------------------------------------
-
-
-def _positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
-
-
-def _as_vector(x: Any) -> np.ndarray:
-    x = np.asarray(x)
-    if x.ndim != 1:
-        raise ValueError(f"x must be a 1-D vector, got shape {x.shape}")
-    return x.astype(np.result_type(x.dtype, np.float32), copy=False)
-
-
-def _check_qkv(q: Any, k: Any, v: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """q [Lq, d], k [Lk, d], v [Lk, dv] as float arrays of one dtype (float64 stays float64)."""
-    q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if x.ndim != 2:
-            raise ValueError(f"{name} must be 2-D [length, dim], got shape {x.shape}")
-    if q.shape[1] == 0:
-        raise ValueError(f"q must have head_dim >= 1, got shape {q.shape}")
-    if k.shape[1] != q.shape[1]:
-        raise ValueError(f"k has head_dim {k.shape[1]} but q has {q.shape[1]}: k {k.shape}")
-    if v.shape[0] != k.shape[0]:
-        raise ValueError(f"v has {v.shape[0]} rows but k has {k.shape[0]}: v {v.shape}")
-    dtype = np.result_type(q.dtype, k.dtype, v.dtype, np.float32)
-    return q.astype(dtype, copy=False), k.astype(dtype, copy=False), v.astype(dtype, copy=False)
-
-
-def _scale_for(head_dim: int, scale: float | None) -> float:
-    return 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
-
+provided = load_lab_module(__file__, "provided")
 
 # ---------------------------------------------------------------------------------------
 # 1. The baseline: materialise the whole score matrix
@@ -85,11 +51,11 @@ def naive_attention(
     Returns:
         ``out [Lq, dv]`` (zeros when there are no keys).
     """
-    q, k, v = _check_qkv(q, k, v)
+    q, k, v = provided.check_qkv(q, k, v)
     Lq, Lk = q.shape[0], k.shape[0]
     if Lk == 0:
         return np.zeros((Lq, v.shape[1]), dtype=q.dtype)
-    scores = (q @ k.T) * _scale_for(q.shape[1], scale)  # [Lq, Lk]: the O(N^2) array
+    scores = (q @ k.T) * provided.scale_for(q.shape[1], scale)  # [Lq, Lk]: the O(N^2) array
     if causal:
         allowed = np.arange(Lk)[None, :] <= np.arange(Lq)[:, None]  # top-left: j <= i
         scores = np.where(allowed, scores, -np.inf)
@@ -115,8 +81,8 @@ def online_softmax_steps(x: np.ndarray, tile_size: int) -> list[tuple[float, flo
     Returns:
         ``ceil(len(x) / tile_size)`` pairs ``(m, l)`` as Python floats.
     """
-    x = _as_vector(x)
-    tile_size = _positive_int("tile_size", tile_size)
+    x = provided.as_vector(x)
+    tile_size = provided.positive_int("tile_size", tile_size)
     m, l = -math.inf, 0.0
     steps: list[tuple[float, float]] = []
     for start in range(0, x.size, tile_size):
@@ -133,7 +99,7 @@ def online_softmax_steps(x: np.ndarray, tile_size: int) -> list[tuple[float, flo
 def online_softmax(x: np.ndarray, tile_size: int) -> np.ndarray:
     """softmax(x) from the ``(m, l)`` of one tiled pass: ``exp(x - m) / l``. Same shape as x."""
     steps = online_softmax_steps(x, tile_size)
-    x = _as_vector(x)
+    x = provided.as_vector(x)
     if not steps:
         return np.zeros_like(x)
     m, l = steps[-1]
@@ -179,11 +145,11 @@ def flash_attention_forward(
         ``(out [Lq, dv], lse [Lq])`` with ``lse = m + log(l)`` (natural log); a row with
         no keys has output 0 and ``lse = -inf``.
     """
-    q, k, v = _check_qkv(q, k, v)
-    block_q = _positive_int("block_q", block_q)
-    block_k = _positive_int("block_k", block_k)
+    q, k, v = provided.check_qkv(q, k, v)
+    block_q = provided.positive_int("block_q", block_q)
+    block_k = provided.positive_int("block_k", block_k)
     Lq, Lk, dv = q.shape[0], k.shape[0], v.shape[1]
-    scale = _scale_for(q.shape[1], scale)
+    scale = provided.scale_for(q.shape[1], scale)
     out = np.zeros((Lq, dv), dtype=q.dtype)
     lse = np.full(Lq, -np.inf, dtype=q.dtype)
     if Lk == 0:  # no keys at all: output 0, lse -inf (not 0 / 0)
@@ -218,25 +184,20 @@ def score_matrix_bytes(
 ) -> int:
     """Bytes of the ``seq_len x seq_len`` score matrices naive attention materialises.
 
-    ``seq_len**2 * num_heads * num_layers * bytes_per_element`` (FP16 = 2 bytes): 512 tokens
-    give 0.5 MiB per head, 8192 give 128 MiB, 32768 give 2 GiB.
+    One matrix per head per layer, ``bytes_per_element`` bytes per score (FP16 = 2): at
+    FP16 one head holds 0.5 MiB at 512 tokens, 128 MiB at 8192 and 2 GiB at 32768.
+    ``ValueError`` (naming the argument) for a negative ``seq_len`` or a count below 1.
     """
-    if isinstance(seq_len, bool) or not isinstance(seq_len, int | np.integer) or seq_len < 0:
-        raise ValueError(f"seq_len must be a non-negative integer, got {seq_len!r}")
-    num_heads = _positive_int("num_heads", num_heads)
-    num_layers = _positive_int("num_layers", num_layers)
-    bytes_per_element = _positive_int("bytes_per_element", bytes_per_element)
-    return int(seq_len) ** 2 * num_heads * num_layers * bytes_per_element
+    seq_len = provided.non_negative_int("seq_len", seq_len)
+    num_heads = provided.positive_int("num_heads", num_heads)
+    num_layers = provided.positive_int("num_layers", num_layers)
+    bytes_per_element = provided.positive_int("bytes_per_element", bytes_per_element)
+    return seq_len**2 * num_heads * num_layers * bytes_per_element
 
 
 # ---------------------------------------------------------------------------------------
-# 4. The same algorithm as a Triton kernel: one program per (query tile, batch*head)
+# 4. The same algorithm as a Triton kernel: one program per (query tile, batch·head)
 # ---------------------------------------------------------------------------------------
-
-LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)): the scale is folded into qk_scale
-# A global read inside @triton.jit must be a tl.constexpr (a plain float compiles in the
-# interpreter but is a NameError on a GPU).
-LN2 = tl.constexpr(0.6931471805599453)
 
 # Kernel arguments are grouped by meaning, one group per line, so the formatter is off here.
 # fmt: off
@@ -259,13 +220,15 @@ def _attn_fwd_tiles(
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + offs_n  # key positions of this tile
-        k_mask = offs_d[:, None] < HEAD_DIM
+        k_mask = offs_d[:, None] < HEAD_DIM  # the head-dim pad reads zeros
         v_mask = offs_dv[None, :] < HEAD_DIM_V
-        if MASKED:  # never read keys at or past hi (they may be another tile's or nobody's)
+        if MASKED:  # never read keys at or past hi (another tile's, nobody's, or past Lk)
             k_mask = k_mask & (cols[None, :] < hi)
             v_mask = v_mask & (cols[:, None] < hi)
+        key_offs = cols.to(tl.int64)  # key * stride_kn passes 2^31 once L * H * d does
         k_t = tl.load(
-            k_base + cols[None, :] * stride_kn + offs_d[:, None] * stride_kd, mask=k_mask, other=0.0
+            k_base + key_offs[None, :] * stride_kn + offs_d[:, None] * stride_kd,
+            mask=k_mask, other=0.0,
         )  # [D_PAD, BLOCK_N]
         s = tl.dot(q, k_t, input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N], log2
         if MASKED:
@@ -274,13 +237,12 @@ def _attn_fwd_tiles(
                 keep = keep & (cols[None, :] <= offs_m[:, None])  # the diagonal is attended
             s = tl.where(keep, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.math.exp2(m_i - m_new)  # exp(m_old - m_new): 0 on the first tile
-        p = tl.math.exp2(s - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)  # exp(m_old - m_new) in base 2: 0 on the first tile
+        p = tl.math.exp2(s - m_new[:, None])  # [BLOCK_M, BLOCK_N]
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(
-            v_base + cols[:, None] * stride_vn + offs_dv[None, :] * stride_vd,
-            mask=v_mask,
-            other=0.0,
+            v_base + key_offs[:, None] * stride_vn + offs_dv[None, :] * stride_vd,
+            mask=v_mask, other=0.0,
         )  # [BLOCK_N, DV_PAD]
         acc = acc * alpha[:, None]
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)  # fp32 accumulate
@@ -295,30 +257,42 @@ def _flash_attn_fwd_kernel(
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_ob, stride_oh, stride_om, stride_od,
+    stride_lb, stride_lh, stride_lm,
     num_heads, seqlen_q, seqlen_k, qk_scale,
     HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
     D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
-    CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,  # "ieee" for float32 inputs (exact), "tf32" otherwise
+    CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
-    """One program = one tile of BLOCK_M query rows of one (batch, head)."""
-    start_m = tl.program_id(0)
-    off_bh = tl.program_id(1)
+    """One program = one tile of BLOCK_M query rows of one (batch, head).
+
+    Q ``[B, H, Lq, HEAD_DIM]``, K ``[B, H, Lk, HEAD_DIM]``, V ``[B, H, Lk, HEAD_DIM_V]``,
+    Out ``[B, H, Lq, HEAD_DIM_V]`` (any strides, one stride per dim); Lse ``[B, H, Lq]``
+    float32. ``qk_scale`` = softmax scale x log2(e), so scores are in base 2 (``exp2``).
+    D_PAD / DV_PAD: head dims padded to a ``tl.dot`` tile. The grid is
+    ``provided.attention_grid``: program ``pid`` is query tile ``pid % cdiv(Lq, BLOCK_M)``
+    of batch·head ``pid // cdiv(Lq, BLOCK_M)``.
+    """
+    pid = tl.program_id(0)
+    num_m_tiles = tl.cdiv(seqlen_q, BLOCK_M)
+    start_m = pid % num_m_tiles
+    off_bh = pid // num_m_tiles
     off_b = (off_bh // num_heads).to(tl.int64)
     off_h = (off_bh % num_heads).to(tl.int64)
     q_base = Q + off_b * stride_qb + off_h * stride_qh
     k_base = K + off_b * stride_kb + off_h * stride_kh
     v_base = V + off_b * stride_vb + off_h * stride_vh
     o_base = Out + off_b * stride_ob + off_h * stride_oh
+    lse_base = Lse + off_b * stride_lb + off_h * stride_lh
 
-    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)  # query positions of this tile
+    rows = offs_m.to(tl.int64)
     offs_d = tl.arange(0, D_PAD)
     offs_dv = tl.arange(0, DV_PAD)
+    row_ok = offs_m < seqlen_q
     q = tl.load(
-        q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
-        mask=(offs_m[:, None] < seqlen_q) & (offs_d[None, :] < HEAD_DIM),
-        other=0.0,
+        q_base + rows[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+        mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0,
     )  # [BLOCK_M, D_PAD], stays on chip for the whole loop
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -333,7 +307,7 @@ def _flash_attn_fwd_kernel(
         hi = seqlen_k
         full_hi = seqlen_k
     unmasked_hi = (full_hi // BLOCK_N) * BLOCK_N
-    # Stage 1: tiles below the diagonal and inside Lk, no mask. Stage 2: the rest, masked.
+    # Stage 1: whole tiles every row sees, no mask. Stage 2: the rest (diagonal, ragged tail).
     acc, l_i, m_i = _attn_fwd_tiles(
         acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
         offs_m, 0, unmasked_hi, qk_scale,
@@ -345,108 +319,69 @@ def _flash_attn_fwd_kernel(
         HEAD_DIM, HEAD_DIM_V, D_PAD, DV_PAD, BLOCK_N, CAUSAL, True, DOT_PRECISION,
     )
 
-    # Epilogue: one division per row (FlashAttention-2's final diag(l)^-1).
+    # Epilogue: one division per row (FlashAttention-2's final diag(l)^-1), then the lse.
     acc = acc / l_i[:, None]
-    row_ok = offs_m < seqlen_q
     tl.store(
-        o_base + offs_m[:, None] * stride_om + offs_dv[None, :] * stride_od,
+        o_base + rows[:, None] * stride_om + offs_dv[None, :] * stride_od,
         acc.to(Out.dtype.element_ty),
         mask=row_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V),
     )
-    if STORE_LSE:  # natural-log LSE per row: (m + log2 l) * ln 2
-        tl.store(Lse + off_bh * seqlen_q + offs_m, (m_i + tl.math.log2(l_i)) * LN2, mask=row_ok)
+    # m_i and log2(l_i) are base-2 logs: times ln(2) gives the natural log of the contract
+    tl.store(lse_base + rows * stride_lm, (m_i + tl.math.log2(l_i)) * provided.LN2, mask=row_ok)
 
 
 # fmt: on
 
 
-def _configs() -> list[Any]:
-    """Tile shapes: 16x16 under the interpreter (fast tests), 64-128 tiles tuned on a GPU."""
-    if INTERPRET:
-        return [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4, num_stages=1)]
-    return [
-        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
-        for bm, bn, w, s in [
-            (128, 64, 4, 3),
-            (128, 64, 8, 3),  # 2 warpgroups share the 128 rows: no register spills at d=128
-            (128, 128, 8, 3),
-            (64, 64, 4, 3),
-            (64, 64, 4, 2),  # the small one: fits in shared memory even at head_dim 256
-        ]
-    ]
+def flash_attention_triton(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    scale: float | None = None,
+    *,
+    block_m: int | None = None,
+    block_n: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """FlashAttention forward in Triton on torch tensors.
 
+    Args:
+        q: ``[batch, heads, Lq, d]``; k: ``[batch, heads, Lk, d]``; v: ``[batch, heads, Lk,
+            dv]``: one dtype (float32 or float16 on the CPU interpreter, bfloat16 too on a
+            GPU), any strides (no contiguity assumed), ``dv`` may differ from ``d``.
+        causal: top-left causal, as in ``naive_attention`` and SDPA's ``is_causal``: query ``i``
+            attends keys ``0 … i``; keys past the last query position are never read.
+        scale: defaults to ``1/sqrt(d)`` (the real ``d``, not the padded one).
+        block_m, block_n: query rows / keys per tile (powers of two >= 16); ``None`` = the
+            launcher's choice (``provided.INTERPRETER_TILES`` or ``provided.gpu_tiles``).
 
-_flash_attn_fwd = triton.autotune(configs=_configs(), key=["HEAD_DIM", "HEAD_DIM_V", "CAUSAL"])(
-    _flash_attn_fwd_kernel
-)
-
-
-def _check_bhld(q: Any, k: Any, v: Any) -> None:
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if not hasattr(x, "stride") or x.ndim != 4:
-            raise ValueError(
-                f"{name} must be a 4-D torch tensor [batch, heads, seq, head_dim], "
-                f"got {getattr(x, 'shape', type(x))}"
-            )
-    B, H, _, d = q.shape
-    if tuple(k.shape[:2]) != (B, H) or k.shape[3] != d:
-        raise ValueError(
-            f"k must be [{B}, {H}, Lk, {d}] to match q {tuple(q.shape)}, got {tuple(k.shape)}"
-        )
-    if tuple(v.shape[:3]) != tuple(k.shape[:3]):
-        raise ValueError(f"v must be [{B}, {H}, {k.shape[2]}, dv] to match k, got {tuple(v.shape)}")
-    if d == 0:
-        raise ValueError(f"q must have head_dim >= 1, got {tuple(q.shape)}")
-    if k.dtype != q.dtype or v.dtype != q.dtype:
-        raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if x.device.type != DEVICE:
-            raise ValueError(f"{name} is on {x.device} but Triton runs on {DEVICE} here")
-
-
-def _flash_attention_triton(
-    q: Any, k: Any, v: Any, causal: bool = False, scale: float | None = None, with_lse: bool = False
-) -> tuple[Any, Any]:
-    import torch
-
-    _check_bhld(q, k, v)
+    Returns:
+        ``(out [batch, heads, Lq, dv]`` in q's dtype (accumulated in float32),
+        ``lse [batch, heads, Lq]`` float32, natural log, ``-inf`` for a row with no keys).
+    """
+    provided.check_bhld(q, k, v)
     B, H, Lq, d = q.shape
     Lk, dv = k.shape[2], v.shape[3]
     out = torch.zeros((B, H, Lq, dv), dtype=q.dtype, device=q.device)
     lse = torch.full((B, H, Lq), float("-inf"), dtype=torch.float32, device=q.device)
-    if Lq == 0 or Lk == 0 or B * H == 0:
-        return out, lse  # no keys: output 0, lse -inf
-    qk_scale = _scale_for(d, scale) * LOG2E
-    grid = lambda meta: (triton.cdiv(Lq, meta["BLOCK_M"]), B * H)
+    if B * H * Lq == 0 or Lk == 0:
+        return out, lse  # no keys: output 0, lse -inf (no 0 / 0)
+    tiles = tile_config(
+        q,
+        gpu=provided.gpu_tiles(d),
+        interpreter=provided.INTERPRETER_TILES,
+        block_m=block_m,
+        block_n=block_n,
+    )
     # fmt: off
-    _flash_attn_fwd[grid](
+    _flash_attn_fwd_kernel[provided.attention_grid(B, H, Lq, tiles["block_m"])](
         q, k, v, out, lse,
-        *q.stride(), *k.stride(), *v.stride(), *out.stride(),
-        H, Lq, Lk, qk_scale,
-        HEAD_DIM=d, HEAD_DIM_V=dv,
-        D_PAD=max(16, triton.next_power_of_2(d)), DV_PAD=max(16, triton.next_power_of_2(dv)),
-        CAUSAL=bool(causal), STORE_LSE=with_lse,
-        # float32 tl.dot defaults to TF32 on a GPU (~1e-3 error): ask for IEEE fp32
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        *q.stride(), *k.stride(), *v.stride(), *out.stride(), *lse.stride(),
+        H, Lq, Lk, log2e_scale(provided.scale_for(d, scale)),
+        HEAD_DIM=d, HEAD_DIM_V=dv, D_PAD=dot_tile(d), DV_PAD=dot_tile(dv),
+        CAUSAL=bool(causal), BLOCK_M=tiles["block_m"], BLOCK_N=tiles["block_n"],
+        DOT_PRECISION=dot_precision(q.dtype),  # float32: "ieee", else a GPU uses TF32
+        num_warps=tiles["num_warps"], num_stages=tiles["num_stages"],
     )
     # fmt: on
     return out, lse
-
-
-def flash_attention_triton(
-    q: Any, k: Any, v: Any, causal: bool = False, scale: float | None = None
-) -> Any:
-    """FlashAttention forward in Triton on torch tensors.
-
-    Args:
-        q: ``[batch, heads, Lq, d]``; k: ``[batch, heads, Lk, d]``; v: ``[batch, heads, Lk, dv]``
-            (one dtype: float32 under the interpreter, float16/bfloat16 on a GPU; any strides).
-        causal: top-left causal, as in ``naive_attention`` and SDPA's ``is_causal``: query ``i``
-            attends keys ``0 … i``; keys past the last query position are never read.
-        scale: defaults to ``1/sqrt(d)``.
-
-    Returns:
-        ``out [batch, heads, Lq, dv]`` in q's dtype (accumulated in float32).
-    """
-    out, _ = _flash_attention_triton(q, k, v, causal=causal, scale=scale)
-    return out

@@ -1,8 +1,10 @@
 """Lab 00: online softmax and the FlashAttention forward pass (numpy, then Triton).
 
-Your work. Fill in every function that raises ``NotImplementedError``, then run
+Your work. Fill in every function that raises ``NotImplementedError`` and the Triton kernel
+(its steps are in its docstring), then run
 
-    LAB_IMPL=starter pytest labs/lab-00-online-softmax -q      (or: make grade LAB=00)
+    LAB_IMPL=starter .venv/bin/python -m pytest labs/lab-00-online-softmax -q
+    make grade LAB=00                                 (the same, with a score table)
 
 The whole lab is one recurrence. Walk over the scores of a query row tile by tile and keep
 three running quantities:
@@ -14,55 +16,26 @@ three running quantities:
 Causal attention in this lab is *top-left* aligned, like PyTorch SDPA's ``is_causal``:
 query ``i`` attends keys ``0 … i`` whatever Lq and Lk are.
 
-The small helpers at the top (input checks, the default scale) are given.
+The given code (input checks, the default scale, Triton tile sizes and the launch grid) is
+in ``provided.py``; read it first.
 """
 
 from __future__ import annotations
 
-import math
-from typing import Any
-
 import numpy as np
+import torch
 
-from common.triton_env import DEVICE, INTERPRET, tl, triton
+from common.loader import load_lab_module
+from common.triton_env import (  # noqa: F401  (the launcher's TODO uses them all)
+    dot_precision,
+    dot_tile,
+    log2e_scale,
+    tile_config,
+    tl,
+    triton,
+)
 
-# ---------------------------------------------------------------------------------------
-# Given: input checks (one place, so every function fails the same readable way)
-# ---------------------------------------------------------------------------------------
-
-
-def _positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
-
-
-def _as_vector(x: Any) -> np.ndarray:
-    x = np.asarray(x)
-    if x.ndim != 1:
-        raise ValueError(f"x must be a 1-D vector, got shape {x.shape}")
-    return x.astype(np.result_type(x.dtype, np.float32), copy=False)
-
-
-def _check_qkv(q: Any, k: Any, v: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """q [Lq, d], k [Lk, d], v [Lk, dv] as float arrays of one dtype (float64 stays float64)."""
-    q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if x.ndim != 2:
-            raise ValueError(f"{name} must be 2-D [length, dim], got shape {x.shape}")
-    if q.shape[1] == 0:
-        raise ValueError(f"q must have head_dim >= 1, got shape {q.shape}")
-    if k.shape[1] != q.shape[1]:
-        raise ValueError(f"k has head_dim {k.shape[1]} but q has {q.shape[1]}: k {k.shape}")
-    if v.shape[0] != k.shape[0]:
-        raise ValueError(f"v has {v.shape[0]} rows but k has {k.shape[0]}: v {v.shape}")
-    dtype = np.result_type(q.dtype, k.dtype, v.dtype, np.float32)
-    return q.astype(dtype, copy=False), k.astype(dtype, copy=False), v.astype(dtype, copy=False)
-
-
-def _scale_for(head_dim: int, scale: float | None) -> float:
-    return 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
-
+provided = load_lab_module(__file__, "provided")
 
 # ---------------------------------------------------------------------------------------
 # 1. The baseline: materialise the whole score matrix
@@ -163,23 +136,21 @@ def score_matrix_bytes(
 ) -> int:
     """Bytes of the ``seq_len x seq_len`` score matrices naive attention materialises.
 
-    One ``seq_len x seq_len`` matrix per head per layer, ``bytes_per_element`` bytes per
-    score (FP16 = 2). Raise ``ValueError`` for a negative ``seq_len``.
+    One matrix per head per layer, ``bytes_per_element`` bytes per score (FP16 = 2): at
+    FP16 one head holds 0.5 MiB at 512 tokens, 128 MiB at 8192 and 2 GiB at 32768.
+    ``ValueError`` (naming the argument) for a negative ``seq_len`` or a count below 1.
     """
     raise NotImplementedError("TODO: how many scores does one head of one layer hold?")
 
 
 # ---------------------------------------------------------------------------------------
-# 4. The same algorithm as a Triton kernel: one program per (query tile, batch*head)
+# 4. The same algorithm as a Triton kernel: one program per (query tile, batch·head)
 # ---------------------------------------------------------------------------------------
 
-LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)): fold it into the score scale
-# A global read inside @triton.jit must be a tl.constexpr (a plain float compiles in the
-# interpreter but is a NameError on a GPU).
-LN2 = tl.constexpr(0.6931471805599453)
-
-
+# Kernel arguments are grouped by meaning, one group per line, so the formatter is off here.
 # fmt: off
+
+
 @triton.jit
 def _flash_attn_fwd_kernel(
     Q, K, V, Out, Lse,
@@ -187,103 +158,100 @@ def _flash_attn_fwd_kernel(
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_ob, stride_oh, stride_om, stride_od,
+    stride_lb, stride_lh, stride_lm,
     num_heads, seqlen_q, seqlen_k, qk_scale,
     HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
     D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
-    CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,  # "ieee" for float32 inputs (exact), "tf32" otherwise
+    CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     """One program = one tile of BLOCK_M query rows of one (batch, head).
 
-    TODO, step by step:
-      1. start_m = tl.program_id(0) (which query tile), off_bh = tl.program_id(1); split
-         off_bh into batch and head and offset the Q/K/V/Out pointers with the strides.
-      2. Load the [BLOCK_M, D_PAD] tile of q once (mask rows >= seqlen_q and columns >=
-         HEAD_DIM with other=0: tl.dot needs dims >= 16, so small head dims are padded).
-      3. m_i = -inf, l_i = 0 (shape [BLOCK_M]), acc = 0 ([BLOCK_M, DV_PAD]), all float32.
-      4. Loop over key tiles of BLOCK_N: load k transposed ([D_PAD, BLOCK_N]), s = tl.dot(q, k)
-         * qk_scale (log2 units, use tl.math.exp2; pass input_precision=DOT_PRECISION to
-         both tl.dot calls: float32 on a GPU is otherwise TF32, ~1e-3 off), mask keys >= the
-         bound (and, if CAUSAL, keys after the row), update m_i, l_i, acc;
-         acc = tl.dot(p.to(v.dtype), v, acc).
-         Causal: this tile's last row is its bound, so stop the loop there, and never load
-         keys past it (they may be NaN). Tiles that every row sees in full need no mask.
-      5. acc / l_i[:, None], stored with a row mask; if STORE_LSE, (m_i + log2(l_i)) * LN2.
+    Q ``[B, H, Lq, HEAD_DIM]``, K ``[B, H, Lk, HEAD_DIM]``, V ``[B, H, Lk, HEAD_DIM_V]``,
+    Out ``[B, H, Lq, HEAD_DIM_V]`` (any strides, one stride per dim); Lse ``[B, H, Lq]``
+    float32. ``qk_scale`` = softmax scale x log2(e), so scores are in base 2 (``exp2``).
+    D_PAD / DV_PAD: head dims padded to a ``tl.dot`` tile. The grid is
+    ``provided.attention_grid``: program ``pid`` is query tile ``pid % cdiv(Lq, BLOCK_M)``
+    of batch·head ``pid // cdiv(Lq, BLOCK_M)``.
+
+    TODO, step by step (the numpy ``flash_attention_forward`` is the same loop):
+      1. Which tile: ``pid = tl.program_id(0)``; ``start_m = pid % tl.cdiv(seqlen_q, BLOCK_M)``,
+         ``off_bh = pid // tl.cdiv(seqlen_q, BLOCK_M)``; batch ``off_bh // num_heads``, head
+         ``off_bh % num_heads``, both ``.to(tl.int64)``. Move Q, K, V, Out and Lse to this
+         (batch, head) with their batch and head strides.
+      2. ``offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)`` (query positions). Load the q
+         tile ``[BLOCK_M, D_PAD]`` once, masking rows ``>= seqlen_q`` and columns
+         ``>= HEAD_DIM`` with ``other=0.0`` (tl.dot needs dims >= 16, so small head dims
+         are padded with zeros). Row offsets in int64: ``offs_m.to(tl.int64) * stride_qm``.
+      3. ``m_i = -inf``, ``l_i = 0`` (``[BLOCK_M]``) and ``acc = 0`` (``[BLOCK_M, DV_PAD]``),
+         all ``tl.float32``.
+      4. The key bound ``hi``: ``seqlen_k``; if CAUSAL, also ``min(seqlen_q, (start_m + 1) *
+         BLOCK_M)``: the tile's last row + 1, so tiles above the diagonal are never visited.
+      5. Loop ``start_n`` over ``range(0, hi, BLOCK_N)``; ``cols = start_n + tl.arange(0,
+         BLOCK_N)``. Load k transposed ``[D_PAD, BLOCK_N]`` and v ``[BLOCK_N, DV_PAD]``
+         masked by ``cols < hi`` (keys past it may be NaN) and the head-dim pad. Offsets in
+         int64: ``cols.to(tl.int64) * stride_kn`` (``Lk * H * d`` can pass 2^31).
+      6. ``s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale``; set ``s`` to -inf
+         where ``cols >= hi`` or (CAUSAL) ``cols > offs_m`` (the diagonal is attended).
+      7. The update, in base 2: ``m_new = max(m_i, rowmax(s))``, ``alpha = exp2(m_i - m_new)``,
+         ``p = exp2(s - m_new)``, ``l_i = l_i * alpha + rowsum(p)``, ``acc = acc * alpha``
+         then ``acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)``,
+         ``m_i = m_new``.
+      8. Store ``acc / l_i`` (in Out's dtype) with the row and head-dim masks, and
+         ``lse = (m_i + log2(l_i)) * provided.LN2`` (natural log) with the row mask.
+    Faster, once it passes: split the loop in two, tiles every row sees in full (no
+    masks) and the rest (the diagonal and the ragged tail), like Triton's tutorial 06.
     """
-    pass
+    tl.static_assert(False, "TODO: write _flash_attn_fwd_kernel (the steps are in its docstring)")
+
+
 # fmt: on
 
 
-def _configs() -> list[Any]:
-    """Given: tile shapes, 16x16 under the interpreter (fast tests), 64-128 tiles on a GPU."""
-    if INTERPRET:
-        return [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4, num_stages=1)]
-    return [
-        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
-        for bm, bn, w, s in [
-            (128, 64, 4, 3),
-            (128, 64, 8, 3),  # 2 warpgroups share the 128 rows: no register spills at d=128
-            (128, 128, 8, 3),
-            (64, 64, 4, 3),
-            (64, 64, 4, 2),
-        ]
-    ]
-
-
-# Given: the autotuner picks BLOCK_M / BLOCK_N / num_warps / num_stages; do not pass them.
-_flash_attn_fwd = triton.autotune(configs=_configs(), key=["HEAD_DIM", "HEAD_DIM_V", "CAUSAL"])(
-    _flash_attn_fwd_kernel
-)
-
-
-def _check_bhld(q: Any, k: Any, v: Any) -> None:
-    """Given: q [B, H, Lq, d], k [B, H, Lk, d], v [B, H, Lk, dv], one dtype, on DEVICE."""
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if not hasattr(x, "stride") or x.ndim != 4:
-            raise ValueError(
-                f"{name} must be a 4-D torch tensor [batch, heads, seq, head_dim], "
-                f"got {getattr(x, 'shape', type(x))}"
-            )
-    B, H, _, d = q.shape
-    if tuple(k.shape[:2]) != (B, H) or k.shape[3] != d:
-        raise ValueError(
-            f"k must be [{B}, {H}, Lk, {d}] to match q {tuple(q.shape)}, got {tuple(k.shape)}"
-        )
-    if tuple(v.shape[:3]) != tuple(k.shape[:3]):
-        raise ValueError(f"v must be [{B}, {H}, {k.shape[2]}, dv] to match k, got {tuple(v.shape)}")
-    if d == 0:
-        raise ValueError(f"q must have head_dim >= 1, got {tuple(q.shape)}")
-    if k.dtype != q.dtype or v.dtype != q.dtype:
-        raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if x.device.type != DEVICE:
-            raise ValueError(f"{name} is on {x.device} but Triton runs on {DEVICE} here")
-
-
 def flash_attention_triton(
-    q: Any, k: Any, v: Any, causal: bool = False, scale: float | None = None
-) -> Any:
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    scale: float | None = None,
+    *,
+    block_m: int | None = None,
+    block_n: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """FlashAttention forward in Triton on torch tensors.
 
     Args:
-        q: ``[batch, heads, Lq, d]``; k: ``[batch, heads, Lk, d]``; v: ``[batch, heads, Lk, dv]``
-            (one dtype: float32 under the interpreter, float16/bfloat16 on a GPU; any strides).
+        q: ``[batch, heads, Lq, d]``; k: ``[batch, heads, Lk, d]``; v: ``[batch, heads, Lk,
+            dv]``: one dtype (float32 or float16 on the CPU interpreter, bfloat16 too on a
+            GPU), any strides (no contiguity assumed), ``dv`` may differ from ``d``.
         causal: top-left causal, as in ``naive_attention`` and SDPA's ``is_causal``: query ``i``
             attends keys ``0 … i``; keys past the last query position are never read.
-        scale: defaults to ``1/sqrt(d)``.
+        scale: defaults to ``1/sqrt(d)`` (the real ``d``, not the padded one).
+        block_m, block_n: query rows / keys per tile (powers of two >= 16); ``None`` = the
+            launcher's choice (``provided.INTERPRETER_TILES`` or ``provided.gpu_tiles``).
 
     Returns:
-        ``out [batch, heads, Lq, dv]`` in q's dtype (accumulated in float32).
+        ``(out [batch, heads, Lq, dv]`` in q's dtype (accumulated in float32),
+        ``lse [batch, heads, Lq]`` float32, natural log, ``-inf`` for a row with no keys).
     """
-    # Suggested shape of the launcher:
-    #   _check_bhld(q, k, v); out = torch.zeros(B, H, Lq, dv) like q (return it if Lk == 0)
-    #   grid = lambda meta: (triton.cdiv(Lq, meta["BLOCK_M"]), B * H)
-    #   _flash_attn_fwd[grid](q, k, v, out, lse, *q.stride(), *k.stride(), *v.stride(),
-    #       *out.stride(), H, Lq, Lk, scale * LOG2E, HEAD_DIM=d, HEAD_DIM_V=dv,
-    #       D_PAD=max(16, triton.next_power_of_2(d)), DV_PAD=..., CAUSAL=causal, STORE_LSE=False,
-    #       DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
+    # TODO, step by step:
+    #   1. provided.check_bhld(q, k, v)  (shapes, dtype, device; ValueError naming the argument)
+    #      B, H, Lq, d = q.shape; Lk, dv = k.shape[2], v.shape[3]
+    #   2. out = torch.zeros((B, H, Lq, dv), dtype=q.dtype, device=q.device)
+    #      lse = torch.full((B, H, Lq), float("-inf"), dtype=torch.float32, device=q.device)
+    #      If there is nothing to compute (B * H * Lq == 0 or Lk == 0) return (out, lse) now.
+    #   3. tiles = tile_config(q, gpu=provided.gpu_tiles(d), interpreter=provided.INTERPRETER_TILES,
+    #                          block_m=block_m, block_n=block_n)
+    #   4. grid = provided.attention_grid(B, H, Lq, tiles["block_m"])
+    #   5. _flash_attn_fwd_kernel[grid](q, k, v, out, lse, then every stride: *q.stride(),
+    #      *k.stride(), *v.stride(), *out.stride(), *lse.stride(); then H, Lq, Lk and
+    #      qk_scale = log2e_scale(provided.scale_for(d, scale)) (the REAL d); then the
+    #      constexprs HEAD_DIM=d, HEAD_DIM_V=dv, D_PAD=dot_tile(d), DV_PAD=dot_tile(dv),
+    #      CAUSAL=bool(causal), BLOCK_M=tiles["block_m"], BLOCK_N=tiles["block_n"],
+    #      DOT_PRECISION=dot_precision(q.dtype), num_warps=tiles["num_warps"],
+    #      num_stages=tiles["num_stages"]).
+    #   6. return out, lse
     raise NotImplementedError(
-        "TODO: write _flash_attn_fwd_kernel (the numpy flash_attention_forward, one program "
-        "per query tile and batch*head, tl.dot for both matmuls), then launch it here"
+        "TODO: launch _flash_attn_fwd_kernel: check the inputs, allocate out and lse, pick the "
+        "tiles, compute the grid, pass every stride (steps 1-6 above)"
     )

@@ -1,14 +1,13 @@
 """Lab 00 spec: online softmax and the FlashAttention forward pass.
 
-Run:  LAB_IMPL=starter pytest labs/lab-00-online-softmax -q     (grades your starter.py)
+Run:  LAB_IMPL=starter .venv/bin/python -m pytest labs/lab-00-online-softmax -q
 Every expected value comes from ``common``'s float64 reference; wrong answers used to name
-a misconception are built from that reference too, never from the lab's solution.
+a misconception are built from that reference too, never from the code under test.
 """
 
 from __future__ import annotations
 
 import math
-import tracemalloc
 
 import numpy as np
 import pytest
@@ -17,10 +16,12 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from common import load_impl, prefix_mask, reference_attention
+from common.loader import load_lab_module
 from common.reference import reference_softmax, to_float64
-from common.testing import assert_close, tolerance
+from common.testing import ODD_HEAD_DIMS, assert_close, host_syncs, peak_memory, tolerance
 
 impl = load_impl(__file__)
+provided = load_lab_module(__file__, "provided")  # given code: the launch grid is tested here
 
 NO_RESCALE_ACC = "the accumulator was not rescaled when the running max grew"
 NO_RESCALE_L = "the denominator l was not rescaled when the running max grew"
@@ -38,8 +39,9 @@ ATTENTION_NAN_HINT = (
     "NaN reached the output. Usual causes: exp(-inf - (-inf)) for a row whose scores are all "
     "masked (under top-left causal every query attends key 0, so no row is empty unless Lk = 0, "
     "where out is 0 and lse is -inf: do not divide 0 by 0); a causal mask that hides the "
-    "diagonal or is aligned bottom-right (then early rows see no key at all); or a read past "
-    "the end of k/v or of a NaN-poisoned key."
+    "diagonal, a causal key loop that stops before the diagonal tile, or a mask aligned "
+    "bottom-right (then early rows see no key at all); or a read past the end of k/v or of a "
+    "NaN-poisoned key."
 )
 OVERFLOW_HINT = (
     "NaN or inf: exp overflowed. Subtract the running max before exponentiating "
@@ -379,29 +381,76 @@ def test_causal_never_reads_keys_past_the_last_query(lq, extra, block_q, block_k
     )
 
 
+@pytest.mark.points(1)
+@pytest.mark.parametrize("causal", [False, True])
+def test_rows_whose_scores_are_all_far_below_zero_still_get_a_softmax(causal):
+    # every score is about -800: exp(-800) is 0 in float64, so m must start at -inf (then
+    # take the tile's max), never at 0, or l sums to 0 and out = 0 / 0
+    q, k, v = qkv(11, 9, 21, 4, 3, spread=0.1)
+    q, k = q + 20.0, k - 20.0  # q . k / sqrt(4) ~ -800 for every pair
+    with np.errstate(all="ignore"):
+        out, lse = impl.flash_attention_forward(q, k, v, block_q=4, block_k=8, causal=causal)
+    want_out, want_lse = reference(q, k, v, causal)
+    hint = (
+        "NaN: all scores are near -800 and exp(-800) underflows to 0. The running max must "
+        "start at -inf and become the first tile's max (m starting at 0 makes l = 0 and "
+        "out = 0 / 0)."
+    )
+    assert_attention_close(out, want_out, what="out for scores near -800", nan_hint=hint)
+    assert_attention_close(lse, want_lse, what="lse for scores near -800", nan_hint=hint)
+
+
+def assert_peak_below(q, k, v, block_q, block_k, limit, message):
+    """Run the forward pass under peak_memory; check the bytes, then a few rows' values."""
+    (out, _), peak = peak_memory(
+        impl.flash_attention_forward, q, k, v, block_q=block_q, block_k=block_k
+    )
+    assert peak < limit, (
+        f"peak memory {peak / 2**20:.2f} MiB (limit {limit / 2**20:g} MiB): {message}"
+    )
+    rows = np.unique([0, 1, len(q) // 2, len(q) - 1])
+    assert_attention_close(
+        to_float64(out)[rows],
+        reference(q[rows], k, v)[0],
+        what=f"out rows {rows.tolist()} (memory is fine)",
+        hint="the values are wrong: the other tests say why",
+    )
+
+
 @pytest.mark.points(2)
 def test_flash_attention_forward_never_builds_an_lq_by_lk_array():
-    lq = lk = 2048  # the float64 score matrix would be 32 MiB; a 128x128 tile is 128 KiB
+    lq = lk = 2048  # the float64 score matrix would be 32 MiB; a 128 x 128 tile is 128 KiB
     q, k, v = qkv(6, lq, lk, 4, 4)
     full = lq * lk * 8
-    tracemalloc.start()
-    try:
-        out, _ = impl.flash_attention_forward(q, k, v, block_q=128, block_k=128)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    assert peak < full / 8, (
-        f"peak memory {peak / 2**20:.1f} MiB while the Lq x Lk score matrix is "
-        f"{full / 2**20:.0f} MiB: flash_attention_forward must only ever hold a "
-        "block_q x block_k tile of scores (128 x 128 here), never a row of all Lk keys "
-        "or the whole matrix"
+    assert_peak_below(
+        q,
+        k,
+        v,
+        128,
+        128,
+        full / 8,
+        f"the Lq x Lk score matrix is {full / 2**20:.0f} MiB; flash_attention_forward must "
+        "only ever hold a block_q x block_k tile of scores (128 x 128 here)",
     )
-    rows = np.array([0, 1, 777, 2047])
-    assert_attention_close(
-        out[rows],
-        reference(q[rows], k, v)[0],
-        what="out rows 0, 1, 777, 2047 (memory is fine)",
-        hint="the values are wrong: the other tests say why",
+
+
+@pytest.mark.points(2)
+def test_flash_attention_forward_never_builds_a_row_block_of_all_keys():
+    # one tile of 32 queries against 16384 keys, 32 at a time: a [block_q, Lk] row block of
+    # scores is 4 MiB in float64; the 32 x 32 tile is 8 KiB, K and V are 256 KiB each
+    lq, lk, block_q, block_k = 32, 16384, 32, 32
+    q, k, v = qkv(12, lq, lk, 2, 2)
+    row_block = block_q * lk * 8
+    assert_peak_below(
+        q,
+        k,
+        v,
+        block_q,
+        block_k,
+        row_block / 4,
+        f"a [block_q, Lk] = [{block_q}, {lk}] row block of scores is {row_block / 2**20:.0f} "
+        f"MiB: compute the scores one [block_q, block_k] = [{block_q}, {block_k}] tile at a "
+        "time inside the key loop, never for all keys of the query tile at once",
     )
 
 
@@ -493,8 +542,29 @@ def test_bad_input_raises_value_error_naming_the_argument(call, argument):
 
 # ---- 5. the Triton kernel (interpreter on a CPU, CUDA on a GPU) -------------------------
 
+PADDED_SCALE = (
+    "the scale was computed from the padded head dim (the tl.dot tile), not the real one: "
+    "use 1/sqrt(d) of the tensors' d"
+)
+NO_LOG2E = (
+    "exp2 without log2(e) folded into the scale: exp(x) = exp2(x * log2(e)), so qk_scale = "
+    "scale * LOG2E"
+)
+LSE_BASE2 = (
+    "lse left in base 2: m_i + log2(l_i) is a base-2 log; multiply by ln(2) for the natural "
+    "log of the contract"
+)
+SWAPPED_TILES = (
+    "BLOCK_N where BLOCK_M belongs: a causal query tile ends at (start_m + 1) * BLOCK_M, "
+    "whatever the key tile size"
+)
+LN2 = math.log(2.0)
 
-def torch_qkv(b, h, lq, lk, d, dv, dtype, device, seed=0, layout="bhld"):
+# (block_m, block_n): the interpreter must see the shapes a GPU uses, block_m != block_n too
+TILES = [(16, 16), (16, 32), (32, 16)]
+
+
+def torch_qkv(b, h, lq, lk, d, dv, dtype, device, seed=0, layout="bhld", shift=0.0):
     import torch
 
     gen = torch.Generator().manual_seed(seed)
@@ -506,6 +576,7 @@ def torch_qkv(b, h, lq, lk, d, dv, dtype, device, seed=0, layout="bhld"):
         q = torch.randn(b, h, lq, d, generator=gen)
         k = torch.randn(b, h, lk, d, generator=gen)
         v = torch.randn(b, h, lk, dv, generator=gen)
+    q, k = q + shift, k - shift
     return (
         q.to(device=device, dtype=dtype),
         k.to(device=device, dtype=dtype),
@@ -514,16 +585,18 @@ def torch_qkv(b, h, lq, lk, d, dv, dtype, device, seed=0, layout="bhld"):
 
 
 def reference_bhld(q, k, v, causal, scale=None, mask=None):
-    """float64 reference for [B, H, L, d] tensors (common's reference wants [L, H, d])."""
-    outs = []
+    """float64 ``(out [B, H, Lq, dv], lse [B, H, Lq])`` for [B, H, L, d] tensors."""
+    outs, lses = [], []
     for b in range(q.shape[0]):
         qb, kb, vb = (to_float64(x[b]).transpose(1, 0, 2) for x in (q, k, v))
-        outs.append(reference(qb, kb, vb, causal, scale=scale, mask=mask)[0].transpose(1, 0, 2))
-    return np.stack(outs)
+        out, lse = reference(qb, kb, vb, causal, scale=scale, mask=mask)
+        outs.append(out.transpose(1, 0, 2))
+        lses.append(lse.T)
+    return np.stack(outs), np.stack(lses)
 
 
 def per_head(fn, q, k, v):
-    """fn(q, k, v) -> [Lq, dv] applied to every (batch, head) of [B, H, L, d] tensors."""
+    """fn(q, k, v) -> array applied to every (batch, head) of [B, H, L, d] tensors."""
     q, k, v = to_float64(q), to_float64(k), to_float64(v)
     return np.stack(
         [
@@ -533,85 +606,189 @@ def per_head(fn, q, k, v):
     )
 
 
-def triton_misconceptions(q, k, v, causal, block_n=16):
-    """Wrong answers; the rescale ones assume key tiles of block_n (the given configs use 16)."""
-    lq, lk = q.shape[2], k.shape[2]
-    wrong = {
-        NO_SCALE: reference_bhld(q, k, v, causal, scale=1.0),
-        NO_RESCALE_ACC: per_head(
-            lambda a, b, c: tiled_without_rescale(a, b, c, block_n, causal, False, True), q, k, v
-        ),
-        NO_RESCALE_L: per_head(
-            lambda a, b, c: tiled_without_rescale(a, b, c, block_n, causal, True, False), q, k, v
-        ),
+def triton_misconceptions(q, k, v, causal, block_m, block_n):
+    """(wrong outs, wrong lses) of classic kernel mistakes at tiles block_m x block_n."""
+    from common.triton_env import LOG2E, dot_tile
+
+    lq, lk, d = q.shape[2], k.shape[2], q.shape[3]
+    ref_out, ref_lse = reference_bhld(q, k, v, causal)
+
+    def tiled(rescale_acc, rescale_l, want_lse=False):
+        return per_head(
+            lambda a, b, c: tiled_without_rescale(
+                a, b, c, block_n, causal, rescale_acc, rescale_l, want_lse
+            ),
+            q,
+            k,
+            v,
+        )
+
+    scaled = {
+        NO_SCALE: 1.0,
+        NO_LOG2E: LN2 / math.sqrt(d),
+        PADDED_SCALE: 1.0 / math.sqrt(dot_tile(d)),
     }
+    if dot_tile(d) == d:
+        del scaled[PADDED_SCALE]
+    outs = {name: reference_bhld(q, k, v, causal, scale=s) for name, s in scaled.items()}
+    wrong_out = {name: o for name, (o, _) in outs.items()}
+    wrong_out[NO_RESCALE_ACC] = tiled(False, True)
+    wrong_out[NO_RESCALE_L] = tiled(True, False)
     if causal:
-        wrong[DIAGONAL] = reference_bhld(q, k, v, False, mask=prefix_mask(np.arange(lq) - 1, lk))
-        wrong[ONE_AHEAD] = reference_bhld(q, k, v, False, mask=prefix_mask(np.arange(lq) + 1, lk))
+        rows = np.arange(lq)
+        last_key = {DIAGONAL: rows - 1, ONE_AHEAD: rows + 1}
         if lq != lk:
-            wrong[BOTTOM_RIGHT] = reference_bhld(
-                q, k, v, False, mask=prefix_mask(np.arange(lq) + lk - lq, lk)
-            )
-    return wrong
+            last_key[BOTTOM_RIGHT] = rows + lk - lq
+        if block_m != block_n:  # the tile's key bound (start_m + 1) * BLOCK_N, then the mask
+            last_key[SWAPPED_TILES] = np.minimum(rows, (rows // block_m + 1) * block_n - 1)
+        for name, last in last_key.items():
+            mask = prefix_mask(last, lk)
+            with np.errstate(all="ignore"):
+                wrong_out[name] = reference_bhld(q, k, v, False, mask=mask)[0]
+    with np.errstate(all="ignore"):
+        wrong_lse = {name: lse for name, (_, lse) in outs.items()}
+        wrong_lse[LSE_BASE2] = ref_lse * LOG2E
+        wrong_lse[NO_RESCALE_L] = tiled(True, False, want_lse=True)
+        row_max = per_head(lambda a, b, c: scaled_scores(a, b, causal).max(axis=1), q, k, v)
+        wrong_lse[LSE_WITHOUT_MAX] = ref_lse - row_max
+    return wrong_out, wrong_lse
+
+
+def check_triton(q, k, v, causal, tiles, scale=None, what="", nan_hint=None, tol=None, want=None):
+    """Run flash_attention_triton at ``tiles`` and grade out AND lse against float64."""
+    block_m, block_n = tiles
+    result = impl.flash_attention_triton(
+        q, k, v, causal=causal, scale=scale, block_m=block_m, block_n=block_n
+    )
+    assert isinstance(result, tuple) and len(result) == 2, (
+        "flash_attention_triton must return the pair (out, lse)"
+    )
+    out, lse = result
+    assert out.dtype == q.dtype, f"out must have q's dtype {q.dtype}, got {out.dtype}"
+    assert str(lse.dtype) == "torch.float32", f"lse must be float32, got {lse.dtype}"
+    want_out, want_lse = want if want is not None else reference_bhld(q, k, v, causal, scale)
+    wrong_out, wrong_lse = (
+        ({}, {}) if scale is not None else triton_misconceptions(q, k, v, causal, block_m, block_n)
+    )
+    atol, rtol = tol or tolerance(q.dtype)
+    b, h, lq, d = q.shape
+    what = (
+        f"{what}B={b} H={h} Lq={lq} Lk={k.shape[2]} d={d} dv={v.shape[3]} {q.dtype} "
+        f"causal={causal} block_m={block_m} block_n={block_n}"
+    )
+    extra = {"nan_hint": nan_hint} if nan_hint else {}
+    assert_attention_close(
+        out,
+        want_out,
+        what=f"out ({what})",
+        atol=atol,
+        rtol=rtol,
+        wrong_answers=wrong_out,
+        hint="look at the rows and columns past the last full tile",
+        **extra,
+    )
+    assert_attention_close(
+        lse,
+        want_lse,
+        what=f"lse ({what})",
+        atol=atol,
+        rtol=rtol,
+        wrong_answers=wrong_lse,
+        hint="lse = m + log(l), natural log, one per query row",
+        **extra,
+    )
 
 
 TRITON_CASES = {
-    # name: (batch, heads, Lq, Lk, d, dv, causal, scale, layout)
-    "one-tile": (1, 1, 16, 16, 16, 16, False, None, "bhld"),
-    "ragged": (1, 1, 37, 45, 16, 16, False, None, "bhld"),
-    "ragged-causal": (1, 2, 37, 37, 16, 16, True, None, "bhld"),
-    "batch-heads-causal-lq>lk": (2, 2, 40, 23, 32, 32, True, None, "bhld"),
-    "odd-dims-custom-scale": (1, 2, 19, 30, 24, 12, False, 0.3, "bhld"),
-    "strided-blhd-view-causal": (2, 2, 33, 33, 16, 16, True, None, "blhd"),
+    # name: (batch, heads, Lq, Lk, d, dv, causal, layout)
+    "one-tile": (1, 1, 16, 16, 16, 16, False, "bhld"),
+    "ragged": (1, 1, 37, 45, 16, 16, False, "bhld"),
+    "ragged-causal": (1, 1, 37, 37, 16, 16, True, "bhld"),
+    "batch-heads-causal-lq>lk": (2, 2, 16, 13, 32, 32, True, "bhld"),
+    "causal-lq<lk": (1, 1, 21, 50, 16, 16, True, "bhld"),
+    "dv!=d-strided-blhd-view-causal": (1, 2, 20, 20, 16, 24, True, "blhd"),
 }
+# every case at two tile shapes, block_m != block_n among them (both ways for causal cases)
+TRITON_RUNS = [
+    (case, tiles)
+    for i, case in enumerate(TRITON_CASES)
+    for tiles in (TILES[i % 3], TILES[1 + i % 2] if i % 3 == 0 else TILES[(i + 1) % 3])
+]
 
 
 @pytest.mark.triton
 @pytest.mark.points(1)
-@pytest.mark.parametrize("case", list(TRITON_CASES))
-def test_triton_kernel_matches_the_reference(case):
+@pytest.mark.parametrize(
+    "case, tiles", TRITON_RUNS, ids=[f"{c}-{m}x{n}" for c, (m, n) in TRITON_RUNS]
+)
+def test_triton_kernel_matches_the_reference_at_several_tile_shapes(case, tiles):
     import torch
 
     from common.triton_env import DEVICE
 
-    b, h, lq, lk, d, dv, causal, scale, layout = TRITON_CASES[case]
+    b, h, lq, lk, d, dv, causal, layout = TRITON_CASES[case]
     q, k, v = torch_qkv(b, h, lq, lk, d, dv, torch.float32, DEVICE, seed=lq + lk, layout=layout)
-    out = impl.flash_attention_triton(q, k, v, causal=causal, scale=scale)
-    atol, rtol = tolerance(torch.float32)
-    assert_attention_close(
-        out,
-        reference_bhld(q, k, v, causal, scale=scale),
-        what=f"flash_attention_triton ({case}: B={b} H={h} Lq={lq} Lk={lk} d={d} dv={dv} "
-        f"causal={causal})",
-        atol=atol,
-        rtol=rtol,
-        hint="float32 tolerance; look at the rows and columns past the last full tile",
-        wrong_answers={} if scale is not None else triton_misconceptions(q, k, v, causal),
-    )
+    check_triton(q, k, v, causal, tiles)
 
 
 @pytest.mark.triton
 @pytest.mark.points(1)
-def test_triton_causal_never_reads_keys_past_the_last_query():
+def test_triton_kernel_takes_a_custom_scale():
+    import torch
+
+    from common.triton_env import DEVICE
+
+    q, k, v = torch_qkv(1, 1, 19, 30, 16, 16, torch.float32, DEVICE, seed=5)
+    check_triton(q, k, v, False, (16, 32), scale=0.3)
+
+
+@pytest.mark.triton
+@pytest.mark.points(1)
+@pytest.mark.parametrize("d", ODD_HEAD_DIMS)
+def test_triton_head_dims_that_are_not_powers_of_two_use_the_real_head_dim(d):
+    import torch
+
+    from common.triton_env import DEVICE
+
+    # d is padded to a tl.dot tile (24 -> 32, 40 -> 64, 80 and 96 -> 128); the default scale
+    # must stay 1/sqrt(d) and the pad must read zeros
+    q, k, v = torch_qkv(1, 1, 20, 24, d, d, torch.float32, DEVICE, seed=d)
+    check_triton(q, k, v, d in (40, 96), (16, 16) if d < 64 else (32, 16))
+
+
+@pytest.mark.triton
+@pytest.mark.points(1)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_triton_kernel_in_float16(causal):
+    import torch
+
+    from common.triton_env import DEVICE
+
+    q, k, v = torch_qkv(1, 1, 24, 37, 32, 32, torch.float16, DEVICE, seed=9)
+    check_triton(q, k, v, causal, (16, 32) if causal else (32, 16))
+
+
+@pytest.mark.triton
+@pytest.mark.points(1)
+@pytest.mark.parametrize("tiles", [(16, 32), (32, 16)], ids=["16x32", "32x16"])
+def test_triton_causal_never_reads_keys_past_the_last_query(tiles):
     import torch
 
     from common.triton_env import DEVICE
 
     lq, lk = 21, 50
-    q, k, v = torch_qkv(1, 2, lq, lk, 16, 16, torch.float32, DEVICE, seed=3)
+    q, k, v = torch_qkv(1, 1, lq, lk, 16, 16, torch.float32, DEVICE, seed=3)
     want = reference_bhld(q, k[:, :, :lq], v[:, :, :lq], causal=True)
-    wrong = triton_misconceptions(q, k, v, causal=True)
     k[:, :, lq:] = float("nan")
     v[:, :, lq:] = float("nan")
-    out = impl.flash_attention_triton(q, k, v, causal=True)
-    atol, rtol = tolerance(torch.float32)
-    assert_attention_close(
-        out,
-        want,
-        what=f"causal Triton out, Lq={lq} < Lk={lk}",
-        atol=atol,
-        rtol=rtol,
-        wrong_answers=wrong,
+    check_triton(
+        q,
+        k,
+        v,
+        True,
+        tiles,
+        want=want,
+        what="keys past Lq NaN-poisoned, ",
         nan_hint=(
             f"NaN: keys {lq}..{lk - 1} are poisoned and no query may read them under top-left "
             "causal. Bound the key loop by the query tile's last row (and by Lq), and mask the "
@@ -621,8 +798,64 @@ def test_triton_causal_never_reads_keys_past_the_last_query():
 
 
 @pytest.mark.triton
+@pytest.mark.points(1)
+def test_triton_rows_whose_scores_are_all_far_below_zero_still_get_a_softmax():
+    import torch
+
+    from common.triton_env import DEVICE
+
+    # q . k / sqrt(16) is about -128 everywhere: exp(-128) underflows to 0 in float32, so
+    # m_i must start at -inf (m_i = 0 gives l_i = 0 and out = 0 / 0). Scores this large
+    # carry float32 rounding of about 1e-5 in the exponent, hence the looser tolerance.
+    q, k, v = torch_qkv(1, 1, 20, 40, 16, 16, torch.float32, DEVICE, seed=4, shift=5.6)
+    check_triton(
+        q,
+        k,
+        v,
+        False,
+        (16, 16),
+        tol=(1e-4, 1e-4),
+        what="scores near -128, ",
+        nan_hint=(
+            "NaN: every score is near -128 and exp of it underflows to 0 in float32. Start "
+            "m_i at -inf so that the first tile's max becomes the running max."
+        ),
+    )
+
+
+@pytest.mark.triton
 @pytest.mark.points(0.5)
-def test_triton_rejects_mismatched_shapes_naming_the_argument():
+def test_triton_with_no_keys_returns_zeros_and_minus_inf_lse():
+    import torch
+
+    from common.triton_env import DEVICE
+
+    q, k, v = torch_qkv(1, 2, 5, 0, 16, 8, torch.float32, DEVICE)
+    out, lse = impl.flash_attention_triton(q, k, v)
+    assert tuple(out.shape) == (1, 2, 5, 8) and bool((out == 0).all()), "no keys: out is 0"
+    assert tuple(lse.shape) == (1, 2, 5) and bool(torch.isneginf(lse).all()), (
+        "no keys: lse is -inf (log of an empty sum), not NaN"
+    )
+
+
+@pytest.mark.triton
+@pytest.mark.points(0.5)
+def test_triton_launcher_makes_no_host_synchronisation():
+    import torch
+
+    from common.triton_env import DEVICE
+
+    q, k, v = torch_qkv(1, 1, 16, 16, 16, 16, torch.float32, DEVICE, seed=2)
+    _, syncs = host_syncs(impl.flash_attention_triton, q, k, v, causal=True)
+    assert not syncs, (
+        f"the launcher copied device values to the host: {syncs}. Everything it needs "
+        "(shapes, strides, tile sizes) is known on the host without reading a tensor."
+    )
+
+
+@pytest.mark.triton
+@pytest.mark.points(0.5)
+def test_triton_rejects_bad_input_naming_the_argument():
     import torch
 
     from common.triton_env import DEVICE
@@ -632,12 +865,61 @@ def test_triton_rejects_mismatched_shapes_naming_the_argument():
         impl.flash_attention_triton(q, k[:, :, :, :8], v)
     with pytest.raises(ValueError, match=r"\bv\b"):
         impl.flash_attention_triton(q, k, v[:, :, :5])
+    with pytest.raises(ValueError, match=r"\bblock_m\b"):
+        impl.flash_attention_triton(q, k, v, block_m=24)
+    with pytest.raises(ValueError, match=r"\bblock_n\b"):
+        impl.flash_attention_triton(q, k, v, block_n=8)
+
+
+@pytest.mark.triton
+@pytest.mark.points(0.5)
+def test_triton_refuses_bfloat16_on_the_interpreter():
+    import torch
+
+    from common.triton_env import DEVICE, on_interpreter
+
+    q, k, v = torch_qkv(1, 1, 16, 16, 16, 16, torch.bfloat16, DEVICE)
+    if not on_interpreter(q):
+        pytest.skip("bfloat16 runs on a GPU; the interpreter refuses it")
+    with pytest.raises(ValueError, match=r"\bq\b.*bfloat16"):
+        impl.flash_attention_triton(q, k, v)
+
+
+# (batch, heads, seqlen_q, block_m): serving-sized launches, none of them launched here
+REALISTIC_GRIDS = [
+    (1, 32, 131072, 128),  # one 128k-token prompt, 32 heads
+    (512, 128, 2048, 128),  # B * H = 65,536: one past CUDA's limit on grid axes y and z
+    (4096, 64, 512, 64),  # a big batch of short prompts: B * H = 262,144
+    (1, 8, 2**20, 16),  # a million tokens in 16-row tiles: 65,536 tiles of one head
+]
+
+
+@pytest.mark.points(1)
+@pytest.mark.parametrize("batch, heads, seqlen_q, block_m", REALISTIC_GRIDS)
+def test_the_launch_grid_stays_within_cuda_limits_at_realistic_sizes(
+    batch, heads, seqlen_q, block_m
+):
+    grid = provided.attention_grid(batch, heads, seqlen_q, block_m)
+    limits = (provided.MAX_GRID_X, provided.MAX_GRID_YZ, provided.MAX_GRID_YZ)
+    assert all(0 < g <= limit for g, limit in zip(grid, limits)), (
+        f"grid {grid} breaks CUDA's limits {limits[: len(grid)]}"
+    )
+    assert math.prod(grid) == -(-seqlen_q // block_m) * batch * heads, (
+        "one program per (query tile, batch * head)"
+    )
+
+
+@pytest.mark.points(0.5)
+def test_the_launch_grid_refuses_more_programs_than_cuda_allows():
+    with pytest.raises(ValueError, match="programs"):
+        provided.attention_grid(2**16, 128, 2**20, 128)
 
 
 # ---- 6. realistic sizes on a real GPU (skipped without CUDA) ----------------------------
 
 
 def torch_reference_fp32(q, k, v, causal):
+    """(out, lse) in float32 torch for [B, H, L, d] tensors (top-left causal)."""
     import torch
 
     s = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(q.shape[-1])
@@ -646,7 +928,18 @@ def torch_reference_fp32(q, k, v, causal):
         s = s.masked_fill(
             ~torch.ones(lq, lk, dtype=torch.bool, device=s.device).tril(), float("-inf")
         )
-    return torch.softmax(s, dim=-1) @ v.float()
+    return torch.softmax(s, dim=-1) @ v.float(), torch.logsumexp(s, dim=-1)
+
+
+def check_against_torch(q, k, v, causal, what, **tiles):
+    import torch
+
+    out, lse = impl.flash_attention_triton(q, k, v, causal=causal, **tiles)
+    assert out.dtype == q.dtype and lse.dtype == torch.float32
+    want_out, want_lse = torch_reference_fp32(q, k, v, causal)
+    atol, rtol = tolerance(q.dtype)
+    assert_attention_close(out, want_out, what=f"out ({what})", atol=atol, rtol=rtol)
+    assert_attention_close(lse, want_lse, what=f"lse ({what})", atol=1e-3, rtol=1e-3)
 
 
 @pytest.mark.gpu
@@ -659,32 +952,47 @@ def test_triton_kernel_on_a_gpu_at_realistic_size(dtype_name, causal):
 
     dtype = getattr(torch, dtype_name)
     q, k, v = torch_qkv(2, 8, 2048, 2048, 128, 128, dtype, "cuda", seed=1)
-    out = impl.flash_attention_triton(q, k, v, causal=causal)
-    assert out.dtype == dtype and out.shape == (2, 8, 2048, 128)
-    atol, rtol = tolerance(dtype)
-    assert_attention_close(
-        out,
-        torch_reference_fp32(q, k, v, causal),
-        what=f"B=2 H=8 L=2048 d=128 {dtype_name} causal={causal} vs torch float32",
-        atol=atol,
-        rtol=rtol,
-    )
+    check_against_torch(q, k, v, causal, f"B=2 H=8 L=2048 d=128 {dtype_name} causal={causal}")
 
 
 @pytest.mark.gpu
 @pytest.mark.triton
 @pytest.mark.points(1)
-def test_triton_kernel_on_a_gpu_with_ragged_lengths_and_strided_inputs():
+@pytest.mark.parametrize(
+    "tiles", [{}, {"block_m": 64, "block_n": 32}, {"block_m": 32, "block_n": 64}]
+)
+def test_triton_kernel_on_a_gpu_with_ragged_lengths_strides_and_tile_shapes(tiles):
     import torch
 
-    q, k, v = torch_qkv(2, 4, 1000, 1537, 64, 64, torch.float16, "cuda", seed=2, layout="blhd")
+    q, k, v = torch_qkv(2, 4, 1000, 1537, 80, 80, torch.float16, "cuda", seed=2, layout="blhd")
     for causal in (False, True):
-        out = impl.flash_attention_triton(q, k, v, causal=causal)
-        atol, rtol = tolerance(torch.float16)
+        check_against_torch(q, k, v, causal, f"Lq=1000 Lk=1537 d=80 fp16 {tiles}", **tiles)
+
+
+@pytest.mark.gpu
+@pytest.mark.triton
+@pytest.mark.points(1)
+def test_triton_key_offsets_are_64_bit_past_two_to_the_31_elements():
+    import torch
+
+    # K and V as [1, Lk, H, d] viewed [1, H, Lk, d]: stride_kn = H * d = 4096, so key
+    # Lk - 1 sits 2^31 + 4096 * 999 elements in: an int32 offset wraps around and reads
+    # the wrong key (8 GiB of fp16 K/V; the queries are few)
+    heads, d, lk, lq = 32, 128, 2**19 + 1000, 64
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    k = torch.randn(1, lk, heads, d, device="cuda", dtype=torch.float16, generator=gen)
+    v = torch.randn(1, lk, heads, d, device="cuda", dtype=torch.float16, generator=gen)
+    q = torch.randn(1, heads, lq, d, device="cuda", dtype=torch.float16, generator=gen)
+    k, v = k.transpose(1, 2), v.transpose(1, 2)
+    assert (lk - 1) * k.stride(2) >= 2**31
+    out, lse = impl.flash_attention_triton(q, k, v)
+    for h in (0, heads - 1):  # the reference one head at a time (scores are [64, 525k])
+        want_out, want_lse = torch_reference_fp32(
+            q[:, h : h + 1], k[:, h : h + 1], v[:, h : h + 1], False
+        )
         assert_attention_close(
-            out,
-            torch_reference_fp32(q, k, v, causal),
-            what=f"Lq=1000 Lk=1537 d=64 fp16 causal={causal}",
-            atol=atol,
-            rtol=rtol,
+            out[:, h : h + 1], want_out, what=f"out head {h}", atol=2e-3, rtol=2e-3
+        )
+        assert_attention_close(
+            lse[:, h : h + 1], want_lse, what=f"lse head {h}", atol=1e-3, rtol=1e-3
         )

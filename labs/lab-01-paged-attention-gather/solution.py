@@ -8,79 +8,28 @@ The paged KV cache (the FlashAttention/FlashInfer "NHD" layout):
 
 Slots past ``seq_len`` in the last block, blocks no table references and the padding
 entries of a table may hold anything (the tests put NaN there): never read them.
+The input checks are given in ``provided.py``.
 """
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 
+from common.loader import load_lab_module
 from common.paged import blocks_needed
-from common.triton_env import tl, triton
+from common.triton_env import (
+    default_scale,
+    dot_precision,
+    dot_tile,
+    log2e_scale,
+    on_interpreter,
+    tile_config,
+    tl,
+    triton,
+)
 
-# ---------------------------------------------------------------------------------------
-# Input checks: bad input is a ValueError that names the argument, never an IndexError.
-# ---------------------------------------------------------------------------------------
-
-
-def _check_block_table(
-    block_table: np.ndarray, seq_len: int, block_size: int, num_blocks: int, name: str
-) -> None:
-    """The first ceil(seq_len / block_size) entries must name real physical blocks."""
-    if block_table.ndim != 1:
-        raise ValueError(f"{name} must be 1-D [max_blocks], got shape {block_table.shape}")
-    needed = blocks_needed(seq_len, block_size)
-    if len(block_table) < needed:
-        raise ValueError(
-            f"{name} has {len(block_table)} entries but seq_len={seq_len} needs {needed} "
-            f"blocks of {block_size} tokens"
-        )
-    used = block_table[:needed]
-    bad = np.flatnonzero((used < 0) | (used >= num_blocks))
-    if bad.size:
-        i = int(bad[0])
-        raise ValueError(
-            f"{name}[{i}] = {int(used[i])} is not a physical block (the cache has "
-            f"{num_blocks} blocks); only entries past the last needed block may be padding"
-        )
-
-
-def _check_caches(k_cache: np.ndarray, v_cache: np.ndarray) -> None:
-    if k_cache.ndim != 4:
-        raise ValueError(
-            f"k_cache must be [num_blocks, block_size, num_kv_heads, head_dim], "
-            f"got shape {k_cache.shape}"
-        )
-    if v_cache.ndim != 4 or v_cache.shape[:3] != k_cache.shape[:3]:
-        raise ValueError(
-            f"v_cache shape {v_cache.shape} does not match k_cache shape {k_cache.shape} "
-            "in [num_blocks, block_size, num_kv_heads]"
-        )
-
-
-def _check_heads(num_heads: int, head_dim: int, k_cache_shape: tuple[int, ...]) -> int:
-    """Validate q's heads and head_dim against the cache; return the group size."""
-    num_kv_heads, cache_head_dim = k_cache_shape[2], k_cache_shape[3]
-    if head_dim != cache_head_dim:
-        raise ValueError(
-            f"head_dim of q ({head_dim}) does not match the head_dim of k_cache "
-            f"({cache_head_dim}, shape {tuple(k_cache_shape)})"
-        )
-    if num_kv_heads < 1 or num_heads % num_kv_heads != 0:
-        raise ValueError(
-            f"num_heads={num_heads} (from q) is not a multiple of num_kv_heads={num_kv_heads} "
-            "(from k_cache)"
-        )
-    return num_heads // num_kv_heads
-
-
-def _check_seq_len(seq_len: int, name: str = "seq_len") -> int:
-    if int(seq_len) != seq_len or seq_len < 0:
-        raise ValueError(f"{name} must be a non-negative integer, got {seq_len}")
-    return int(seq_len)
-
+provided = load_lab_module(__file__, "provided")
 
 # ---------------------------------------------------------------------------------------
 # The write path: where does token t go, and put it there.
@@ -99,25 +48,9 @@ def slot_mapping(block_table: np.ndarray, positions: np.ndarray, block_size: int
         ``[n]`` int64: each position's row in the flattened cache
         ``cache.reshape(num_blocks * block_size, num_kv_heads, head_dim)``.
     """
-    if block_size < 1:
-        raise ValueError(f"block_size must be >= 1, got {block_size}")
-    block_table = np.asarray(block_table, dtype=np.int64)
-    positions = np.asarray(positions, dtype=np.int64)
-    if block_table.ndim != 1:
-        raise ValueError(f"block_table must be 1-D [max_blocks], got shape {block_table.shape}")
-    if positions.size == 0:
-        return positions.copy()
-    if positions.min() < 0:
-        raise ValueError(f"positions must be >= 0, got {int(positions.min())}")
+    block_table, positions = provided.check_slot_mapping_inputs(block_table, positions, block_size)
     logical_block, offset = np.divmod(positions, block_size)
-    if logical_block.max() >= len(block_table):
-        raise ValueError(
-            f"block_table has {len(block_table)} entries but position {int(positions.max())} "
-            f"needs logical block {int(logical_block.max())}"
-        )
     physical_block = block_table[logical_block]
-    if physical_block.min() < 0:
-        raise ValueError("block_table has a padding entry (< 0) where a position needs a block")
     return physical_block * block_size + offset
 
 
@@ -133,23 +66,8 @@ def write_kv(
 
     Only the ``n`` given slots change; every other slot keeps its bytes.
     """
-    _check_caches(k_cache, v_cache)
-    num_blocks, block_size = k_cache.shape[:2]
-    k, v = np.asarray(k), np.asarray(v)
-    slots = np.asarray(slots, dtype=np.int64)
-    if k.shape[1:] != k_cache.shape[2:] or k.ndim != 3:
-        raise ValueError(f"k has shape {k.shape}, expected [n, *{k_cache.shape[2:]}]")
-    if v.shape != (k.shape[0], *v_cache.shape[2:]):
-        raise ValueError(f"v has shape {v.shape}, expected [{k.shape[0]}, *{v_cache.shape[2:]}]")
-    if slots.shape != (k.shape[0],):
-        raise ValueError(f"slots has shape {slots.shape}, expected [{k.shape[0]}] (one per token)")
-    if slots.size and (slots.min() < 0 or slots.max() >= num_blocks * block_size):
-        raise ValueError(
-            f"slots must lie in [0, {num_blocks * block_size}), got {slots.min()}..{slots.max()}"
-        )
-    if len(np.unique(slots)) != len(slots):
-        raise ValueError("slots has duplicates: two tokens cannot share one cache slot")
-
+    k, v, slots = provided.check_write_kv_inputs(k_cache, v_cache, k, v, slots)
+    block_size = k_cache.shape[1]
     block, offset = np.divmod(slots, block_size)
     k_cache[block, offset] = k
     v_cache[block, offset] = v
@@ -160,15 +78,8 @@ def gather_kv(cache: np.ndarray, block_table: np.ndarray, seq_len: int) -> np.nd
 
     Reads exactly the first ``seq_len`` slots named by the block table, nothing else.
     """
-    if cache.ndim != 4:
-        raise ValueError(
-            f"cache must be [num_blocks, block_size, num_kv_heads, head_dim], got {cache.shape}"
-        )
-    seq_len = _check_seq_len(seq_len)
-    block_table = np.asarray(block_table)
-    num_blocks, block_size = cache.shape[:2]
-    _check_block_table(block_table, seq_len, block_size, num_blocks, "block_table")
-
+    block_table, seq_len = provided.check_gather_inputs(cache, block_table, seq_len)
+    block_size = cache.shape[1]
     positions = np.arange(seq_len)
     return cache[block_table[positions // block_size], positions % block_size]
 
@@ -200,17 +111,12 @@ def paged_decode_attention(
         0 and ``lse = -inf``. Query head ``h`` reads KV head ``h // (num_heads //
         num_kv_heads)``. Slots past ``seq_len`` are never read.
     """
-    q = np.asarray(q)
-    if q.ndim != 2:
-        raise ValueError(f"q must be [num_heads, head_dim], got shape {q.shape}")
-    _check_caches(k_cache, v_cache)
+    q, block_table, seq_len, group = provided.check_decode_inputs(
+        q, k_cache, v_cache, block_table, seq_len
+    )
     num_heads, head_dim = q.shape
-    group = _check_heads(num_heads, head_dim, k_cache.shape)
-    seq_len = _check_seq_len(seq_len)
-    num_blocks, block_size = k_cache.shape[:2]
-    block_table = np.asarray(block_table)
-    _check_block_table(block_table, seq_len, block_size, num_blocks, "block_table")
-    scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+    block_size = k_cache.shape[1]
+    scale = default_scale(head_dim) if scale is None else float(scale)
 
     kv_head = np.arange(num_heads) // group  # query head h reads KV head h // group
     dtype = np.result_type(q, k_cache, v_cache)
@@ -248,31 +154,17 @@ def paged_decode_attention_batch(
 ) -> tuple[np.ndarray, np.ndarray]:
     """A decode step for a batch: q ``[B, H, d]``, block_tables ``[B, max_blocks]``, seq_lens
     ``[B]`` -> ``(out [B, H, d], lse [B, H])``. Each sequence has its own length and table."""
-    q = np.asarray(q)
-    block_tables = np.asarray(block_tables)
-    seq_lens = np.asarray(seq_lens)
-    if q.ndim != 3:
-        raise ValueError(f"q must be [batch, num_heads, head_dim], got shape {q.shape}")
-    batch = q.shape[0]
-    if block_tables.ndim != 2 or block_tables.shape[0] != batch:
-        raise ValueError(
-            f"block_tables must be [batch={batch}, max_blocks], got shape {block_tables.shape}"
-        )
-    if seq_lens.shape != (batch,):
-        raise ValueError(f"seq_lens must be [batch={batch}], got shape {seq_lens.shape}")
-
-    results = []
-    for b in range(batch):
+    q, block_tables, seq_lens = provided.check_batch_inputs(q, block_tables, seq_lens)
+    num_heads, head_dim_v = q.shape[1], v_cache.shape[-1]
+    out = np.zeros((q.shape[0], num_heads, head_dim_v), dtype=np.result_type(q, v_cache))
+    lse = np.zeros((q.shape[0], num_heads), dtype=out.dtype)
+    for b in range(q.shape[0]):
         try:
-            results.append(
-                paged_decode_attention(
-                    q[b], k_cache, v_cache, block_tables[b], int(seq_lens[b]), scale
-                )
+            out[b], lse[b] = paged_decode_attention(
+                q[b], k_cache, v_cache, block_tables[b], int(seq_lens[b]), scale
             )
         except ValueError as err:  # say which sequence of the batch was bad
             raise ValueError(f"sequence {b} of the batch: {err}") from None
-    out = np.stack([o for o, _ in results]) if results else np.zeros((0, *q.shape[1:]))
-    lse = np.stack([s for _, s in results]) if results else np.zeros((0, q.shape[1]))
     return out, lse
 
 
@@ -284,20 +176,44 @@ def paged_decode_attention_batch(
 @triton.jit
 def _paged_decode_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, out_ptr, lse_ptr,
-    scale,
+    qk_scale,  # softmax scale * log2(e): the kernel works in base 2 (exp2)
     stride_q_seq, stride_q_head,
     stride_k_block, stride_k_slot, stride_k_head,
     stride_v_block, stride_v_slot, stride_v_head,
     stride_table_seq,
     stride_o_seq, stride_o_head, stride_lse_seq,
     GROUP: tl.constexpr,  # query heads per KV head
-    GROUP_PAD: tl.constexpr,  # GROUP rounded up to a power of two >= 16 (tl.dot needs M >= 16)
+    GROUP_PAD: tl.constexpr,  # GROUP rounded up to a tl.dot tile (a power of two >= 16)
     HEAD_DIM: tl.constexpr,
-    HEAD_DIM_PAD: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,  # HEAD_DIM rounded up the same way
     BLOCK_SIZE: tl.constexpr,  # tokens per cache block
     BLOCK_N: tl.constexpr,  # tokens per K/V tile: a part of a block, or several blocks
     DOT_PRECISION: tl.constexpr,
 ):
+    """One program = one sequence x one KV head; its GROUP query heads are the rows of a tile.
+
+    Grid ``(batch, num_kv_heads)``. Every head dim is a contiguous last dimension
+    (the launcher makes it so); ``v_cache`` has ``q``'s head dim.
+
+    1. ``seq = program_id(0)``, ``kv_head = program_id(1)``; load ``seq_len``.
+    2. Load the queries of the group, heads ``kv_head * GROUP + r`` for rows ``r < GROUP``,
+       as one ``[GROUP_PAD, HEAD_DIM_PAD]`` tile (padded rows and dims masked to 0).
+    3. ``m = -inf``, ``l = 0`` (``[GROUP_PAD]``, fp32); ``acc = 0``
+       (``[GROUP_PAD, HEAD_DIM_PAD]``, fp32).
+    4. For each tile of ``BLOCK_N`` positions ``pos`` below ``seq_len``:
+       a. ``in_seq = pos < seq_len``; the physical block of each position is
+          ``block_table[pos // BLOCK_SIZE]`` (a masked load), cast to int64 before it is
+          multiplied by a stride; the slot in the block is ``pos % BLOCK_SIZE``;
+       b. load the K and V tiles ``[BLOCK_N, HEAD_DIM_PAD]`` with ``mask=in_seq & dim_ok``,
+          ``other=0``: a NaN past ``seq_len`` must never be loaded (``NaN * 0 = NaN`` in
+          ``tl.dot``);
+       c. ``s = tl.dot(q, k^T) * qk_scale`` (base-2 scores), ``-inf`` where ``not in_seq``;
+       d. the online update in base 2: ``m_new = max(m, rowmax(s))``,
+          ``alpha = exp2(m - m_new)``, ``p = exp2(s - m_new)``, ``l = alpha * l + rowsum(p)``,
+          ``acc = alpha * acc + tl.dot(p, v)``, ``m = m_new``.
+    5. ``out = acc / l`` and ``lse = m * ln(2) + ln(l)`` (natural log, like numpy); an empty
+       sequence (``l = 0``) gives ``out = 0``, ``lse = -inf``. Store rows ``< GROUP``.
+    """
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     seq_len = tl.load(seq_lens_ptr + seq)
@@ -324,11 +240,11 @@ def _paged_decode_kernel(
         pos = start_pos + tl.arange(0, BLOCK_N)  # logical token positions of this tile
         in_seq = pos < seq_len  # False past seq_len: the partial last block
         physical_block = tl.load(block_table + pos // BLOCK_SIZE, mask=in_seq, other=0)
-        physical_block = physical_block.to(tl.int64)  # block * stride can overflow int32
+        # int64: at 16 tokens x 8 KV heads x d=128 a block is 16,384 elements, so
+        # physical_block * stride_k_block passes 2^31 from block 131,072 on.
+        physical_block = physical_block.to(tl.int64)
         slot = pos % BLOCK_SIZE
         kv_mask = in_seq[:, None] & dim_ok[None, :]
-        # Masked lanes are never loaded: they read as 0, so a NaN in a slot past seq_len
-        # cannot reach tl.dot (NaN * 0 = NaN, so masking the scores alone is not enough).
         k = tl.load(
             k_cache_ptr + physical_block[:, None] * stride_k_block + slot[:, None] * stride_k_slot
             + kv_head * stride_k_head + dims[None, :],
@@ -342,11 +258,11 @@ def _paged_decode_kernel(
             other=0.0,
         )  # [BLOCK_N, HEAD_DIM_PAD]
 
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale  # [GROUP_PAD, BLOCK_N]
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [GROUP_PAD, BLOCK_N]
         s = tl.where(in_seq[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))  # finite: each tile has >= 1 token in seq
-        alpha = tl.exp(m - m_new)  # 0 on the first tile, where m = -inf
-        p = tl.exp(s - m_new[:, None])
+        alpha = tl.exp2(m - m_new)  # 0 on the first tile, where m = -inf
+        p = tl.exp2(s - m_new[:, None])
         l = l * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m = m_new
@@ -354,7 +270,7 @@ def _paged_decode_kernel(
     has_keys = l > 0  # False only for seq_len = 0: output 0, lse -inf
     l_safe = tl.where(has_keys, l, 1.0)
     out = acc / l_safe[:, None]
-    lse = tl.where(has_keys, m + tl.log(l_safe), float("-inf"))
+    lse = tl.where(has_keys, m * 0.6931471805599453 + tl.log(l_safe), float("-inf"))  # ln 2
     out_rows = out_ptr + seq * stride_o_seq + heads * stride_o_head
     tl.store(
         out_rows[:, None] + dims[None, :],
@@ -362,45 +278,6 @@ def _paged_decode_kernel(
         mask=head_ok[:, None] & dim_ok[None, :],
     )
     tl.store(lse_ptr + seq * stride_lse_seq + heads, lse, mask=head_ok)
-
-
-def _check_triton_inputs(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-) -> int:
-    """Shapes, head counts and lengths; returns the group size."""
-    if q.dim() != 3:
-        raise ValueError(f"q must be [batch, num_heads, head_dim], got shape {tuple(q.shape)}")
-    _check_caches(k_cache, v_cache)
-    batch, num_heads, head_dim = q.shape
-    if v_cache.shape[3] != head_dim:
-        raise ValueError(
-            f"v_cache head_dim {v_cache.shape[3]} must equal q's head_dim {head_dim} here"
-        )
-    group = _check_heads(num_heads, head_dim, tuple(k_cache.shape))
-    if block_tables.dim() != 2 or block_tables.shape[0] != batch:
-        raise ValueError(
-            f"block_tables must be [batch={batch}, max_blocks], got {tuple(block_tables.shape)}"
-        )
-    if tuple(seq_lens.shape) != (batch,):
-        raise ValueError(f"seq_lens must be [batch={batch}], got shape {tuple(seq_lens.shape)}")
-    # One copy of the lengths to the host (a single sync on a GPU, not one per min/max);
-    # a production kernel trusts the scheduler's metadata and skips these checks.
-    lens = seq_lens.detach().cpu()
-    if batch and int(lens.min()) < 0:
-        raise ValueError(f"seq_lens must be >= 0, got {int(lens.min())}")
-    block_size = k_cache.shape[1]
-    longest = int(lens.max()) if batch else 0
-    needed = blocks_needed(longest, block_size)
-    if needed > block_tables.shape[1]:
-        raise ValueError(
-            f"block_tables has {block_tables.shape[1]} columns but a sequence of "
-            f"{longest} tokens needs {needed} blocks of {block_size}"
-        )
-    return group
 
 
 def paged_decode_triton(
@@ -411,57 +288,62 @@ def paged_decode_triton(
     seq_lens: torch.Tensor,
     scale: float | None = None,
     *,
-    return_lse: bool = False,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    block_n: int | None = None,
+    max_seq_len: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Paged decode attention for a batch, as one Triton launch.
 
     Args:
         q: ``[B, H, d]``.
-        k_cache, v_cache: ``[num_blocks, block_size, KVH, d]`` (fp16/bf16 on a GPU; any float
-            dtype under the interpreter). Computation accumulates in fp32.
-        block_tables: ``[B, max_blocks]`` int32; padding entries are never read.
-        seq_lens: ``[B]`` ints.
-        scale: defaults to ``1 / sqrt(d)``.
-        return_lse: also return the log-sum-exp.
+        k_cache, v_cache: ``[num_blocks, block_size, KVH, d]``, float16 or float32 (bfloat16
+            too on a GPU; the interpreter refuses it). Accumulation is in float32.
+        block_tables: ``[B, max_blocks]`` ints; padding entries are never read.
+        seq_lens: ``[B]`` ints, on q's device.
+        scale: defaults to ``1 / sqrt(d)`` (the real head dim, not the padded tile).
+        block_n: tokens per K/V tile, a power of two >= 16; None = 64 on a GPU, 16 on the
+            interpreter. Independent of the cache's block size.
+        max_seq_len: the longest ``seq_lens`` entry, if the caller knows it on the host (a
+            serving engine does); then nothing is copied from the device. None = one copy
+            of ``seq_lens`` to the host, which also validates the lengths.
 
     Returns:
-        ``out [B, H, d]`` in q's dtype, or ``(out, lse [B, H] float32)`` with ``return_lse``.
-        Grid: one program per (sequence, KV head); each loads every K/V tile once and serves
-        all ``H // KVH`` query heads of its group with ``tl.dot``.
+        ``(out [B, H, d]`` in q's dtype, ``lse [B, H]`` float32, natural log). Grid: one
+        program per (sequence, KV head); each loads every K/V tile once and serves all
+        ``H // KVH`` query heads of its group with ``tl.dot``.
     """
-    group = _check_triton_inputs(q, k_cache, v_cache, block_tables, seq_lens)
+    group = provided.check_triton_inputs(q, k_cache, v_cache, block_tables, seq_lens, max_seq_len)
     batch, num_heads, head_dim = q.shape
-    _, block_size, num_kv_heads, _ = k_cache.shape
-    scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    tiles = tile_config(q, gpu=provided.GPU_TILES, interpreter=provided.INTERPRETER_TILES,
+                        block_n=block_n)
+    scale = default_scale(head_dim) if scale is None else float(scale)
 
-    q = q if q.stride(-1) == 1 else q.contiguous()
-    k_cache = k_cache if k_cache.stride(-1) == 1 else k_cache.contiguous()
-    v_cache = v_cache if v_cache.stride(-1) == 1 else v_cache.contiguous()
+    q, k_cache, v_cache = (
+        t if t.stride(-1) == 1 else t.contiguous()
+        for t in (q, k_cache, v_cache)
+    )
     block_tables = block_tables.to(device=q.device, dtype=torch.int32).contiguous()
     seq_lens = seq_lens.to(device=q.device, dtype=torch.int32).contiguous()
     out = torch.empty((batch, num_heads, head_dim), dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, num_heads), dtype=torch.float32, device=q.device)
+    if batch == 0:
+        return out, lse
 
-    on_gpu = q.is_cuda
-    grid = (batch, num_kv_heads)
-    if batch:
-        _paged_decode_kernel[grid](
-            q, k_cache, v_cache, block_tables, seq_lens, out, lse,
-            scale,
-            q.stride(0), q.stride(1),
-            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-            block_tables.stride(0),
-            out.stride(0), out.stride(1), lse.stride(0),
-            GROUP=group,
-            GROUP_PAD=max(16, triton.next_power_of_2(group)),
-            HEAD_DIM=head_dim,
-            HEAD_DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
-            BLOCK_SIZE=block_size,
-            # 64 tokens per tile keeps enough bytes in flight on a GPU; 16 keeps the
-            # interpreter fast while still crossing block boundaries inside a tile.
-            BLOCK_N=64 if on_gpu else 16,
-            DOT_PRECISION="ieee" if k_cache.dtype == torch.float32 else "tf32",
-            **({"num_warps": 4, "num_stages": 2} if on_gpu else {}),
-        )
-    return (out, lse) if return_lse else out
+    _paged_decode_kernel[(batch, num_kv_heads)](
+        q, k_cache, v_cache, block_tables, seq_lens, out, lse,
+        log2e_scale(scale),
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        block_tables.stride(0),
+        out.stride(0), out.stride(1), lse.stride(0),
+        GROUP=group,
+        GROUP_PAD=dot_tile(group),
+        HEAD_DIM=head_dim,
+        HEAD_DIM_PAD=dot_tile(head_dim),
+        BLOCK_SIZE=block_size,
+        BLOCK_N=tiles["block_n"],
+        DOT_PRECISION=dot_precision(k_cache.dtype),
+        **({} if on_interpreter(q) else provided.GPU_LAUNCH),
+    )
+    return out, lse

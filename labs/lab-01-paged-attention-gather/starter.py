@@ -1,6 +1,7 @@
 """Lab 01 starter: PagedAttention decode = the online softmax streamed over a block table.
 
-Your work goes in the functions that raise ``NotImplementedError``. Run the spec with
+Your work goes in the functions that raise ``NotImplementedError`` and in the kernel
+``_paged_decode_kernel`` (its docstring lists the steps). Run the spec with
 
     LAB_IMPL=starter pytest labs/lab-01-paged-attention-gather -q
 
@@ -12,80 +13,30 @@ The paged KV cache (the FlashAttention/FlashInfer "NHD" layout):
 
 Slots past ``seq_len`` in the last block, blocks no table references and the padding
 entries of a table may hold anything (the tests put NaN there): never read them.
+The input checks are given in ``provided.py``: call the one each TODO names first.
 """
 
 from __future__ import annotations
 
-import math  # noqa: F401  (you will want math.sqrt)
-
 import numpy as np
-import torch
+import torch  # noqa: F401
 
-from common.paged import blocks_needed
-from common.triton_env import tl, triton  # noqa: F401  (triton.next_power_of_2 is handy)
+from common.loader import load_lab_module
 
-# ---------------------------------------------------------------------------------------
-# Given: input checks. Bad input must be a ValueError that names the argument, never an
-# IndexError from deep inside; call these at the top of your functions.
-# ---------------------------------------------------------------------------------------
+# The helpers your code will use (unused until you write it):
+from common.paged import blocks_needed  # noqa: F401
+from common.triton_env import (  # noqa: F401
+    default_scale,
+    dot_precision,
+    dot_tile,
+    log2e_scale,
+    on_interpreter,
+    tile_config,
+    tl,
+    triton,
+)
 
-
-def _check_block_table(
-    block_table: np.ndarray, seq_len: int, block_size: int, num_blocks: int, name: str
-) -> None:
-    """The first ceil(seq_len / block_size) entries must name real physical blocks."""
-    if block_table.ndim != 1:
-        raise ValueError(f"{name} must be 1-D [max_blocks], got shape {block_table.shape}")
-    needed = blocks_needed(seq_len, block_size)
-    if len(block_table) < needed:
-        raise ValueError(
-            f"{name} has {len(block_table)} entries but seq_len={seq_len} needs {needed} "
-            f"blocks of {block_size} tokens"
-        )
-    used = block_table[:needed]
-    bad = np.flatnonzero((used < 0) | (used >= num_blocks))
-    if bad.size:
-        i = int(bad[0])
-        raise ValueError(
-            f"{name}[{i}] = {int(used[i])} is not a physical block (the cache has "
-            f"{num_blocks} blocks); only entries past the last needed block may be padding"
-        )
-
-
-def _check_caches(k_cache: np.ndarray, v_cache: np.ndarray) -> None:
-    if k_cache.ndim != 4:
-        raise ValueError(
-            f"k_cache must be [num_blocks, block_size, num_kv_heads, head_dim], "
-            f"got shape {k_cache.shape}"
-        )
-    if v_cache.ndim != 4 or v_cache.shape[:3] != k_cache.shape[:3]:
-        raise ValueError(
-            f"v_cache shape {v_cache.shape} does not match k_cache shape {k_cache.shape} "
-            "in [num_blocks, block_size, num_kv_heads]"
-        )
-
-
-def _check_heads(num_heads: int, head_dim: int, k_cache_shape: tuple[int, ...]) -> int:
-    """Validate q's heads and head_dim against the cache; return the group size."""
-    num_kv_heads, cache_head_dim = k_cache_shape[2], k_cache_shape[3]
-    if head_dim != cache_head_dim:
-        raise ValueError(
-            f"head_dim of q ({head_dim}) does not match the head_dim of k_cache "
-            f"({cache_head_dim}, shape {tuple(k_cache_shape)})"
-        )
-    if num_kv_heads < 1 or num_heads % num_kv_heads != 0:
-        raise ValueError(
-            f"num_heads={num_heads} (from q) is not a multiple of num_kv_heads={num_kv_heads} "
-            "(from k_cache)"
-        )
-    return num_heads // num_kv_heads
-
-
-def _check_seq_len(seq_len: int, name: str = "seq_len") -> int:
-    if int(seq_len) != seq_len or seq_len < 0:
-        raise ValueError(f"{name} must be a non-negative integer, got {seq_len}")
-    return int(seq_len)
-
+provided = load_lab_module(__file__, "provided")
 
 # ---------------------------------------------------------------------------------------
 # The write path: where does token t go, and put it there.
@@ -105,10 +56,10 @@ def slot_mapping(block_table: np.ndarray, positions: np.ndarray, block_size: int
         ``cache.reshape(num_blocks * block_size, num_kv_heads, head_dim)``.
     """
     raise NotImplementedError(
-        "TODO: split each position into (logical block, offset in the block), look the "
-        "logical block up in block_table, and turn (physical block, offset) into one slot "
-        "number. Reject block_size < 1, negative positions and positions past the table "
-        "with a ValueError that names the argument (block_size, positions, block_table)."
+        "TODO: validate with provided.check_slot_mapping_inputs(block_table, positions, "
+        "block_size); then split each position into (logical block, offset in the block), "
+        "look the logical block up in block_table, and turn (physical block, offset) into "
+        "one slot number."
     )
 
 
@@ -125,10 +76,9 @@ def write_kv(
     Only the ``n`` given slots change; every other slot keeps its bytes.
     """
     raise NotImplementedError(
-        "TODO: a slot number is (block, offset) in disguise; write token i's K and V there, "
-        "in place. Return nothing. Reject k or v whose shape is not [n, num_kv_heads, "
-        "head_dim] of the cache, and slots outside the cache, with a ValueError naming k, v "
-        "or slots."
+        "TODO: validate with provided.check_write_kv_inputs(k_cache, v_cache, k, v, slots); "
+        "a slot number is (block, offset) in disguise: write token i's K and V there, in "
+        "place, and return nothing."
     )
 
 
@@ -138,8 +88,8 @@ def gather_kv(cache: np.ndarray, block_table: np.ndarray, seq_len: int) -> np.nd
     Reads exactly the first ``seq_len`` slots named by the block table, nothing else.
     """
     raise NotImplementedError(
-        "TODO: for every position t < seq_len, read the slot the block table names for it "
-        "(validate with _check_seq_len and _check_block_table first)."
+        "TODO: validate with provided.check_gather_inputs(cache, block_table, seq_len); then "
+        "for every position t < seq_len read the slot the block table names for it."
     )
 
 
@@ -171,12 +121,13 @@ def paged_decode_attention(
         num_kv_heads)``. Slots past ``seq_len`` are never read.
     """
     raise NotImplementedError(
-        "TODO: validate (q must be 2-D; _check_caches, _check_heads, _check_seq_len, "
-        "_check_block_table). Keep a running max m, denominator l and accumulator acc per "
-        "query head. Visit the logical blocks in order, find each one's physical block in "
-        "the table, read only the tokens that exist (the last block may be partial), and "
-        "fold the block's scores into (m, l, acc), rescaling the old state when m grows. "
-        "Start m at -inf, not 0. Finish with out = acc / l and lse = m + log(l)."
+        "TODO: validate with provided.check_decode_inputs(q, k_cache, v_cache, block_table, "
+        "seq_len), which also returns the group size. Keep a running max m, denominator l "
+        "and accumulator acc per query head (head h reads KV head h // group). Visit the "
+        "logical blocks in order, find each one's physical block in the table, read only the "
+        "tokens that exist (the last block may be partial), and fold the block's scores into "
+        "(m, l, acc), rescaling the old state when m grows. Start m at -inf, not 0. Finish "
+        "with out = acc / l and lse = m + log(l); seq_len = 0 gives out 0 and lse -inf."
     )
 
 
@@ -191,8 +142,8 @@ def paged_decode_attention_batch(
     """A decode step for a batch: q ``[B, H, d]``, block_tables ``[B, max_blocks]``, seq_lens
     ``[B]`` -> ``(out [B, H, d], lse [B, H])``. Each sequence has its own length and table."""
     raise NotImplementedError(
-        "TODO: check that q, block_tables and seq_lens agree on the batch size (ValueError "
-        "naming the argument), then run paged_decode_attention for each sequence and stack."
+        "TODO: validate with provided.check_batch_inputs(q, block_tables, seq_lens); then run "
+        "paged_decode_attention for each sequence and stack out [B, H, d] and lse [B, H]."
     )
 
 
@@ -204,37 +155,45 @@ def paged_decode_attention_batch(
 @triton.jit
 def _paged_decode_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, out_ptr, lse_ptr,
-    scale,
+    qk_scale,  # softmax scale * log2(e): the kernel works in base 2 (exp2)
     stride_q_seq, stride_q_head,
     stride_k_block, stride_k_slot, stride_k_head,
     stride_v_block, stride_v_slot, stride_v_head,
     stride_table_seq,
     stride_o_seq, stride_o_head, stride_lse_seq,
     GROUP: tl.constexpr,  # query heads per KV head
-    GROUP_PAD: tl.constexpr,  # GROUP rounded up to a power of two >= 16 (tl.dot needs M >= 16)
+    GROUP_PAD: tl.constexpr,  # GROUP rounded up to a tl.dot tile (a power of two >= 16)
     HEAD_DIM: tl.constexpr,
-    HEAD_DIM_PAD: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,  # HEAD_DIM rounded up the same way
     BLOCK_SIZE: tl.constexpr,  # tokens per cache block
     BLOCK_N: tl.constexpr,  # tokens per K/V tile: a part of a block, or several blocks
     DOT_PRECISION: tl.constexpr,
 ):
-    # TODO 1: seq = tl.program_id(0), kv_head = tl.program_id(1); load this sequence's seq_len.
-    # TODO 2: load the query rows of this KV head's group as one [GROUP_PAD, HEAD_DIM_PAD] tile
-    #         (rows past GROUP and dims past HEAD_DIM masked, other=0). Which query heads
-    #         belong to KV head kv_head?
-    # TODO 3: m = -inf, l = 0 ([GROUP_PAD], fp32); acc = 0 ([GROUP_PAD, HEAD_DIM_PAD], fp32).
-    # TODO 4: for start_pos in range(0, seq_len, BLOCK_N):
-    #           logical positions of the tile, a mask "inside the sequence", their physical
-    #           blocks through the block table (masked load; cast them to tl.int64 before
-    #           multiplying by a stride: a 100k-block cache overflows int32), their slots;
-    #           masked loads of the K and V tiles [BLOCK_N, HEAD_DIM_PAD] with other=0
-    #           (NaN * 0 = NaN inside tl.dot: masking only the scores is not enough);
-    #           s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale, set to -inf
-    #           outside the sequence; then the online-softmax update of (m, l, acc), with a
-    #           second tl.dot for p @ v.
-    # TODO 5: out = acc / l (guard l = 0: seq_len = 0 gives out 0, lse -inf); lse = m + log(l);
-    #         store the rows < GROUP into out and lse.
-    pass
+    """One program = one sequence x one KV head; its GROUP query heads are the rows of a tile.
+
+    Grid ``(batch, num_kv_heads)``. Every head dim is a contiguous last dimension
+    (the launcher makes it so); ``v_cache`` has ``q``'s head dim.
+
+    1. ``seq = program_id(0)``, ``kv_head = program_id(1)``; load ``seq_len``.
+    2. Load the queries of the group, heads ``kv_head * GROUP + r`` for rows ``r < GROUP``,
+       as one ``[GROUP_PAD, HEAD_DIM_PAD]`` tile (padded rows and dims masked to 0).
+    3. ``m = -inf``, ``l = 0`` (``[GROUP_PAD]``, fp32); ``acc = 0``
+       (``[GROUP_PAD, HEAD_DIM_PAD]``, fp32).
+    4. For each tile of ``BLOCK_N`` positions ``pos`` below ``seq_len``:
+       a. ``in_seq = pos < seq_len``; the physical block of each position is
+          ``block_table[pos // BLOCK_SIZE]`` (a masked load), cast to int64 before it is
+          multiplied by a stride; the slot in the block is ``pos % BLOCK_SIZE``;
+       b. load the K and V tiles ``[BLOCK_N, HEAD_DIM_PAD]`` with ``mask=in_seq & dim_ok``,
+          ``other=0``: a NaN past ``seq_len`` must never be loaded (``NaN * 0 = NaN`` in
+          ``tl.dot``);
+       c. ``s = tl.dot(q, k^T) * qk_scale`` (base-2 scores), ``-inf`` where ``not in_seq``;
+       d. the online update in base 2: ``m_new = max(m, rowmax(s))``,
+          ``alpha = exp2(m - m_new)``, ``p = exp2(s - m_new)``, ``l = alpha * l + rowsum(p)``,
+          ``acc = alpha * acc + tl.dot(p, v)``, ``m = m_new``.
+    5. ``out = acc / l`` and ``lse = m * ln(2) + ln(l)`` (natural log, like numpy); an empty
+       sequence (``l = 0``) gives ``out = 0``, ``lse = -inf``. Store rows ``< GROUP``.
+    """
+    pass  # TODO: steps 1-5 above
 
 
 def paged_decode_triton(
@@ -245,34 +204,48 @@ def paged_decode_triton(
     seq_lens: torch.Tensor,
     scale: float | None = None,
     *,
-    return_lse: bool = False,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    block_n: int | None = None,
+    max_seq_len: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Paged decode attention for a batch, as one Triton launch.
 
     Args:
         q: ``[B, H, d]``.
-        k_cache, v_cache: ``[num_blocks, block_size, KVH, d]`` (fp16/bf16 on a GPU; any float
-            dtype under the interpreter). Computation accumulates in fp32.
-        block_tables: ``[B, max_blocks]`` int32; padding entries are never read.
-        seq_lens: ``[B]`` ints.
-        scale: defaults to ``1 / sqrt(d)``.
-        return_lse: also return the log-sum-exp.
+        k_cache, v_cache: ``[num_blocks, block_size, KVH, d]``, float16 or float32 (bfloat16
+            too on a GPU; the interpreter refuses it). Accumulation is in float32.
+        block_tables: ``[B, max_blocks]`` ints; padding entries are never read.
+        seq_lens: ``[B]`` ints, on q's device.
+        scale: defaults to ``1 / sqrt(d)`` (the real head dim, not the padded tile).
+        block_n: tokens per K/V tile, a power of two >= 16; None = 64 on a GPU, 16 on the
+            interpreter. Independent of the cache's block size.
+        max_seq_len: the longest ``seq_lens`` entry, if the caller knows it on the host (a
+            serving engine does); then nothing is copied from the device. None = one copy
+            of ``seq_lens`` to the host, which also validates the lengths.
 
     Returns:
-        ``out [B, H, d]`` in q's dtype, or ``(out, lse [B, H] float32)`` with ``return_lse``.
-        Grid: one program per (sequence, KV head); each loads every K/V tile once and serves
-        all ``H // KVH`` query heads of its group with ``tl.dot``.
+        ``(out [B, H, d]`` in q's dtype, ``lse [B, H]`` float32, natural log). Grid: one
+        program per (sequence, KV head); each loads every K/V tile once and serves all
+        ``H // KVH`` query heads of its group with ``tl.dot``.
     """
-    # The launch wrapper, step by step:
-    #   1. validate: shapes, num_heads % num_kv_heads, seq_lens >= 0, block_tables wide enough
-    #      (the same rules as the numpy functions; reuse _check_caches and _check_heads);
-    #   2. allocate out [B, H, d] (q.dtype) and lse [B, H] (float32) on q's device;
-    #   3. launch _paged_decode_kernel[(batch, num_kv_heads)](...) passing every stride,
-    #      GROUP_PAD = max(16, triton.next_power_of_2(group)), HEAD_DIM_PAD likewise,
-    #      BLOCK_N = 16 (interpreter) or larger on a GPU, DOT_PRECISION "ieee" for float32
-    #      caches (exact fp32 on a GPU) else "tf32";
-    #   4. return out, or (out, lse) when return_lse.
+    # The launcher, step by step (the kernel's docstring lists its own steps):
+    #   1. group = provided.check_triton_inputs(q, k_cache, v_cache, block_tables, seq_lens,
+    #      max_seq_len): shapes and dtypes, and no host sync when max_seq_len is given;
+    #   2. tiles = tile_config(q, gpu=provided.GPU_TILES,
+    #      interpreter=provided.INTERPRETER_TILES, block_n=block_n);
+    #   3. scale = default_scale(head_dim) when None (the real head dim, not the padded
+    #      one), passed to the kernel as log2e_scale(scale) because the kernel uses exp2;
+    #   4. make the last dimension of q, k_cache and v_cache contiguous; block_tables and
+    #      seq_lens int32 on q's device (.to(...), never .cpu());
+    #   5. allocate out [B, H, d] (q.dtype) and lse [B, H] (float32) on q's device; with
+    #      B = 0 return them as they are (a grid of size 0 is not launchable);
+    #   6. launch _paged_decode_kernel[(batch, num_kv_heads)](...) with every stride,
+    #      GROUP_PAD = dot_tile(group), HEAD_DIM_PAD = dot_tile(head_dim),
+    #      BLOCK_SIZE = the cache's block size, BLOCK_N = tiles["block_n"],
+    #      DOT_PRECISION = dot_precision(k_cache.dtype), and **provided.GPU_LAUNCH unless
+    #      on_interpreter(q);
+    #   7. return out, lse.
     raise NotImplementedError(
-        "TODO: write _paged_decode_kernel (its TODOs say what each part does), then validate "
-        "the inputs, allocate out/lse and launch it on a (batch, num_kv_heads) grid here."
+        "TODO: write _paged_decode_kernel (its docstring lists the steps), then follow the "
+        "launcher's steps above: validate, allocate out/lse, launch on a (batch, "
+        "num_kv_heads) grid."
     )

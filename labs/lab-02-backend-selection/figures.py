@@ -137,7 +137,25 @@ def sdpa_deviation_figure() -> pathlib.Path:
     path = OUT / "sdpa_deviation.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    print_backend_agreement(q, k, v)
     return path
+
+
+def print_backend_agreement(q, k, v) -> None:
+    """README section 7's table: MATH and FLASH_ATTENTION against each other, per dtype."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    print("dtype     max |MATH - FLASH_ATTENTION|  outputs that differ  (causal, [2, 8, 128, 64])")
+    for dt in (torch.float32, torch.float16, torch.bfloat16):
+        outs = []
+        for backend in (SDPBackend.MATH, SDPBackend.FLASH_ATTENTION):
+            with sdpa_kernel([backend]):
+                outs.append(torch.nn.functional.scaled_dot_product_attention(
+                    q.to(dt), k.to(dt), v.to(dt), is_causal=True).double())
+        diff = (outs[0] - outs[1]).abs()
+        name = str(dt).replace("torch.", "")
+        print(f"{name:9s} {diff.max().item():.1e}{'':21s} {(diff > 0).double().mean().item():.0%}")
 
 
 if __name__ == "__main__":

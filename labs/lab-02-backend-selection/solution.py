@@ -10,291 +10,145 @@ Three things to hold apart:
   ``validate_configuration`` returns no reasons. An override is checked alone: if it
   has reasons, start-up fails; it never falls back.
 
-The backend facts (priority lists, dtypes, head sizes, ...) come from
-``vllm_0_33_facts.json``, which ``extract_facts.py`` reads out of the vLLM 0.33.0 wheel;
-the rules that depend on what the GPU can load (which FlashAttention version, for one)
-are written out below, each with the vLLM file it mirrors.
+The backends are a table, as in vLLM: one class per backend answers the selector's
+questions (``supports_head_size``, ``supports_dtype``, ``supports_kv_cache_dtype``, ...).
+The base class ``_Backend`` answers every question from the backend's entry in the facts
+file (``load_facts()["backends"][name]``); a backend whose vLLM class overrides a question
+(because the answer depends on the GPU or on the model) gets a small subclass that
+overrides the same method, citing the vLLM file. A backend without such rules needs no
+class at all: adding one is adding its entry to the facts file.
 
-The lab models a CUDA GPU of the given compute capability running the vLLM 0.33.0 wheel
-with its pinned kernel packages (FlashAttention 2/3/4, FlashMLA, FlashInfer 0.7.2.post1,
-tokenspeed-mla), FlashInfer's TRTLLM cubins available, default engine settings, and
-decoder attention without a multimodal prefix. See the README for the exact list.
-
-Run ``python labs/lab-02-backend-selection/solution.py --matrix`` for the selection
-matrix of real GPUs x dtypes x models.
+The given code (tables, facts, input checks, what the GPU can load, ``Selection``) is in
+``provided.py``. ``python labs/lab-02-backend-selection/provided.py --matrix`` prints the
+selection matrix of real GPUs x dtypes x models.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import json
-import pathlib
-import warnings
-from collections.abc import Mapping
 from typing import Any
 
-VLLM_VERSION = "0.33.0"
-FACTS_FILE = pathlib.Path(__file__).with_name("vllm_0_33_facts.json")
+from common.loader import load_lab_module
 
-# Real GPUs and their compute capability (major, minor).
-GPUS: dict[str, tuple[int, int]] = {
-    "T4": (7, 5),
-    "A100": (8, 0),
-    "L4": (8, 9),
-    "H100": (9, 0),
-    "B200": (10, 0),
-    "RTX PRO 6000": (12, 0),
-}
-DTYPES = ("float16", "bfloat16", "float32")
+provided = load_lab_module(__file__, "provided")
+# The given names, re-exported so that ``impl.GPUS``, ``impl.Selection``, ... work.
+VLLM_VERSION = provided.VLLM_VERSION
+GPUS = provided.GPUS
+DTYPES = provided.DTYPES
+MODELS = provided.MODELS
+Selection = provided.Selection
+load_facts = provided.load_facts
+normalize_config = provided.normalize_config
+parse_capability = provided.parse_capability
+flash_attn_version = provided.flash_attn_version
+trtllm_available = provided.trtllm_available
+format_matrix = provided.format_matrix
 
-# Real models, as the attention layer describes them to the selector. For MLA the head
-# size the selector sees is kv_lora_rank + qk_rope_head_dim = 512 + 64 = 576. gpt-oss
-# alternates sliding-window and full layers; its sliding-window layer (sinks + window)
-# is the stricter of the two and is the one shown.
-MODELS: dict[str, dict[str, Any]] = {
-    "Llama-3.1-8B": {"head_size": 128, "num_heads": 32, "num_kv_heads": 8},
-    "DeepSeek-V3": {
-        "head_size": 576, "use_mla": True, "num_heads": 128, "num_kv_heads": 1,
-        "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
-        "v_head_dim": 128,
-    },
-    "Mistral-7B-v0.1": {
-        "head_size": 128, "num_heads": 32, "num_kv_heads": 8, "has_sliding_window": True,
-    },
-    "gpt-oss-20b": {
-        "head_size": 64, "num_heads": 64, "num_kv_heads": 8, "has_sink": True,
-        "has_sliding_window": True,
-    },
-}
-
-# What the modelled machine has beyond the GPU (see the README, "What the lab models").
-TRTLLM_CUBINS_AVAILABLE = True  # flashinfer-cubin installed or NVIDIA's artifactory reachable
-
-CONFIG_DEFAULTS: dict[str, Any] = {
-    "kv_cache_dtype": "auto",
-    "block_size": None,  # None = no --block-size: vLLM picks one after the backend
-    "use_mla": False,
-    "has_sink": False,
-    "has_sliding_window": False,
-    "use_sparse": False,
-}
-# Optional facts about the model that some backends read from its HF config.
-MODEL_KEYS = (
-    "num_heads", "num_kv_heads", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
-    "v_head_dim", "index_topk",
-)
-DTYPE_ALIASES = {
-    "float16": "float16", "fp16": "float16", "half": "float16",
-    "bfloat16": "bfloat16", "bf16": "bfloat16",
-    "float32": "float32", "fp32": "float32", "float": "float32",
-}
+backend_facts = provided.backend_facts
+is_quantized_kv_cache = provided.is_quantized_kv_cache
+fa_version_supported = provided.fa_version_supported
+flash_attn_supports_kv_cache_dtype = provided.flash_attn_supports_kv_cache_dtype
 
 
-@functools.cache
-def load_facts() -> dict[str, Any]:
-    """vLLM 0.33.0's backend facts (``vllm_0_33_facts.json``, made by ``extract_facts.py``)."""
-    return json.loads(FACTS_FILE.read_text())
+# ---- the table of backends (vllm/v1/attention/backend.py AttentionBackend) ---------------
+
+_RULES: dict[str, type[_Backend]] = {}  # enum name -> the class with that backend's own rules
 
 
-@dataclasses.dataclass(frozen=True)
-class Selection:
-    """What the selector decided for one attention layer.
+class _Backend:
+    """One vLLM backend class: answers the selector's questions from its facts-file entry.
 
-    ``backend``: the chosen enum name. ``rejected``: every backend of the priority list
-    that was checked and refused, in priority order, with its reasons. ``valid``: the
-    backends that passed, in priority order. ``warning``: vLLM's ``--block-size``
-    warning when a user block size alone ruled out higher-priority backends.
+    ``cfg`` is a ``normalize_config`` dict, ``cap`` a ``(major, minor)`` tuple. A subclass
+    sets ``name`` to the vLLM enum name it answers for and overrides only the questions
+    whose answer in vLLM is code rather than a list.
     """
 
-    backend: str
-    rejected: dict[str, list[str]]
-    valid: list[str] = dataclasses.field(default_factory=list)
-    warning: str | None = None
+    name = ""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        _RULES[cls.name] = cls
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.facts = backend_facts(name)
+
+    def supports_head_size(self, head_size: int, cap: tuple[int, int]) -> bool:
+        sizes = self.facts["head_sizes"]  # empty: any head size (backend.py:105)
+        return not sizes or head_size in sizes
+
+    def supports_dtype(self, dtype: str) -> bool:
+        return dtype in self.facts["dtypes"]
+
+    def supports_kv_cache_dtype(self, kv_cache_dtype: str, cap: tuple[int, int]) -> bool:
+        return kv_cache_dtype in self.facts["kv_cache_dtypes"]
+
+    def kernel_block_sizes(self, cfg: dict, cap: tuple[int, int]) -> list[int]:
+        """The kernel's page sizes (``get_supported_kernel_block_sizes``); ``MultipleOf(n)``
+        is read as ``n``: either way a multiple of it will do."""
+        return [int(s.removeprefix("MultipleOf(").removesuffix(")")) if isinstance(s, str)
+                else s for s in self.facts["kernel_block_sizes"]]
+
+    def supports_block_size(self, cfg: dict, cap: tuple[int, int]) -> bool:
+        block = cfg["block_size"]
+        if block is None:  # no --block-size: every backend can pick its own
+            return True  # "hybrid blocks": a multiple of a kernel page is accepted
+        return any(block % page == 0 for page in self.kernel_block_sizes(cfg, cap))
+
+    def is_mla(self) -> bool:
+        return self.facts["is_mla"]
+
+    def supports_sink(self, cap: tuple[int, int]) -> bool:
+        return self.facts["supports_sink"] is True
+
+    def is_sparse(self) -> bool:
+        return self.facts["is_sparse"]
+
+    def supports_compute_capability(self, cap: tuple[int, int]) -> bool:
+        rule = self.facts["compute_capability"]  # bounds inclusive; {} accepts every GPU
+        if "min" in rule and cap < tuple(rule["min"]):
+            return False
+        if "max" in rule and cap > tuple(rule["max"]):
+            return False
+        return "majors" not in rule or cap[0] in rule["majors"]
+
+    def supports_sliding_window(self) -> bool:
+        return self.facts["supports_sliding_window"]
+
+    def supports_combination(self, cfg: dict, cap: tuple[int, int]) -> str | None:
+        """The backend's own cross-cutting check: the first reason that holds, or None."""
+        return None
 
 
-# ---- inputs --------------------------------------------------------------------------
+def _hf(cfg: dict) -> dict:
+    """The model's HF config fields the config gives (a missing one is a missing attribute)."""
+    return {k: cfg[k] for k in provided.MODEL_KEYS if cfg[k] is not None}
 
 
-def parse_capability(capability: Any) -> tuple[int, int]:
-    """``(major, minor)`` from a tuple such as ``(9, 0)`` or a name from ``GPUS``."""
-    if isinstance(capability, str) and capability in GPUS:
-        return GPUS[capability]
-    try:
-        major, minor = (int(x) for x in capability)
-    except (TypeError, ValueError):
-        raise ValueError(
-            f"capability must be a (major, minor) tuple such as (9, 0), got {capability!r}"
-        ) from None
-    return major, minor
+def _backend(name: str) -> _Backend:
+    """The backend called ``name``: its own class if it has rules, else the base class."""
+    return _RULES.get(name, _Backend)(name)
 
 
-def normalize_config(config: Any) -> dict[str, Any]:
-    """A plain dict with every key filled in; ``ValueError`` names a bad key or value."""
-    if dataclasses.is_dataclass(config) and not isinstance(config, type):
-        config = dataclasses.asdict(config)
-    if not isinstance(config, Mapping):
-        raise ValueError(f"config must be a dict, got {type(config).__name__}")
-    unknown = set(config) - {"head_size", "dtype", *CONFIG_DEFAULTS, *MODEL_KEYS}
-    if unknown:
-        raise ValueError(f"config has unknown keys {sorted(unknown)} (head_size, dtype, ...)")
-    for key in ("head_size", "dtype"):
-        if config.get(key) is None:
-            raise ValueError(f"config must give {key!r}")
-    cfg = {**CONFIG_DEFAULTS, **{k: None for k in MODEL_KEYS}, **config}
-    for key in CONFIG_DEFAULTS:  # "missing" and None both mean the default
-        if cfg[key] is None:
-            cfg[key] = CONFIG_DEFAULTS[key]
-    dtype = str(cfg["dtype"]).removeprefix("torch.")
-    if dtype not in DTYPE_ALIASES:
-        raise ValueError(f"config['dtype']={cfg['dtype']!r}: use float16, bfloat16 or float32")
-    cfg["dtype"] = DTYPE_ALIASES[dtype]
-    if not isinstance(cfg["head_size"], int) or cfg["head_size"] <= 0:
-        raise ValueError(f"config['head_size']={cfg['head_size']!r} must be a positive int")
-    if cfg["kv_cache_dtype"] not in load_facts()["kv_cache_dtypes"]["values"]:
-        raise ValueError(
-            f"config['kv_cache_dtype']={cfg['kv_cache_dtype']!r} is not a vLLM 0.33.0 "
-            f"cache dtype: {load_facts()['kv_cache_dtypes']['values']}"
-        )
-    block = cfg["block_size"]
-    if block is not None and (not isinstance(block, int) or block <= 0):
-        raise ValueError(f"config['block_size']={block!r} must be a positive int or None")
-    for flag in ("use_mla", "has_sink", "has_sliding_window", "use_sparse"):
-        if not isinstance(cfg[flag], bool):
-            raise ValueError(f"config[{flag!r}]={cfg[flag]!r} must be True or False")
-    return cfg
+# ---- the standard-attention backends (vllm/v1/attention/backends/) ----------------------
 
 
-def _backend_facts(backend: str) -> dict[str, Any]:
-    facts = load_facts()
-    if backend not in facts["backends"]:
-        if backend in facts["enum_names"]:
-            raise ValueError(
-                f"{backend} is a vLLM {VLLM_VERSION} backend this lab does not model; "
-                f"modelled: {', '.join(facts['backends'])}"
-            )
-        raise ValueError(
-            f"Unknown attention backend: {backend!r}. Valid options are: "
-            f"{', '.join(facts['backends'])}"
-        )
-    return facts["backends"][backend]
+class _FlashAttn(_Backend):
+    """FlashAttentionBackend (flash_attn.py): one backend over FA2, FA3 and FA4."""
 
+    name = "FLASH_ATTN"
 
-# ---- what the GPU can load (vllm/v1/attention/backends/fa_utils.py and friends) -------
-
-
-def _is_quantized(kv_cache_dtype: str) -> bool:
-    """``is_quantized_kv_cache`` (vllm/v1/kv_cache_interface.py): anything but auto/fp16/bf16."""
-    return kv_cache_dtype not in ("auto", "float16", "bfloat16")
-
-
-def _fa_supported(version: int, capability: tuple[int, int]) -> bool:
-    """``is_fa_version_supported`` (vllm/vllm_flash_attn/flash_attn_interface.py)."""
-    major = capability[0]
-    return {2: capability >= (8, 0), 3: major == 9, 4: major in (9, 10, 11)}[version]
-
-
-def flash_attn_version(
-    capability: tuple[int, int],
-    head_size: int | None = None,
-    head_size_v: int | None = None,
-    has_sink: bool = False,
-    block_size: int | None = None,
-    kv_cache_dtype: str = "auto",
-    hd256_kernel_ok: bool = False,
-) -> int | None:
-    """Which FlashAttention vLLM 0.33.0 runs on this GPU (``get_flash_attn_version``).
-
-    FA3 on Hopper (9.x), FA4 on Blackwell 10.x, FA2 elsewhere from 8.0 up, None below
-    8.0 (no FlashAttention at all). Then the documented fallbacks: Hopper moves to FA4
-    above head size 256; FA4's head-256 kernel on 10.x/11.x falls back to FA2 with sinks,
-    a quantized KV cache or a block size that is not a multiple of 128; FA4 on 10.x+
-    falls back to FA2 for head sizes above 128 except 256 (and 192/128).
-    """
-    capability = parse_capability(capability)
-    major = capability[0]
-    if major == 9 and _fa_supported(3, capability):
-        version = 3
-    elif major == 10 and _fa_supported(4, capability):
-        version = 4
-    else:
-        version = 2
-    if version == 3 and major == 9 and _fa_supported(4, capability):
-        if head_size is not None and head_size > 256:
-            version = 4
-        elif has_sink and None not in (head_size, head_size_v) and head_size != head_size_v:
-            version = 4
-    hd256 = head_size == 256 and head_size_v in (None, 256) and major in (10, 11)
-    if version == 4 and hd256:
-        fallback = (
-            has_sink
-            or _is_quantized(kv_cache_dtype)
-            or (block_size is not None and block_size % 128 != 0)
-        )
-        if not hd256_kernel_ok or fallback:
-            version = 2
-    if version == 4 and major >= 10 and head_size is not None and head_size > 128:
-        if not ((head_size == 256 and head_size_v in (None, 256))
-                or (head_size == 192 and head_size_v == 128)):
-            version = 2
-    return version if _fa_supported(version, capability) else None
-
-
-def _flash_attn_supports_kv_cache_dtype(capability, kv_cache_dtype, **version_args) -> bool:
-    """``flash_attn_supports_kv_cache_dtype`` (fa_utils.py): FP8 needs FA3 on 9.x or FA4."""
-    if kv_cache_dtype == "fp8_e5m2":
-        return False
-    version = flash_attn_version(capability, kv_cache_dtype=kv_cache_dtype, **version_args)
-    head_size = version_args.get("head_size")
-    sm90_ok = version == 3 or (version == 4 and head_size in (None, 512))
-    return (sm90_ok and capability[0] == 9) or (version == 4 and capability[0] == 10)
-
-
-def trtllm_available(capability: tuple[int, int], prefill: bool) -> bool:
-    """``supports_trtllm_attention`` (vllm/utils/flashinfer.py): XQA decode on 9.0 and 12.x,
-    prefill and decode on 10.x; only with the TRTLLM cubins at hand."""
-    if not TRTLLM_CUBINS_AVAILABLE:
-        return False
-    if capability == (9, 0) or capability[0] == 12:
-        return not prefill
-    return capability[0] == 10
-
-
-# ---- the per-backend questions of AttentionBackend.validate_configuration --------------
-
-
-def _supports_head_size(backend: str, facts: dict, head_size: int, cap) -> bool:
-    if backend == "FLASH_ATTN":  # flash_attn.py FlashAttentionBackend.supports_head_size
+    def supports_head_size(self, head_size, cap):  # flash_attn.py:425
         if head_size % 8 != 0:
             return False
-        return head_size <= 256 or (_fa_supported(4, cap) and head_size <= 512)
-    if backend == "TRITON_ATTN":  # triton_attn.py: head_size >= 32
-        return head_size >= 32
-    if backend == "TURBOQUANT":  # turboquant_attn.py: any positive head size
-        return head_size > 0
-    sizes = facts["head_sizes"]
-    return not sizes or head_size in sizes
+        return head_size <= 256 or (fa_version_supported(4, cap) and head_size <= 512)
 
+    def supports_kv_cache_dtype(self, kv_cache_dtype, cap):  # flash_attn.py:438
+        if not super().supports_kv_cache_dtype(kv_cache_dtype, cap):
+            return False  # FP8 needs FA3/FA4, asked here *without* a head size
+        return (not is_quantized_kv_cache(kv_cache_dtype)
+                or flash_attn_supports_kv_cache_dtype(cap, kv_cache_dtype))
 
-def _supports_kv_cache_dtype(backend: str, facts: dict, cfg: dict, cap) -> bool:
-    kv = cfg["kv_cache_dtype"]
-    if backend == "TURBOQUANT":
-        return kv.startswith("turboquant_")
-    if backend == "FLASHINFER" and kv.startswith("nvfp4"):
-        if cap[0] in (8, 9, 12):  # _nvfp4_kv_on_fa2: the fa2 path writes plain nvfp4 only
-            return kv == "nvfp4"
-        both = trtllm_available(cap, prefill=True) and trtllm_available(cap, prefill=False)
-        return cap[0] == 10 and both
-    if kv not in facts["kv_cache_dtypes"]:
-        return False
-    if backend == "FLASH_ATTN" and _is_quantized(kv):
-        return _flash_attn_supports_kv_cache_dtype(cap, kv)
-    return True
-
-
-def _kernel_block_sizes(backend: str, facts: dict, cfg: dict, cap) -> list:
-    """The kernel's block sizes (ints must divide the block, ``MultipleOf(n)`` too)."""
-    if backend == "FLASH_ATTN":  # FlashAttentionBackend.get_supported_kernel_block_sizes
+    def kernel_block_sizes(self, cfg, cap):  # flash_attn.py:300-367
         head, kv = cfg["head_size"], cfg["kv_cache_dtype"]
         if cap[0] == 9 and kv in ("fp8", "fp8_e4m3") and head == 512:
             if flash_attn_version(cap, head_size=512) == 4:
@@ -304,165 +158,254 @@ def _kernel_block_sizes(backend: str, facts: dict, cfg: dict, cap) -> list:
                                          hd256_kernel_ok=True)
             if version == 4:
                 return [load_facts()["flash_attention"]["FA4_HD256_PAGE_SIZE"]]
-    return facts["kernel_block_sizes"]
+        return super().kernel_block_sizes(cfg, cap)
 
-
-def _supports_block_size(backend: str, facts: dict, cfg: dict, cap) -> bool:
-    block = cfg["block_size"]
-    if block is None:  # no --block-size: every backend can pick its own
-        return True
-    if backend in ("TRITON_ATTN", "TRITON_MLA"):  # they override: block % 16 == 0
-        return block % 16 == 0
-    for size in _kernel_block_sizes(backend, facts, cfg, cap):
-        base = int(size[len("MultipleOf("):-1]) if isinstance(size, str) else size
-        if block % base == 0:  # "hybrid blocks": a multiple of the kernel's size will do
-            return True
-    return False
-
-
-def _supports_sink(backend: str, facts: dict, cap) -> bool:
-    if backend == "FLASH_ATTN":  # flash_attn_supports_sinks: FA3 or FA4 only
+    def supports_sink(self, cap):  # flash_attn_supports_sinks: FA3 or FA4 only
         return flash_attn_version(cap) in (3, 4)
-    if backend == "FLASHINFER":  # FlashInferBackend.supports_sink: TRTLLM kernels only
+
+    def supports_combination(self, cfg, cap):  # flash_attn.py:462
+        kv, head, sink = cfg["kv_cache_dtype"], cfg["head_size"], cfg["has_sink"]
+        if sink and cap < (9, 0):
+            return "sink not supported on compute capability < 9.0"
+        if is_quantized_kv_cache(kv) and not flash_attn_supports_kv_cache_dtype(
+            cap, kv, head_size=head, head_size_v=head, has_sink=sink,
+            block_size=cfg["block_size"], hd256_kernel_ok=True,
+        ):  # this time *with* the head size: the FA version for this layer decides
+            return ("FP8 KV cache requires FA3 on SM90, FA4 with head_size=512 on SM90, "
+                    "or FA4 on SM100")
+        return None
+
+
+class _FlashInfer(_Backend):
+    """FlashInferBackend (flashinfer.py): sinks and NVFP4 caches through TRTLLM kernels."""
+
+    name = "FLASHINFER"
+
+    def supports_kv_cache_dtype(self, kv_cache_dtype, cap):  # flashinfer.py:654
+        if not kv_cache_dtype.startswith("nvfp4"):
+            return super().supports_kv_cache_dtype(kv_cache_dtype, cap)
+        if cap[0] in (8, 9, 12):  # _nvfp4_kv_on_fa2: the fa2 path writes plain nvfp4 only
+            return kv_cache_dtype == "nvfp4"
+        both = trtllm_available(cap, prefill=True) and trtllm_available(cap, prefill=False)
+        return cap[0] == 10 and both
+
+    def supports_sink(self, cap):  # flashinfer.py:707: the TRTLLM kernels only
         if cap == (9, 0) or cap[0] == 12:
             return trtllm_available(cap, prefill=False)
         both = trtllm_available(cap, prefill=False) and trtllm_available(cap, prefill=True)
         return cap[0] == 10 and both
-    return facts["supports_sink"] is True
+
+    def supports_combination(self, cfg, cap):  # flashinfer.py:667
+        if cfg["kv_cache_dtype"].startswith("nvfp4") and cap[0] in (8, 9, 12):
+            if cfg["head_size"] == 64:
+                return "fa2 prefill misreads an NVFP4 KV cache at head_size 64"
+            if cfg["has_sink"]:
+                return "the sink prefill wrapper cannot read an NVFP4 KV cache"
+        return None
 
 
-def _supports_capability(facts: dict, cap) -> bool:
-    rule = facts["compute_capability"]
-    if "min" in rule and cap < tuple(rule["min"]):
-        return False
-    if "max" in rule and cap > tuple(rule["max"]):
-        return False
-    return "majors" not in rule or cap[0] in rule["majors"]
+class _TritonAttn(_Backend):
+    """TritonAttentionBackend (triton_attn.py): any head size from 32 up, any GPU."""
+
+    name = "TRITON_ATTN"
+
+    def supports_head_size(self, head_size, cap):  # triton_attn.py:379
+        return head_size >= 32
 
 
-def _combination_reasons(backend: str, cfg: dict, cap) -> list[str]:
-    """What ``supports_combination`` adds (the backend's own cross-cutting checks)."""
-    kv, head, sink = cfg["kv_cache_dtype"], cfg["head_size"], cfg["has_sink"]
-    major = cap[0]
-    hf = {k: cfg[k] for k in MODEL_KEYS if cfg[k] is not None}  # the model's HF config
-    if backend == "FLASH_ATTN":
-        if sink and cap < (9, 0):
-            return ["sink not supported on compute capability < 9.0"]
-        if _is_quantized(kv) and not _flash_attn_supports_kv_cache_dtype(
-            cap, kv, head_size=head, head_size_v=head, has_sink=sink,
-            block_size=cfg["block_size"], hd256_kernel_ok=True,
-        ):
-            return ["FP8 KV cache requires FA3 on SM90, FA4 with head_size=512 on SM90, "
-                    "or FA4 on SM100"]
-    elif backend == "FLASHINFER":
-        if kv.startswith("nvfp4") and major in (8, 9, 12):
-            if head == 64:
-                return ["fa2 prefill misreads an NVFP4 KV cache at head_size 64"]
-            if sink:
-                return ["the sink prefill wrapper cannot read an NVFP4 KV cache"]
-    elif backend == "FLASHMLA":  # vllm/v1/attention/ops/flashmla.py
-        if cfg["use_sparse"]:
-            if major not in (9, 10):
-                return ["FlashMLA Sparse is only supported on Hopper and Blackwell DC devices."]
-        elif major != 9:
-            return ["FlashMLA Dense is only supported on Hopper devices."]
-    elif backend == "FLASHINFER_MLA":
-        nope = hf.get("qk_nope_head_dim", 1)
+class _TurboQuant(_Backend):
+    """TurboQuantAttentionBackend (turboquant_attn.py): its own KV-cache formats only."""
+
+    name = "TURBOQUANT"
+
+    def supports_head_size(self, head_size, cap):  # turboquant_attn.py:190
+        return head_size > 0
+
+    def supports_kv_cache_dtype(self, kv_cache_dtype, cap):  # turboquant_attn.py:184
+        return kv_cache_dtype.startswith("turboquant_")
+
+
+# ---- the MLA backends (vllm/v1/attention/backends/mla/) ---------------------------------
+
+
+class _FlashInferMLA(_Backend):
+    """FlashInferMLABackend (mla/flashinfer_mla.py:228)."""
+
+    name = "FLASHINFER_MLA"
+
+    def supports_combination(self, cfg, cap):
+        nope = _hf(cfg).get("qk_nope_head_dim", 1)
         if nope not in (64, 128, 192):
-            return ["FlashInfer MLA kernel requires qk_nope_head_dim in [64, 128, 192], "
-                    f"but got {nope}"]
-    elif backend == "TOKENSPEED_MLA":
+            return ("FlashInfer MLA kernel requires qk_nope_head_dim in [64, 128, 192], "
+                    f"but got {nope}")
+        return None
+
+
+class _TokenspeedMLA(_Backend):
+    """TokenspeedMLABackend (mla/tokenspeed_mla.py:133): DeepSeek-R1 dimensions only."""
+
+    name = "TOKENSPEED_MLA"
+
+    def supports_combination(self, cfg, cap):
+        hf = _hf(cfg)
         dims = tuple(hf.get(k, 0) for k in ("qk_nope_head_dim", "qk_rope_head_dim",
                                             "v_head_dim"))
         if dims != (128, 64, 128):
-            return ["tokenspeed_mla requires DeepSeek R1 MLA dimensions (qk_nope_head_dim=128, "
+            return ("tokenspeed_mla requires DeepSeek R1 MLA dimensions (qk_nope_head_dim=128, "
                     f"qk_rope_head_dim=64, v_head_dim=128), got ({dims[0]}, {dims[1]}, "
-                    f"{dims[2]})"]
-    elif backend == "FLASH_ATTN_MLA":
-        if major != 9:  # flash_attn_supports_mla: FA3 on Hopper
-            return ["FlashAttention MLA not supported on this device"]
-    elif backend == "FLASHMLA_SPARSE":
-        return _flashmla_sparse_reasons(kv, head, cap, hf)
-    elif backend == "FLASH_ATTN_MLA_SPARSE":
-        if kv not in ("auto", "float16", "bfloat16"):
-            return ["FlashAttention MLA Sparse currently supports only FP16/BF16 KV cache"]
-        if major != 9:
-            return ["FlashAttention MLA not supported on this device"]
-        if "index_topk" not in hf:
-            return ["FlashAttention MLA Sparse requires model with index_topk"]
-    elif backend == "FLASH_ATTN_MLA_SPARSE_FA4":
-        if not _fa_supported(4, cap):
-            return ["FA4 unavailable: "
-                    + load_facts()["flash_attention"]["_is_fa4_supported"]["unsupported_reason"]]
-        topk = hf.get("index_topk")
-        if topk is None or topk % 128 != 0:
-            return [f"FA4 sparse MLA requires index_topk % 128 == 0, got {topk}"]
-        dims = (hf.get("kv_lora_rank"), hf.get("qk_rope_head_dim"))
-        if dims != (512, 64):
-            return [f"FA4 sparse MLA requires (kv_lora_rank, qk_rope_head_dim) == (512, 64), "
-                    f"got {dims}"]
-        heads = (8, 16, 32, 64, 128)
-        if "num_heads" in hf and hf["num_heads"] not in heads:
-            return [f"FA4 sparse MLA requires {heads} gathered query heads, "
-                    f"got num_heads={hf['num_heads']} * dcp_size=1"]
-        return _flashinfer_mla_sparse_reasons("FLASH_ATTN_MLA_SPARSE_FA4", kv, hf)
-    elif backend == "FLASHINFER_MLA_SPARSE":
-        return _flashinfer_mla_sparse_reasons("FLASHINFER_MLA_SPARSE", kv, hf)
-    elif backend == "FLASHINFER_MLA_SPARSE_SM90":
-        if not cfg["use_sparse"]:
-            return ["FLASHINFER_MLA_SPARSE_SM90 requires sparse MLA"]
-        if hf.get("kv_lora_rank", 512) != 512:
-            return ["FLASHINFER_MLA_SPARSE_SM90 requires kv_lora_rank=512"]
-        if hf.get("qk_rope_head_dim", 64) not in (0, 64):
-            return ["FLASHINFER_MLA_SPARSE_SM90 requires qk_rope_head_dim in (0, 64)"]
-    elif backend == "FLASHINFER_MLA_SPARSE_SM120":
-        if cfg["dtype"] != "bfloat16":
-            return ["dtype not supported"]
-        if kv not in ("auto", "fp8", "fp8_e4m3", "fp8_ds_mla"):
-            return ["kv_cache_dtype not supported"]
-        if "index_topk" not in hf:
-            return ["FLASHINFER_MLA_SPARSE_SM120 requires a model with index_topk config"]
-        if int(hf["index_topk"]) != 2048:
-            return [f"FLASHINFER_MLA_SPARSE_SM120 requires index_topk=2048; "
-                    f"got {hf['index_topk']}"]
-    return []
+                    f"{dims[2]})")
+        return None
 
 
-def _flashmla_sparse_reasons(kv: str, head: int, cap, hf: dict) -> list[str]:
-    if head == 512:
-        if kv in ("auto", "bfloat16", "float16", "fp8_ds_mla") and cap[0] == 9:
-            if hf.get("qk_rope_head_dim", 64) != 0:
-                return ["FLASHMLA_SPARSE supports head_size 512 only for rope-free (NoPE) "
-                        "models"]
-        else:
-            return ["FLASHMLA_SPARSE supports head_size 512 only with bf16 or fp8_ds_mla "
-                    f"kv-cache on SM90 (NoPE), got kv_cache_dtype={kv}, "
-                    f"capability=DeviceCapability(major={cap[0]}, minor={cap[1]})"]
-    if kv == "nvfp4_ds_mla" and cap[0] != 10:
-        return [f"FLASHMLA_SPARSE only supports the {kv} kv-cache dtype on SM100 (Blackwell)"]
-    return []
+class _FlashAttnMLA(_Backend):
+    """FlashAttnMLABackend (mla/flashattn_mla.py:73): FA3's MLA path, Hopper only."""
+
+    name = "FLASH_ATTN_MLA"
+
+    def supports_combination(self, cfg, cap):
+        if cap[0] != 9:  # flash_attn_supports_mla
+            return "FlashAttention MLA not supported on this device"
+        return None
 
 
-def _flashinfer_mla_sparse_reasons(name: str, kv: str, hf: dict) -> list[str]:
-    """``FlashInferMLASparseTRTLLMBackend.supports_combination`` (flashinfer_mla_sparse.py).
+class _FlashMLA(_Backend):
+    """FlashMLABackend (mla/flashmla.py:77; the texts are in v1/attention/ops/flashmla.py)."""
+
+    name = "FLASHMLA"
+
+    def supports_combination(self, cfg, cap):
+        if cfg["use_sparse"]:
+            if cap[0] not in (9, 10):
+                return "FlashMLA Sparse is only supported on Hopper and Blackwell DC devices."
+        elif cap[0] != 9:
+            return "FlashMLA Dense is only supported on Hopper devices."
+        return None
+
+
+class _FlashMLASparse(_Backend):
+    """FlashMLASparseBackend (mla/flashmla_sparse.py:207)."""
+
+    name = "FLASHMLA_SPARSE"
+
+    def supports_combination(self, cfg, cap):
+        kv = cfg["kv_cache_dtype"]
+        if cfg["head_size"] == 512:
+            if kv in ("auto", "bfloat16", "float16", "fp8_ds_mla") and cap[0] == 9:
+                if _hf(cfg).get("qk_rope_head_dim", 64) != 0:
+                    return ("FLASHMLA_SPARSE supports head_size 512 only for rope-free (NoPE) "
+                            "models")
+            else:
+                return ("FLASHMLA_SPARSE supports head_size 512 only with bf16 or fp8_ds_mla "
+                        f"kv-cache on SM90 (NoPE), got kv_cache_dtype={kv}, "
+                        f"capability=DeviceCapability(major={cap[0]}, minor={cap[1]})")
+        if kv == "nvfp4_ds_mla" and cap[0] != 10:
+            return f"FLASHMLA_SPARSE only supports the {kv} kv-cache dtype on SM100 (Blackwell)"
+        return None
+
+
+class _FlashAttnMLASparse(_Backend):
+    """FlashAttnMLASparseBackend (mla/flashattn_mla_sparse.py:86)."""
+
+    name = "FLASH_ATTN_MLA_SPARSE"
+
+    def supports_combination(self, cfg, cap):
+        if is_quantized_kv_cache(cfg["kv_cache_dtype"]):
+            return "FlashAttention MLA Sparse currently supports only FP16/BF16 KV cache"
+        if cap[0] != 9:
+            return "FlashAttention MLA not supported on this device"
+        if "index_topk" not in _hf(cfg):
+            return "FlashAttention MLA Sparse requires model with index_topk"
+        return None
+
+
+class _FlashInferMLASparse(_Backend):
+    """FlashInferMLASparseTRTLLMBackend (mla/flashinfer_mla_sparse.py:109).
 
     vLLM reads qk_nope_head_dim, qk_rope_head_dim and kv_lora_rank without a default; a
     config that does not give them skips those two checks here.
     """
-    if kv == "fp8_ds_mla":
-        return [f"{name} SM10 does not support fp8_ds_mla kv-cache dtype"]
-    nope, rope, rank = (hf.get(k) for k in ("qk_nope_head_dim", "qk_rope_head_dim",
-                                             "kv_lora_rank"))
-    if rope == 0:
-        if nope != 256 or rank != 512:
-            return ["FlashInfer native no-rope MLA requires qk_nope_head_dim=256 and "
-                    f"kv_lora_rank=512, but got qk_nope_head_dim={nope}, kv_lora_rank={rank}"]
-    elif nope is not None and nope not in (128, 192):
-        return ["FlashInfer MLA Sparse kernel requires qk_nope_head_dim in [128, 192], "
-                f"but got {nope}"]
-    if "index_topk" not in hf:
-        return ["FlashInfer MLA Sparse requires model with index_topk config"]
-    return []
+
+    name = "FLASHINFER_MLA_SPARSE"
+
+    def supports_combination(self, cfg, cap):
+        if cfg["kv_cache_dtype"] == "fp8_ds_mla":
+            return f"{self.name} SM10 does not support fp8_ds_mla kv-cache dtype"
+        hf = _hf(cfg)
+        nope, rope, rank = (hf.get(k) for k in ("qk_nope_head_dim", "qk_rope_head_dim",
+                                                 "kv_lora_rank"))
+        if rope == 0:
+            if nope != 256 or rank != 512:
+                return ("FlashInfer native no-rope MLA requires qk_nope_head_dim=256 and "
+                        f"kv_lora_rank=512, but got qk_nope_head_dim={nope}, "
+                        f"kv_lora_rank={rank}")
+        elif nope is not None and nope not in (128, 192):
+            return ("FlashInfer MLA Sparse kernel requires qk_nope_head_dim in [128, 192], "
+                    f"but got {nope}")
+        if "index_topk" not in hf:
+            return "FlashInfer MLA Sparse requires model with index_topk config"
+        return None
+
+
+class _FlashAttnMLASparseFA4(_FlashInferMLASparse):
+    """FlashAttnMLASparseFA4Backend (mla/flashattn_mla_sparse.py:304): its own checks,
+    then those of the class it inherits from in vLLM, FlashInferMLASparseTRTLLMBackend."""
+
+    name = "FLASH_ATTN_MLA_SPARSE_FA4"
+
+    def supports_combination(self, cfg, cap):
+        hf = _hf(cfg)
+        if not fa_version_supported(4, cap):
+            reason = load_facts()["flash_attention"]["_is_fa4_supported"]["unsupported_reason"]
+            return f"FA4 unavailable: {reason}"
+        topk = hf.get("index_topk")
+        if topk is None or topk % 128 != 0:
+            return f"FA4 sparse MLA requires index_topk % 128 == 0, got {topk}"
+        dims = (hf.get("kv_lora_rank"), hf.get("qk_rope_head_dim"))
+        if dims != (512, 64):
+            return ("FA4 sparse MLA requires (kv_lora_rank, qk_rope_head_dim) == (512, 64), "
+                    f"got {dims}")
+        heads = (8, 16, 32, 64, 128)
+        if "num_heads" in hf and hf["num_heads"] not in heads:
+            return (f"FA4 sparse MLA requires {heads} gathered query heads, "
+                    f"got num_heads={hf['num_heads']} * dcp_size=1")
+        return super().supports_combination(cfg, cap)
+
+
+class _FlashInferMLASparseSM90(_Backend):
+    """FlashInferMLASparseSM90Backend (mla/flashinfer_mla_sparse_sm90.py:193)."""
+
+    name = "FLASHINFER_MLA_SPARSE_SM90"
+
+    def supports_combination(self, cfg, cap):
+        hf = _hf(cfg)
+        if not cfg["use_sparse"]:
+            return "FLASHINFER_MLA_SPARSE_SM90 requires sparse MLA"
+        if hf.get("kv_lora_rank", 512) != 512:
+            return "FLASHINFER_MLA_SPARSE_SM90 requires kv_lora_rank=512"
+        if hf.get("qk_rope_head_dim", 64) not in (0, 64):
+            return "FLASHINFER_MLA_SPARSE_SM90 requires qk_rope_head_dim in (0, 64)"
+        return None
+
+
+class _FlashInferMLASparseSM120(_Backend):
+    """FlashInferMLASparseSM120Backend (mla/flashinfer_mla_sparse.py:196)."""
+
+    name = "FLASHINFER_MLA_SPARSE_SM120"
+
+    def supports_combination(self, cfg, cap):
+        hf = _hf(cfg)
+        if cfg["dtype"] != "bfloat16":
+            return "dtype not supported"
+        if cfg["kv_cache_dtype"] not in ("auto", "fp8", "fp8_e4m3", "fp8_ds_mla"):
+            return "kv_cache_dtype not supported"
+        if "index_topk" not in hf:
+            return "FLASHINFER_MLA_SPARSE_SM120 requires a model with index_topk config"
+        if int(hf["index_topk"]) != 2048:
+            return f"FLASHINFER_MLA_SPARSE_SM120 requires index_topk=2048; got {hf['index_topk']}"
+        return None
+
+
+# ---- validation (AttentionBackend.validate_configuration) ---------------------------------
 
 
 def validate_configuration(backend: str, config: Any, capability: Any) -> list[str]:
@@ -484,34 +427,38 @@ def validate_configuration(backend: str, config: Any, capability: Any) -> list[s
 
     Raises:
         ValueError: a bad config, capability or backend name, naming it (the given
-            ``normalize_config``, ``parse_capability`` and ``_backend_facts`` do this).
+            ``normalize_config``, ``parse_capability`` and ``backend_facts`` do this).
     """
     cfg, cap = normalize_config(config), parse_capability(capability)
-    facts = _backend_facts(backend)
-    reasons = []
-    if not _supports_head_size(backend, facts, cfg["head_size"], cap):
-        reasons.append("head_size not supported")
-    if cfg["dtype"] not in facts["dtypes"]:
-        reasons.append("dtype not supported")
-    if not _supports_kv_cache_dtype(backend, facts, cfg, cap):
-        reasons.append("kv_cache_dtype not supported")
-    if not _supports_block_size(backend, facts, cfg, cap):
-        reasons.append("block_size not supported")
-    if cfg["use_mla"] != facts["is_mla"]:
-        reasons.append("MLA not supported" if cfg["use_mla"] else "non-MLA not supported")
-    if cfg["has_sink"] and not _supports_sink(backend, facts, cap):
-        reasons.append("attention sinks not supported")
-    if cfg["use_sparse"] != facts["is_sparse"]:
-        reasons.append("sparse not supported" if cfg["use_sparse"] else "non-sparse not supported")
-    if not _supports_capability(facts, cap):
-        reasons.append("compute capability not supported")
-    if cfg["has_sliding_window"] and not facts["supports_sliding_window"]:
-        reasons.append("sliding window not supported")
-    reasons += _combination_reasons(backend, cfg, cap)
-    return reasons
+    b = _backend(backend)
+    mla, sink, sparse = cfg["use_mla"], cfg["has_sink"], cfg["use_sparse"]
+    checks = [  # (reason, does it apply?) in the order of backend.py:303-352
+        ("head_size not supported", not b.supports_head_size(cfg["head_size"], cap)),
+        ("dtype not supported", not b.supports_dtype(cfg["dtype"])),
+        ("kv_cache_dtype not supported",
+         not b.supports_kv_cache_dtype(cfg["kv_cache_dtype"], cap)),
+        ("block_size not supported", not b.supports_block_size(cfg, cap)),
+        ("MLA not supported", mla and not b.is_mla()),
+        ("non-MLA not supported", not mla and b.is_mla()),
+        ("attention sinks not supported", sink and not b.supports_sink(cap)),
+        ("sparse not supported", sparse and not b.is_sparse()),
+        ("non-sparse not supported", not sparse and b.is_sparse()),
+        ("compute capability not supported", not b.supports_compute_capability(cap)),
+        ("sliding window not supported",
+         cfg["has_sliding_window"] and not b.supports_sliding_window()),
+    ]
+    reasons = [reason for reason, applies in checks if applies]
+    combination = b.supports_combination(cfg, cap)  # backend.py:356-368: at most one, last
+    return reasons if combination is None else [*reasons, combination]
 
 
 # ---- the selector (vllm/platforms/cuda.py) ---------------------------------------------
+
+
+def _priority_list(label: str) -> list[str]:
+    """A list of the facts' ``priorities.lists`` without its use_mm_prefix-only entries."""
+    return [b for b in load_facts()["priorities"]["lists"][label]["backends"]
+            if isinstance(b, str)]
 
 
 def backend_priorities(capability: Any, use_mla: bool, config: Any = None) -> list[str]:
@@ -524,32 +471,26 @@ def backend_priorities(capability: Any, use_mla: bool, config: Any = None) -> li
     """
     cap = parse_capability(capability)
     cfg = normalize_config(config) if config is not None else {}
-    lists = load_facts()["priorities"]["lists"]
+    if not use_mla:  # causal decoder attention; non-causal would prefer FLASH_ATTN on 10.x
+        return _priority_list("non_mla_major_10_causal" if cap[0] == 10 else "non_mla_other")
+    if cap[0] == 10:
+        return _priority_list("mla_major_10") + _sm10_sparse_backends(cfg)
+    if cap[0] == 12:
+        return _priority_list("mla_major_12")
+    tail = _priority_list("mla_other_sparse_tail")
+    sm90 = ["FLASHINFER_MLA_SPARSE_SM90"]
+    tail = sm90 + tail if cfg.get("head_size") == 512 else tail + sm90
+    return _priority_list("mla_other") + tail
 
-    def names(label: str) -> list[str]:  # drops the use_mm_prefix-only entries
-        return [b for b in lists[label]["backends"] if isinstance(b, str)]
 
-    if use_mla:
-        if cap[0] == 10:
-            kv, heads = cfg.get("kv_cache_dtype"), cfg.get("num_heads")
-            if kv is not None and _is_quantized(kv):
-                sparse = names("mla_sm10_sparse_quantized_kv")
-            elif heads is not None and heads <= 16:
-                sparse = names("mla_sm10_sparse_bf16_few_heads")
-            else:
-                sparse = names("mla_sm10_sparse_bf16")
-            return names("mla_major_10") + sparse
-        if cap[0] == 12:
-            return names("mla_major_12")
-        tail = names("mla_other_sparse_tail")
-        if cfg.get("head_size") == 512:
-            tail = ["FLASHINFER_MLA_SPARSE_SM90", *tail]
-        else:
-            tail = [*tail, "FLASHINFER_MLA_SPARSE_SM90"]
-        return names("mla_other") + tail
-    if cap[0] == 10:  # causal decoder attention; non-causal would prefer FLASH_ATTN here
-        return names("non_mla_major_10_causal")
-    return names("non_mla_other")
+def _sm10_sparse_backends(cfg: dict) -> list[str]:
+    """The ``sparse_backends`` splice of the 10.x MLA list (cuda.py:99-119)."""
+    kv, heads = cfg.get("kv_cache_dtype"), cfg.get("num_heads")
+    if kv is not None and is_quantized_kv_cache(kv):
+        return _priority_list("mla_sm10_sparse_quantized_kv")
+    if heads is not None and heads <= 16:
+        return _priority_list("mla_sm10_sparse_bf16_few_heads")
+    return _priority_list("mla_sm10_sparse_bf16")
 
 
 def _override_name(override: str) -> str | None:
@@ -584,12 +525,12 @@ def select_backend(config: Any, capability: Any, override: str | None = None) ->
     Each refused backend appears as ``NAME: [reason, reason]``: its reasons joined by
     ", " inside square brackets *without quotes* (vLLM joins the strings, it does not
     print a list), the backends joined by ", " inside braces, then a final ".".
-    ``{config}`` is vLLM's ``AttentionSelectorConfig(head_size=..., ...)`` repr
-    (vllm/v1/attention/selector.py:45); the tests read only the text around it.
+    ``{config}`` is vLLM's ``AttentionSelectorConfig(head_size=..., ...)`` repr, which
+    the given ``config_repr`` writes (the tests read only the text around it).
 
     With ``override`` (``--attention-backend NAME``): ``"auto"`` means no override and
     any case is accepted (``"flash_attn"``); an unknown name raises ``ValueError``
-    starting ``Unknown attention backend: 'NAME'`` (the given ``_backend_facts`` does
+    starting ``Unknown attention backend: 'NAME'`` (the given ``backend_facts`` does
     that). Otherwise only that backend is validated. No reasons: it is chosen
     (``rejected`` empty, ``valid == [NAME]``). Any reason: ``ValueError`` (cuda.py:442-446),
     never a fallback, with the reasons as a Python list (``str(list)``, quoted), one line:
@@ -619,45 +560,30 @@ def select_backend(config: Any, capability: Any, override: str | None = None) ->
         else:
             valid.append(backend)
     if not valid:
+        reasons_str = ", ".join(f"{b}: [{', '.join(r)}]" for b, r in rejected.items())
         raise ValueError(
-            f"No valid attention backend found for cuda with {_config_str(cfg)}. "
-            f"Reasons: {_reasons_str(rejected)}."
+            f"No valid attention backend found for cuda with {provided.config_repr(cfg)}. "
+            f"Reasons: {{{reasons_str}}}."
         )
     chosen = valid[0]
-    warning = None
-    if cfg["block_size"] is not None:  # did the user's --block-size alone cost us?
-        precluded = [b for b, r in rejected.items()
-                     if order.index(b) < order.index(chosen) and r == ["block_size not supported"]]
-        if precluded:
-            warning = (
-                f"--block-size {cfg['block_size']} precluded higher-priority backend(s) "
-                f"{', '.join(precluded)}. Using {chosen} instead, which may result in reduced "
-                "performance. Consider removing --block-size to auto-select the optimal "
-                "block size."
-            )
-    return Selection(backend=chosen, rejected=rejected, valid=valid, warning=warning)
+    return Selection(backend=chosen, rejected=rejected, valid=valid,
+                     warning=_block_size_warning(cfg, order, rejected, chosen))
 
 
-def _config_str(cfg: dict) -> str:
-    """``AttentionSelectorConfig.__repr__`` (vllm/v1/attention/selector.py:45).
-
-    The fields after ``use_sparse`` are the ones this lab fixes (decoder attention, no
-    multimodal prefix, no DCP/PCP, ...), except ``has_sliding_window``.
-    """
+def _block_size_warning(cfg: dict, order: list[str], rejected: dict[str, list[str]],
+                        chosen: str) -> str | None:
+    """cuda.py:489-507: did the user's --block-size alone cost higher-priority backends?"""
+    if cfg["block_size"] is None:
+        return None
+    above = order[:order.index(chosen)]
+    precluded = [b for b in above if rejected.get(b) == ["block_size not supported"]]
+    if not precluded:
+        return None
     return (
-        f"AttentionSelectorConfig(head_size={cfg['head_size']}, dtype=torch.{cfg['dtype']}, "
-        f"kv_cache_dtype={cfg['kv_cache_dtype']}, block_size={cfg['block_size']}, "
-        f"use_mla={cfg['use_mla']}, has_sink={cfg['has_sink']}, "
-        f"use_sparse={cfg['use_sparse']}, use_mm_prefix=False, "
-        "use_per_head_quant_scales=False, attn_type=AttentionType.DECODER, "
-        f"has_sliding_window={cfg['has_sliding_window']}, use_non_causal=False, "
-        "use_batch_invariant=False, use_kv_connector=False, "
-        "use_adaptive_verification=False, use_pcp=False, use_dcp=False, use_rswa=False)"
+        f"--block-size {cfg['block_size']} precluded higher-priority backend(s) "
+        f"{', '.join(precluded)}. Using {chosen} instead, which may result in reduced "
+        "performance. Consider removing --block-size to auto-select the optimal block size."
     )
-
-
-def _reasons_str(rejected: dict[str, list[str]]) -> str:
-    return "{" + ", ".join(f"{b}: [{', '.join(r)}]" for b, r in rejected.items()) + "}"
 
 
 def selection_matrix(gpus: Any = None, dtypes: Any = None, models: Any = None) -> dict:
@@ -666,56 +592,27 @@ def selection_matrix(gpus: Any = None, dtypes: Any = None, models: Any = None) -
     ``gpus``: names from ``GPUS`` or a ``{name: (major, minor)}`` dict; ``models``: names
     from ``MODELS`` or a ``{name: config}`` dict (config without ``dtype``). ``None``
     means all of ``GPUS`` / ``DTYPES`` / ``MODELS``. A cell is None when no backend is
-    valid (vLLM would refuse to start).
+    valid (vLLM would refuse to start). The given ``format_matrix`` prints the answer.
     """
-    gpus = _named(gpus, GPUS, "gpus")
-    models = _named(models, MODELS, "models")
+    gpus = provided.named(gpus, GPUS, "gpus")
+    models = provided.named(models, MODELS, "models")
     dtypes = list(DTYPES if dtypes is None else dtypes)
     matrix = {}
     for gpu, cap in gpus.items():
         for dtype in dtypes:
             for model, model_config in models.items():
-                try:
-                    chosen = select_backend({**model_config, "dtype": dtype}, cap).backend
-                except ValueError as e:
-                    if not str(e).startswith("No valid attention backend"):
-                        raise
-                    chosen = None
-                matrix[(gpu, dtype, model)] = chosen
+                matrix[(gpu, dtype, model)] = _backend_or_none({**model_config, "dtype": dtype},
+                                                               cap)
     return matrix
 
 
-def _named(value: Any, table: dict, what: str) -> dict:
-    if value is None:
-        return dict(table)
-    if isinstance(value, Mapping):
-        return dict(value)
-    missing = [v for v in value if v not in table]
-    if missing:
-        raise ValueError(f"{what}: unknown {missing}; known: {list(table)}")
-    return {v: table[v] for v in value}
-
-
-def format_matrix(matrix: dict) -> str:
-    """The matrix as a text table: one row per (GPU, dtype), one column per model."""
-    rows = list(dict.fromkeys((g, d) for g, d, _ in matrix))
-    models = list(dict.fromkeys(m for _, _, m in matrix))
-    header = ["GPU (cc)", "dtype", *models]
-    lines = []
-    for gpu, dtype in rows:
-        cap = GPUS.get(gpu)
-        label = f"{gpu} ({cap[0]}.{cap[1]})" if cap else gpu
-        note = " *" if dtype == "bfloat16" and cap and cap < (8, 0) else ""
-        cells = [matrix[(gpu, dtype, m)] or "(none)" for m in models]
-        lines.append([label, dtype + note, *cells])
-    widths = [max(len(str(r[i])) for r in [header, *lines]) for i in range(len(header))]
-    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
-    out = [fmt.format(*header), fmt.format(*("-" * w for w in widths))]
-    out = [line.rstrip() for line in out + [fmt.format(*r) for r in lines]]
-    if any(r[1].endswith("*") for r in lines):
-        out.append("* vLLM refuses bfloat16 below compute capability 8.0 before it selects "
-                   "a backend (CudaPlatformBase.check_if_supports_dtype).")
-    return "\n".join(out)
+def _backend_or_none(config: dict, capability: Any) -> str | None:
+    try:
+        return select_backend(config, capability).backend
+    except ValueError as error:
+        if not str(error).startswith("No valid attention backend"):
+            raise  # a bad config is an error, not an empty cell
+        return None
 
 
 # ---- PyTorch SDPA on this machine -------------------------------------------------------
@@ -746,22 +643,44 @@ def sdpa_backends_that_run(q: Any, k: Any, v: Any, attn_mask: Any = None,
 
 def _run_each_backend(q, k, v, **kw) -> dict[str, Any]:
     """``{backend name: output}`` for every SDPA backend that accepts the call alone."""
+    import warnings
+
     import torch
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn import attention
 
     outputs = {}
-    for name, backend in SDPBackend.__members__.items():
+    for name, backend in attention.SDPBackend.__members__.items():
         if name == "ERROR":
             continue
         with warnings.catch_warnings():  # a refusing backend warns why; we report it
-            warnings.simplefilter("ignore")
+            warnings.filterwarnings("ignore")
             try:
-                with sdpa_kernel([backend]):
+                with attention.sdpa_kernel([backend]):
                     outputs[name] = torch.nn.functional.scaled_dot_product_attention(
                         q, k, v, **kw)
-            except RuntimeError:
+            except RuntimeError:  # this backend refuses these inputs
                 continue
     return outputs
+
+
+def _reference_output(q, k, v, mask, scale):
+    """``common.reference_attention`` in float64 on SDPA's layout: [B, H, L, d] or [H, L, d]."""
+    import torch
+
+    from common.reference import reference_attention
+
+    batched = q.dim() == 4
+    qb, kb, vb = (t if batched else t[None] for t in (q, k, v))
+    B, H, L, _ = qb.shape
+    S = kb.shape[2]
+    expected = []
+    for b in range(B):  # the reference wants [L, heads, dim]
+        m = None if mask is None else torch.broadcast_to(
+            mask if mask.dim() <= 3 else mask[b % mask.shape[0]], (H, L, S)).numpy()
+        out, _ = reference_attention(qb[b].transpose(0, 1), kb[b].transpose(0, 1),
+                                     vb[b].transpose(0, 1), scale=scale, mask=m)
+        expected.append(torch.from_numpy(out).transpose(0, 1))  # [H, L, dv]
+    return torch.stack(expected) if batched else expected[0]
 
 
 def sdpa_bisect(q: Any, k: Any, v: Any, **kw: Any) -> dict[str, float]:
@@ -773,43 +692,25 @@ def sdpa_bisect(q: Any, k: Any, v: Any, **kw: Any) -> dict[str, float]:
     they add in different orders, not because any of them approximates.
     """
     torch = _sdpa_inputs(q, k, v)
-    from common.reference import reference_attention
-
     attn_mask, is_causal = kw.get("attn_mask"), kw.get("is_causal", False)
     if attn_mask is not None and attn_mask.dtype != torch.bool:
         raise ValueError(
             f"attn_mask must be boolean here (True = may attend), got {attn_mask.dtype}")
     if attn_mask is not None and is_causal:
         raise ValueError("give attn_mask or is_causal, not both (SDPA refuses both)")
-    batched = q.dim() == 4
-    qb, kb, vb = (t if batched else t[None] for t in (q, k, v))
-    B, H, L, _ = qb.shape
-    S = kb.shape[2]
-    mask = None
-    if is_causal:
-        mask = torch.ones(L, S, dtype=torch.bool).tril()  # SDPA's is_causal is top-left
-    elif attn_mask is not None:
-        mask = attn_mask.cpu()
-    expected = []
-    for b in range(B):  # reference wants [L, heads, dim]
-        m = None if mask is None else torch.broadcast_to(
-            mask if mask.dim() <= 3 else mask[b % mask.shape[0]], (H, L, S)).numpy()
-        out, _ = reference_attention(qb[b].transpose(0, 1), kb[b].transpose(0, 1),
-                                     vb[b].transpose(0, 1), scale=kw.get("scale"), mask=m)
-        expected.append(torch.from_numpy(out).transpose(0, 1))  # [H, L, dv]
-    expected = torch.stack(expected) if batched else expected[0]
-
-    deviations = {}
-    for name, out in _run_each_backend(q, k, v, **kw).items():
-        deviations[name] = float((out.detach().double().cpu() - expected).abs().max())
-    return deviations
+    mask = None if attn_mask is None else attn_mask.cpu()
+    if is_causal:  # SDPA's is_causal is top-left: query i sees keys 0..i
+        mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
+    expected = _reference_output(q, k, v, mask, kw.get("scale"))
+    return {name: float((out.detach().double().cpu() - expected).abs().max())
+            for name, out in _run_each_backend(q, k, v, **kw).items()}
 
 
 # ---- vocabulary ---------------------------------------------------------------------------
 
 # math: what is computed. api: how you ask for it. kernel: code that computes it on a
 # device. runtime: the serving system around the kernels (KV-cache memory, scheduling).
-TERMS: dict[str, str] = {
+_TERMS: dict[str, str] = {
     "softmax(qkᵀ/√d)v": "math", "softmax(qk^t/sqrt(d))v": "math",
     "scaled dot-product attention": "math", "attention": "math",
     "online softmax": "math", "multi-head attention": "math", "mha": "math",
@@ -846,30 +747,6 @@ def classify(term: str) -> str:
     if not isinstance(term, str):
         raise ValueError(f"term must be a string, got {term!r}")
     key = " ".join(term.strip().lower().split())
-    if key not in TERMS:
-        raise ValueError(f"unknown term {term!r}; known terms: {sorted(TERMS)}")
-    return TERMS[key]
-
-
-def _main() -> None:
-    import argparse
-
-    parser = argparse.ArgumentParser(description="vLLM 0.33.0's attention-backend selection")
-    parser.add_argument("--matrix", action="store_true", help="print the selection matrix")
-    parser.add_argument("--explain", nargs=3, metavar=("GPU", "DTYPE", "MODEL"),
-                        help='why, e.g. --explain H100 bfloat16 "gpt-oss-20b"')
-    args = parser.parse_args()
-    if args.explain:
-        gpu, dtype, model = args.explain
-        sel = select_backend({**MODELS[model], "dtype": dtype}, GPUS[gpu])
-        print(f"{model} {dtype} on {gpu} {GPUS[gpu]}: {sel.backend}")
-        for backend, reasons in sel.rejected.items():
-            print(f"  rejected {backend}: {reasons}")
-        print(f"  valid, in priority order: {sel.valid}")
-    else:
-        print(f"vLLM {VLLM_VERSION} attention backend per (GPU, dtype, model)")
-        print(format_matrix(selection_matrix()))
-
-
-if __name__ == "__main__":
-    _main()
+    if key not in _TERMS:
+        raise ValueError(f"unknown term {term!r}; known terms: {sorted(_TERMS)}")
+    return _TERMS[key]

@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 import pathlib
 import random
-import subprocess
-import sys
 import warnings
 
 import pytest
@@ -20,9 +18,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from common import load_impl, reference_attention
+from common.loader import load_lab_module
 from common.testing import assert_close
 
 impl = load_impl(__file__)
+provided = load_lab_module(__file__, "provided")  # the given code: format_matrix, GPUS, ...
 HERE = pathlib.Path(__file__).resolve().parent
 FACTS = json.loads((HERE / "vllm_0_33_facts.json").read_text())
 
@@ -162,6 +162,89 @@ def test_reasons_come_in_vllms_order_and_all_of_them_are_reported():
                    ["FlashMLA Dense is only supported on Hopper devices."],
                    "FLASHMLA's capability check allows 9.x and 10.x, its combination check then "
                    "refuses dense MLA off Hopper")
+    expect_reasons("FLASHMLA", {**DEEPSEEK_V3, "has_sliding_window": True}, A100,
+                   ["compute capability not supported", "sliding window not supported",
+                    "FlashMLA Dense is only supported on Hopper devices."],
+                   "compute capability is checked before the sliding window, and the backend's "
+                   "own combination reason always comes last")
+
+
+@pytest.mark.points(2)
+def test_flash_attention_takes_multiples_of_8_up_to_256_and_up_to_512_where_fa4_loads():
+    cases = [  # (head size, GPU, accepted?)
+        (8, A100, True), (256, A100, True), (264, A100, False), (100, A100, False),
+        (256, H100, True), (264, H100, True), (512, H100, True), (520, H100, False),
+        (512, B200, True), (264, RTX_PRO_6000, False),
+    ]
+    for head, capability, accepted in cases:
+        expect_reasons("FLASH_ATTN", {**LLAMA, "head_size": head}, capability,
+                       [] if accepted else ["head_size not supported"],
+                       "FlashAttention takes head sizes that are multiples of 8 up to 256 "
+                       "(inclusive), and up to 512 where FA4 can load (9.x, 10.x, 11.x)")
+    expect_reasons("TRITON_ATTN", {**LLAMA, "head_size": 32}, T4, [],
+                   "the Triton backend takes any head size from 32 up")
+    expect_reasons("TRITON_ATTN", {**LLAMA, "head_size": 24}, T4, ["head_size not supported"])
+    expect_reasons("FLASHINFER", {**LLAMA, "head_size": 512}, H100, [],
+                   "FlashInfer's head sizes are a list: 64, 128, 256, 512")
+
+
+@pytest.mark.points(2)
+def test_an_fp8_kv_cache_needs_fa3_on_hopper_or_fa4_on_blackwell():
+    fp8 = {**LLAMA, "kv_cache_dtype": "fp8"}
+    fa_fp8 = ("FP8 KV cache requires FA3 on SM90, FA4 with head_size=512 on SM90, or FA4 on "
+              "SM100")
+    expect_reasons("FLASH_ATTN", fp8, A100, ["kv_cache_dtype not supported", fa_fp8],
+                   "FA2 (what vLLM runs on 8.x and 12.x) has no FP8 KV cache: the generic "
+                   "kv_cache_dtype check refuses it, then FLASH_ATTN's own combination check")
+    expect_reasons("FLASH_ATTN", fp8, RTX_PRO_6000, ["kv_cache_dtype not supported", fa_fp8])
+    expect_reasons("FLASH_ATTN", fp8, H100, [], "FA3 on Hopper reads an FP8 KV cache")
+    expect_reasons("FLASH_ATTN", fp8, B200, [], "FA4 on Blackwell reads an FP8 KV cache")
+    expect_reasons("FLASH_ATTN", {**fp8, "head_size": 256}, B200, [fa_fp8],
+                   "the generic check asks without a head size (FA4: yes), the combination "
+                   "check asks with it: at head size 256 a quantized cache sends FA4's kernel "
+                   "back to FA2, which has no FP8 cache")
+    expect_reasons("FLASH_ATTN", {**fp8, "kv_cache_dtype": "fp8_e5m2"}, H100,
+                   ["kv_cache_dtype not supported", fa_fp8],
+                   "FlashAttention lists fp8 and fp8_e4m3 only, never fp8_e5m2")
+    sel = impl.select_backend(fp8, A100)
+    assert sel.backend == "FLASHINFER", (
+        f"an FP8 KV cache on an A100 moves Llama from FLASH_ATTN to FLASHINFER, got {sel}")
+
+
+@pytest.mark.points(1)
+def test_compute_capability_bounds_are_inclusive():
+    for capability, accepted in ((T4, False), (A100, True), ((12, 1), True), ((13, 0), False)):
+        expect_reasons("FLASHINFER", LLAMA, capability,
+                       [] if accepted else ["compute capability not supported"],
+                       "FLASHINFER's compute capability runs from 8.0 to 12.1, both ends "
+                       "included (facts: {'min': [8, 0], 'max': [12, 1]})")
+
+
+@pytest.mark.points(2)
+def test_the_sparse_mla_part_of_the_list_depends_on_cache_heads_and_head_size():
+    def sparse_part(capability, config, skip):
+        return impl.backend_priorities(capability, True, config)[skip:]
+
+    cases = [
+        (B200, {**DEEPSEEK_V3, "num_heads": 16},
+         ["FLASH_ATTN_MLA_SPARSE_FA4", "FLASHINFER_MLA_SPARSE", "FLASHMLA_SPARSE"],
+         "on 10.x 'few heads' means num_heads <= 16: FA4's sparse MLA first"),
+        (B200, {**DEEPSEEK_V3, "num_heads": 17}, ["FLASHMLA_SPARSE", "FLASHINFER_MLA_SPARSE"],
+         "more than 16 heads with a bf16 cache: FlashMLA's sparse kernel first"),
+        (B200, {**DEEPSEEK_V3, "kv_cache_dtype": "fp8"},
+         ["FLASHINFER_MLA_SPARSE", "FLASHMLA_SPARSE"],
+         "a quantized cache picks the quantized list, whatever the heads"),
+        (H100, {**DEEPSEEK_V3, "head_size": 512},
+         ["FLASHINFER_MLA_SPARSE_SM90", "FLASH_ATTN_MLA_SPARSE", "FLASHMLA_SPARSE"],
+         "elsewhere FLASHINFER_MLA_SPARSE_SM90 goes first at head size 512"),
+        (H100, DEEPSEEK_V3, ["FLASH_ATTN_MLA_SPARSE", "FLASHMLA_SPARSE",
+                             "FLASHINFER_MLA_SPARSE_SM90"],
+         "... and last otherwise"),
+    ]
+    for capability, config, expected, why in cases:
+        skip = 6 if capability == B200 else 4  # the dense MLA backends come first
+        got = sparse_part(capability, config, skip)
+        assert got == expected, f"{capability}: {why}; expected {expected}, got {got}"
 
 
 # ---- selection ------------------------------------------------------------------------------
@@ -338,13 +421,29 @@ def test_the_selection_matrix_over_real_gpus_dtypes_and_models():
 
 
 @pytest.mark.points(1)
-def test_the_matrix_command_prints_a_table_with_every_gpu():
-    out = subprocess.run([sys.executable, impl.__file__, "--matrix"], capture_output=True,
-                         text=True, timeout=60, cwd=HERE.parent.parent)
-    assert out.returncode == 0, out.stderr[-2000:]
+def test_the_default_matrix_covers_every_real_gpu_dtype_and_model_and_prints_as_a_table():
+    m = impl.selection_matrix()
+    cells = [(g, d, model) for g in provided.GPUS for d in provided.DTYPES
+             for model in provided.MODELS]
+    assert sorted(m) == sorted(cells), (
+        "selection_matrix() with no arguments means every GPU of GPUS, every dtype of DTYPES "
+        "and every model of MODELS, keyed (gpu, dtype, model)")
+    table = provided.format_matrix(m)  # what `provided.py --matrix` prints
     for name in ("T4 (7.5)", "H100 (9.0)", "B200 (10.0)", "RTX PRO 6000 (12.0)", "gpt-oss-20b",
-                 "FLASH_ATTN_MLA", "FLASHINFER"):
-        assert name in out.stdout, f"{name!r} missing from the printed matrix"
+                 "FLASH_ATTN_MLA", "FLASHINFER", "(none)"):
+        assert name in table, f"{name!r} missing from the printed matrix:\n{table}"
+    named = impl.selection_matrix(["H100"], ["bfloat16"], ["gpt-oss-20b"])
+    assert named == {("H100", "bfloat16", "gpt-oss-20b"): "FLASH_ATTN"}, (
+        f"names from GPUS and MODELS are looked up there: {named}")
+
+
+@pytest.mark.points(1)
+def test_a_broken_model_config_in_the_matrix_is_an_error_not_an_empty_cell():
+    with pytest.raises(ValueError, match="head_dim"):
+        impl.selection_matrix(["H100"], ["bfloat16"], {"typo": {"head_dim": 128}})
+    # an empty cell means "vLLM finds no backend", and only that
+    assert impl.selection_matrix(["H100"], ["float32"], ["DeepSeek-V3"]) == {
+        ("H100", "float32", "DeepSeek-V3"): None}
 
 
 # ---- vocabulary ------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Lab 03: causal prefill, chunked prefill and varlen batches (numpy + Triton).
 
-Your work. Replace every ``raise NotImplementedError`` and run
-``LAB_IMPL=starter pytest labs/lab-03-causal-prefill-attention -q``.
+Your work. Replace every ``raise NotImplementedError`` (and the kernel's
+``tl.static_assert``) and run ``make test-lab LAB=03 LAB_IMPL=starter`` or
+``LAB_IMPL=starter .venv/bin/python -m pytest labs/lab-03-causal-prefill-attention -q``.
 
 The one idea: a block of M queries that starts at position ``start_pos`` is "prefill";
 query i sits at position ``start_pos + i`` and reads keys ``0 .. start_pos + i``. The
@@ -12,7 +13,7 @@ the case start_pos > 0, and a serving batch is many of these at once, described 
 
 Shapes: q ``[M, H, d]`` (or ``[T, H, d]`` packed), k/v ``[N, KVH, d]``, paged caches
 ``[num_blocks, block_size, KVH, d]``. Query head h reads KV head ``h // (H // KVH)``.
-Bad input raises ``ValueError`` naming the argument (the tests check the name).
+Bad input raises ``ValueError`` naming the argument: ``provided.py`` has the checks.
 """
 
 from __future__ import annotations
@@ -21,7 +22,10 @@ from typing import Any
 
 import numpy as np
 
+from common.loader import load_lab_module
 from common.triton_env import tl, triton
+
+provided = load_lab_module(__file__, "provided")
 
 # ---------------------------------------------------------------------------------------
 # NumPy: the prefill shape
@@ -49,11 +53,10 @@ def prefill_attention(
         ``(out [M, H, dv], lse [M, H])``. Query i reads keys ``0 .. start_pos + i``.
     """
     raise NotImplementedError(
-        "TODO: check the inputs (k must hold at least start_pos + M tokens; name the argument "
-        "in a ValueError). Then for each query i, how many keys may it see? Make that number "
-        "the loop bound: slice k and v to it, so the future is never read (it is NaN in the "
-        "tests). Softmax over that slice, per head, with query head h using KV head "
-        "h // (H // KVH); lse = m + log(l)."
+        "TODO: start_pos = provided.check_prefill(q, k, v, start_pos) checks the inputs. Then "
+        "for each query i, how many keys may it see? Make that number the loop bound: slice k "
+        "and v to it, so the future is never read (it is NaN in the tests). Softmax over that "
+        "slice, per head, with query head h using KV head h // (H // KVH); lse = m + log(l)."
     )
 
 
@@ -75,9 +78,10 @@ def chunked_prefill(
         ``out [M, H, dv]``, equal to ``prefill_attention(q, k, v, 0)[0]`` for any chunking.
     """
     raise NotImplementedError(
-        "TODO: check that chunk_sizes add up to M. Walk the chunks; when a chunk starts, how "
-        "many tokens are already in the KV cache? That number is the chunk's start_pos. Call "
-        "prefill_attention on the chunk's queries and the keys the cache holds by then."
+        "TODO: provided.check_chunk_sizes(chunk_sizes, M) checks that they add up to M. Walk "
+        "the chunks; when a chunk starts, how many tokens are already in the KV cache? That "
+        "number is the chunk's start_pos. Call prefill_attention on the chunk's queries and "
+        "the keys the cache holds by then."
     )
 
 
@@ -95,7 +99,7 @@ def varlen_prefill_attention(
     Args:
         q: ``[T, H, d]``; sequence b's queries are ``q[query_start_loc[b]:query_start_loc[b+1]]``.
         k_cache, v_cache: ``[num_blocks, block_size, KVH, d]`` (the new tokens' K/V are
-            already written).
+            already written; V's head dim may differ).
         block_tables: ``[B, max_blocks]``; entries past a sequence's last block are padding.
         query_start_loc: ``[B+1]`` starts at 0, non-decreasing, ends at T.
         seq_lens: ``[B]`` context length of each sequence, cached + new. Sequence b's
@@ -105,11 +109,10 @@ def varlen_prefill_attention(
         ``(out [T, H, dv], lse [T, H])``. A decode row is a sequence with query_len 1.
     """
     raise NotImplementedError(
-        "TODO: validate the metadata (query_start_loc starts at 0, never decreases, ends at "
-        "T; seq_lens[b] >= query_len_b; block_tables has enough columns), each failure a "
-        "ValueError naming the argument. Then per sequence: gather its first seq_lens[b] "
-        "tokens through its block table, work out where its queries start, and reuse "
-        "prefill_attention."
+        "TODO: provided.check_varlen_shapes(...) and provided.check_varlen_metadata(...) "
+        "validate the batch. Then per sequence: gather its first seq_lens[b] tokens through "
+        "its block table, work out where its queries start (seq_lens[b] - query_len_b), and "
+        "reuse prefill_attention."
     )
 
 
@@ -129,10 +132,8 @@ def causal_mask(num_queries: int, num_keys: int, alignment: str) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------
-# Triton: one launch for a whole serving batch
+# Triton: one launch for a whole serving batch, GQA-packed
 # ---------------------------------------------------------------------------------------
-
-LOG2E = 1.4426950408889634  # exp(x) = exp2(x * LOG2E): a kernel can work in base 2
 
 
 @triton.jit
@@ -140,37 +141,53 @@ def _varlen_prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, query_start_loc_ptr, seq_lens_ptr,
     out_ptr, lse_ptr,
     qk_scale, num_seqs,
-    stride_qt, stride_qh,
-    stride_kb, stride_ks, stride_kh,
-    stride_vb, stride_vs, stride_vh,
+    stride_qt, stride_qh, stride_qd,
+    stride_kb, stride_ks, stride_kh, stride_kd,
+    stride_vb, stride_vs, stride_vh, stride_vd,
     stride_bt,
-    stride_ot, stride_oh,
-    stride_lt,
+    stride_ot, stride_oh, stride_od,
+    stride_lt, stride_lh,
     GROUP: tl.constexpr, PAGE_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """One program = one tile of BLOCK_M queries of one sequence, for one query head.
+    """One program = BLOCK_Q query tokens of one sequence x the GROUP query heads of one KV
+    head, packed into the BLOCK_M rows of one tile: every K/V tile it loads serves them all.
 
-    TODO, in order:
-    1. tile = tl.program_id(0), head = tl.program_id(1), kv_head = head // GROUP.
-    2. Find the sequence this tile belongs to. Either binary-search query_start_loc in the
-       kernel (a sequence's tiles can be numbered from query_start_loc[b] // BLOCK_M + b),
-       or pass a tile -> sequence map computed on the host. Return early if the tile has
-       no queries. start_pos = seq_len - query_len.
-    3. Load the tile's queries [BLOCK_M, HEAD_DIM_PAD] with a mask (other=0.0).
-    4. Loop over K/V tiles of BLOCK_N positions, only up to the tile's last query (the
-       loop bound is the causal mask; tiles wholly above the diagonal are never visited).
-       Gather each key's page through the block table: block_tables[seq, pos // PAGE_SIZE],
-       slot pos % PAGE_SIZE (cast the page number to tl.int64 before multiplying by its
-       stride: a large cache overflows int32). Masked loads use other=0.0: NaN * 0 = NaN
+    ``provided.launch_varlen_prefill`` launches it on the grid ``(T // BLOCK_Q + B, KVH)``
+    with the arguments above (strides for every dimension: nothing is assumed contiguous;
+    V's head dim HEAD_DIM_V may differ from K's HEAD_DIM; both are padded to powers of two
+    >= 16, HEAD_DIM_PAD and HEAD_DIM_V_PAD, for tl.dot).
+
+    TODO, in order (small @triton.jit helpers are welcome):
+    1. q_block = tl.program_id(0) (a global query-block number), kv_head = tl.program_id(1).
+    2. Find this block's sequence with a binary search over query_start_loc: sequence b's
+       blocks are numbered from query_start_loc[b] // BLOCK_Q + b, so seq is the last b whose
+       number is <= q_block (vLLM's find_seq_idx). Then q_start, query_len and
+       q_block_in_seq = q_block - (q_start // BLOCK_Q + seq). A spare program of the
+       upper-bound grid has q_block_in_seq * BLOCK_Q >= query_len: return. Load seq_len;
+       start_pos = seq_len - query_len.
+    3. GQA packing: row r of the tile is query token q_block_in_seq * BLOCK_Q + r // GROUP
+       and query head kv_head * GROUP + r % GROUP. A row is real if r < BLOCK_Q * GROUP and
+       its token < query_len. Load Q [BLOCK_M, HEAD_DIM_PAD] at token rows q_start + token
+       (in tl.int64: T * stride_qt can pass 2**31) with that mask and other=0.0.
+    4. Loop over K/V tiles of BLOCK_N key positions, from 0 up to the block's last query,
+       kv_end = min(start_pos + q_block_in_seq * BLOCK_Q + BLOCK_Q, seq_len): that loop bound
+       is the causal mask, and nothing at or past kv_end is ever loaded (it is NaN in the
+       tests). Gather each key through the block table: page = block_tables[seq, pos //
+       PAGE_SIZE], slot = pos % PAGE_SIZE; cast the page to tl.int64 before multiplying by
+       its stride (a large cache overflows int32). Masked loads use other=0.0: NaN * 0 = NaN
        inside tl.dot.
-    5. Online softmax in fp32 with tl.dot (scores * qk_scale are in log2 units: use
-       tl.exp2; pass input_precision=DOT_PRECISION to both tl.dot calls, or float32 on a
-       GPU runs as TF32); mask key_pos > query_pos with -inf only on tiles that cross the
-       diagonal.
-    6. Store out = acc / l (in out's dtype) and lse = ln(2) * m + ln(l) for valid rows.
+    5. Online softmax in float32 with tl.dot (pass input_precision=DOT_PRECISION to both
+       dots, or float32 runs as TF32 on a GPU). qk_scale already holds scale * log2(e), so
+       use tl.exp2. Tiles that cross the diagonal mask key_pos > the row's position
+       start_pos + token with -inf; tiles wholly below it need no score mask.
+    6. Store out = acc / l (in out's dtype, the first HEAD_DIM_V columns) and
+       lse = ln(2) * (m + log2(l)) (float32) for the real rows.
     """
+    tl.static_assert(False, "TODO: write _varlen_prefill_kernel (the steps are in its docstring)")
 
 
 def varlen_prefill_triton(
@@ -181,28 +198,32 @@ def varlen_prefill_triton(
     query_start_loc: Any,
     seq_lens: Any,
     scale: float | None = None,
+    *,
+    block_m: int | None = None,
+    block_n: int | None = None,
+    max_seq_len: int | None = None,
 ) -> tuple[Any, Any]:
     """Varlen causal attention over a paged cache in one Triton launch (torch tensors).
 
     Args:
-        q: ``[T, H, d]`` fp32 / fp16 / bf16, every sequence's new tokens packed.
-        k_cache, v_cache: ``[num_blocks, block_size, KVH, d]``, same dtype as q.
+        q: ``[T, H, d]`` fp32 / fp16 (bf16 on a GPU only), every sequence's new tokens packed.
+        k_cache, v_cache: ``[num_blocks, block_size, KVH, d]`` / ``[..., dv]``, q's dtype.
         block_tables: ``[B, max_blocks]`` int; query_start_loc ``[B+1]``; seq_lens ``[B]``.
         scale: defaults to ``1/sqrt(d)``.
+        block_m: rows of a query tile (power of two >= 16 and >= H // KVH): ``block_m //
+            (H // KVH)`` query tokens times the query heads of one KV head.
+        block_n: keys per K/V tile (power of two >= 16).
+        max_seq_len: the longest ``seq_lens`` entry, known on the host. Given, the launch
+            makes no host synchronisation; None is the debug path (one copy of the metadata
+            to the host, every value checked).
 
     Returns:
-        ``(out [T, H, d] in q's dtype, lse [T, H] float32)``.
+        ``(out [T, H, dv] in q's dtype, lse [T, H] float32)``.
 
-    Launch sketch (fill in the kernel above first):
-        validate the metadata as varlen_prefill_attention does (ValueError naming it);
-        out = torch.empty_like(q); lse = torch.empty((T, H), dtype=torch.float32)
-        BLOCK_M, BLOCK_N = 16, 16 under the interpreter (64-128 and 32-64 on a GPU)
-        grid = (number of query tiles, or an upper bound such as T // BLOCK_M + B, H)
-        _varlen_prefill_kernel[grid](..., qk_scale=scale * LOG2E, ...,
-            HEAD_DIM_PAD=max(16, triton.next_power_of_2(d)),
-            DOT_PRECISION="ieee" if q is float32 else "tf32")
+    Grid: ``(T // BLOCK_Q + B, KVH)`` from shapes only; each program binary-searches
+    ``query_start_loc`` for its sequence (vLLM 0.33.0's ``find_seq_idx``).
     """
-    raise NotImplementedError(
-        "TODO: validate, allocate out and lse, choose the tile sizes and the grid, launch "
-        "_varlen_prefill_kernel (see the launch sketch in this docstring), return (out, lse)."
-    )
+    return provided.launch_varlen_prefill(
+        _varlen_prefill_kernel, q, k_cache, v_cache, block_tables, query_start_loc, seq_lens,
+        scale, block_m=block_m, block_n=block_n, max_seq_len=max_seq_len,
+    )  # fmt: skip

@@ -8,7 +8,6 @@ future, unused cache slots, padding blocks) is NaN.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,8 +15,25 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common import build_paged_kv, load_impl, prefix_mask, random_kv, reference_attention
-from common.testing import NAN_HINT, assert_close, chunkings, head_counts, tolerance
+from common import (
+    build_paged_kv,
+    load_impl,
+    prefix_mask,
+    random_kv,
+    random_kv_shared_prefix,
+    reference_attention,
+)
+from common.testing import (
+    HEAD_RATIOS,
+    NAN_HINT,
+    ODD_HEAD_DIMS,
+    assert_close,
+    chunkings,
+    head_counts,
+    host_syncs,
+    tolerance,
+)
+from common.triton_env import dot_tile
 
 impl = load_impl(__file__)
 
@@ -45,24 +61,63 @@ WRONG_GQA = (
     "used the wrong KV head for a query head: with H query heads and KVH KV heads, head h "
     "reads KV head h // (H // KVH) (consecutive heads share a KV head), not h % KVH"
 )
+SWAPPED_GQA = (
+    "swapped 'group size' and 'number of KV heads' in the head mapping: head h reads KV head "
+    "h // group with group = H // KVH, not h // KVH"
+)
+PADDED_SCALE = (
+    "took the default scale from the padded head dim: the kernel pads d to a tl.dot tile "
+    "(24 -> 32, 40 -> 64), but the scale is 1/sqrt(d) of the real head dim"
+)
+LSE_NO_MAX = (
+    "stored log(l) as the lse: the running sum l was accumulated relative to the running max "
+    "m, so lse = m + log(l)"
+)
+LSE_LOG2 = (
+    "left the lse in log2 units: the kernel's m is in base 2 (scores were multiplied by "
+    "log2(e) for exp2), so lse = ln(2) * (m + log2(l)), not m + ln(l)"
+)
 
 
 # ---- helpers built on the float64 reference ------------------------------------------------
 
 
-def reference_prefill(q, k, v, start_pos, *, shift=0, wrong_heads=False):
+def map_heads(k, v, num_heads, mapping):
+    """K/V re-indexed per query head by a (wrong) head mapping, or None when it is invalid.
+
+    ``"modulo"``: head h reads KV head h % KVH; ``"swapped"``: h // KVH.
+    """
+    heads = np.arange(num_heads)
+    kvh = k.shape[1]
+    index = heads % kvh if mapping == "modulo" else heads // kvh
+    if index.max() >= kvh or np.array_equal(index, heads // (num_heads // kvh)):
+        return None  # out of range, or the same as the right mapping for these counts
+    return k[:, index], v[:, index]
+
+
+def reference_prefill(q, k, v, start_pos, *, shift=0, wrong_heads=None):
     """Reference out/lse for queries at start_pos..; ``shift`` moves the causal bound.
 
-    shift=0: correct; shift=-1: diagonal excluded. ``wrong_heads`` maps head h to h % KVH.
+    shift=0: correct; shift=-1: diagonal excluded. ``wrong_heads`` is a :func:`map_heads`
+    mapping (the caller checks that it applies).
     """
     num_queries = q.shape[0]
     n = start_pos + num_queries
     k, v = k[:n], v[:n]
     if wrong_heads:
-        heads = np.arange(q.shape[1]) % k.shape[1]
-        k, v = k[:, heads], v[:, heads]
+        k, v = map_heads(k, v, q.shape[1], wrong_heads)
     positions = start_pos + np.arange(num_queries) + shift
     return reference_attention(q, k, v, mask=prefix_mask(positions, n))
+
+
+def gqa_wrong_answers(q, k, v, compute):
+    """``{misconception: compute(k, v)}`` for the wrong head mappings that apply here."""
+    wrong = {}
+    for mapping, message in (("modulo", WRONG_GQA), ("swapped", SWAPPED_GQA)):
+        mapped = map_heads(k, v, q.shape[1], mapping)
+        if mapped is not None:
+            wrong[message] = compute(*mapped)
+    return wrong
 
 
 def reference_top_left(q, k, v, start_pos):
@@ -82,8 +137,11 @@ def prefill_wrong_answers(q, k, v, start_pos, what):
     else:
         wrong[TOP_LEFT] = top_left
         wrong[NO_DIAGONAL] = no_diagonal
-    if q.shape[1] != k.shape[1] and (q.shape[1] // k.shape[1]) > 1 and k.shape[1] > 1:
-        wrong[WRONG_GQA] = reference_prefill(q, k, v, start_pos, wrong_heads=True)
+    n = start_pos + q.shape[0]
+    mask = prefix_mask(start_pos + np.arange(q.shape[0]), n)
+    wrong.update(gqa_wrong_answers(
+        q, k[:n], v[:n], lambda k, v: reference_attention(q, k, v, mask=mask)
+    ))  # fmt: skip
     index = 0 if what == "out" else 1
     return {message: answer[index] for message, answer in wrong.items()}
 
@@ -97,27 +155,45 @@ def poisoned_kv(rng, num_keys, extra, num_kv_heads, head_dim, head_dim_v):
     return k, v
 
 
+def assert_close_or_diagnose(actual, expected, wrong_answers, **kwargs):
+    """``assert_close``, computing the wrong answers (more float64 references) only when the
+    answer is wrong: a passing check costs one comparison."""
+    __tracebackhide__ = True
+    try:
+        assert_close(actual, expected, **kwargs)
+    except AssertionError:
+        assert_close(actual, expected, wrong_answers=wrong_answers(), **kwargs)
+
+
 def check_prefill(out_lse, q, k, v, start_pos, label):
     assert isinstance(out_lse, tuple) and len(out_lse) == 2, (
         "prefill_attention must return a tuple (out [M, H, dv], lse [M, H])"
     )
     out, lse = out_lse
     expected_out, expected_lse = reference_prefill(q, k, v, start_pos)
-    assert_close(
+    assert_close_or_diagnose(
         out,
         expected_out,
+        lambda: prefill_wrong_answers(q, k, v, start_pos, "out"),
         what=f"out ({label})",
         nan_hint=FUTURE_NAN_HINT,
-        wrong_answers=prefill_wrong_answers(q, k, v, start_pos, "out"),
     )
-    assert_close(
+    assert_close_or_diagnose(
         lse,
         expected_lse,
+        lambda: prefill_wrong_answers(q, k, v, start_pos, "lse"),
         what=f"lse ({label})",
         nan_hint=FUTURE_NAN_HINT,
         hint="lse is the natural log of the softmax denominator including the max: m + log(l)",
-        wrong_answers=prefill_wrong_answers(q, k, v, start_pos, "lse"),
     )
+
+
+def row_max(q, k, mask, scale=None):
+    """The softmax max of each (query, head) row: ``[Lq, H]`` (what a kernel's m holds)."""
+    heads = np.arange(q.shape[1]) // (q.shape[1] // k.shape[1])
+    scale = 1.0 / np.sqrt(q.shape[2]) if scale is None else scale
+    scores = np.einsum("qhd,khd->qhk", q, k[:, heads]) * scale
+    return np.where(np.asarray(mask)[:, None, :], scores, -np.inf).max(axis=-1)
 
 
 @dataclass
@@ -137,18 +213,29 @@ class Batch:
         p = self.paged
         return (self.q, p.k_cache, p.v_cache, p.block_tables, self.query_start_loc, p.seq_lens)
 
-    def expected(self, top_left=False, wrong_heads=False, shift=0):
+    @property
+    def max_seq_len(self):
+        return int(max(self.paged.seq_lens, default=0))
+
+    def masks(self, top_left=False, shift=0):
+        return [
+            prefix_mask((0 if top_left else c) + np.arange(n) + shift, c + n)
+            for c, n in zip(self.cached, self.new)
+        ]
+
+    def expected(self, top_left=False, heads=None, shift=0, scale=None):
         outs, lses = [], []
-        for b, (c, n) in enumerate(zip(self.cached, self.new)):
-            k, v = self.ks[b], self.vs[b]
-            if wrong_heads:
-                heads = np.arange(self.q.shape[1]) % k.shape[1]
-                k, v = k[:, heads], v[:, heads]
-            positions = (0 if top_left else c) + np.arange(n) + shift
-            out, lse = reference_attention(self.qs[b], k, v, mask=prefix_mask(positions, c + n))
+        for q, k, v, mask in zip(self.qs, self.ks, self.vs, self.masks(top_left, shift)):
+            if heads:
+                k, v = map_heads(k, v, q.shape[1], heads)
+            out, lse = reference_attention(q, k, v, scale=scale, mask=mask)
             outs.append(out)
             lses.append(lse)
         return np.concatenate(outs), np.concatenate(lses)
+
+    def row_max(self):
+        parts = [row_max(q, k, m) for q, k, m in zip(self.qs, self.ks, self.masks())]
+        return np.concatenate(parts)
 
     def wrong_answers(self, index):
         top_left_message = (
@@ -170,18 +257,38 @@ class Batch:
             "after it. In a kernel: the K/V tiles that straddle the diagonal need the mask "
             "key_pos <= query_pos"
         ] = np.concatenate([answer[index] for answer in no_causal])
-        group = self.q.shape[1] // self.ks[0].shape[1]
-        if group > 1 and self.ks[0].shape[1] > 1:
-            wrong[WRONG_GQA] = self.expected(wrong_heads=True)[index]
+        for mapping, message in (("modulo", WRONG_GQA), ("swapped", SWAPPED_GQA)):
+            if map_heads(self.ks[0], self.vs[0], self.q.shape[1], mapping) is not None:
+                wrong[message] = self.expected(heads=mapping)[index]
+        d = self.q.shape[2]
+        if dot_tile(d) != d:
+            wrong[PADDED_SCALE] = self.expected(scale=1.0 / np.sqrt(dot_tile(d)))[index]
+        if index == 1:
+            lse, m = self.expected()[1], self.row_max()
+            wrong[LSE_NO_MAX] = lse - m
+            wrong[LSE_LOG2] = lse - m + m * np.log2(np.e)
         return wrong
 
 
-def make_batch(rng, cached, new, heads=(4, 2), head_dim=8, block_size=8, padding="poisoned"):
+def make_batch(
+    rng, cached, new, heads=(4, 2), head_dim=8, block_size=8, padding="poisoned", *,
+    head_dim_v=None, shared_prefix=0, round_to=None,
+):  # fmt: skip
+    """A batch with a poisoned paged cache. ``shared_prefix`` tokens open every sequence and
+    their full blocks are shared (prefix caching); ``round_to`` rounds every input to a dtype
+    first, so a float16 kernel sees exactly what the float64 reference sees."""
     num_heads, num_kv_heads = heads
     lens = [c + n for c, n in zip(cached, new)]
-    ks, vs = random_kv(rng, lens, num_kv_heads, head_dim)
-    paged = build_paged_kv(ks, vs, block_size, rng=rng, padding=padding)
+    if shared_prefix:
+        ks, vs = random_kv_shared_prefix(rng, lens, shared_prefix, num_kv_heads, head_dim)
+    else:
+        ks, vs = random_kv(rng, lens, num_kv_heads, head_dim, head_dim_v)
     qs = [rng.standard_normal((n, num_heads, head_dim)) for n in new]
+    if round_to is not None:
+        ks, vs, qs = ([x.astype(round_to).astype(np.float64) for x in xs] for xs in (ks, vs, qs))
+    paged = build_paged_kv(
+        ks, vs, block_size, rng=rng, padding=padding, share_blocks=bool(shared_prefix)
+    )
     q = np.concatenate(qs) if qs else np.zeros((0, num_heads, head_dim))
     query_start_loc = np.concatenate([[0], np.cumsum(new)]).astype(np.int32)
     return Batch(list(cached), list(new), qs, ks, vs, q, query_start_loc, paged)
@@ -212,15 +319,15 @@ def check_varlen(result, batch, label, atol=1e-12, rtol=1e-12, hint=""):
     for index, (got, want, what) in enumerate(
         [(out, expected_out, "out"), (lse, expected_lse, "lse")]
     ):
-        assert_close(
+        assert_close_or_diagnose(
             got,
             want,
+            lambda index=index: batch.wrong_answers(index),
             what=f"{what} ({label})",
             atol=atol,
             rtol=rtol,
             nan_hint=VARLEN_NAN_HINT,
             hint=hint,
-            wrong_answers=batch.wrong_answers(index),
         )
 
 
@@ -253,6 +360,29 @@ def test_prefill_matches_the_float64_reference_for_any_length_start_and_heads(
         start_pos,
         f"M={num_queries}, start_pos={start_pos}, H={num_heads}, KVH={num_kv_heads}",
     )
+
+
+@pytest.mark.points(2)
+@pytest.mark.parametrize("heads", HEAD_RATIOS, ids=lambda h: f"{h[0]}q-{h[1]}kv")
+def test_prefill_maps_each_query_head_to_its_kv_head_for_every_head_ratio(heads):
+    rng = np.random.default_rng(sum(heads))
+    num_heads, num_kv_heads = heads
+    q = rng.standard_normal((3, num_heads, 4))
+    k, v = poisoned_kv(rng, 5 + 3, 2, num_kv_heads, 4, 4)
+    check_prefill(
+        impl.prefill_attention(q, k, v, 5), q, k, v, 5, f"H={num_heads}, KVH={num_kv_heads}"
+    )
+
+
+@pytest.mark.points(1)
+@pytest.mark.parametrize("head_dim", ODD_HEAD_DIMS)
+def test_prefill_default_scale_is_one_over_sqrt_of_a_head_dim_that_is_not_a_power_of_two(
+    head_dim,
+):
+    rng = np.random.default_rng(head_dim)
+    q = rng.standard_normal((3, 2, head_dim))
+    k, v = poisoned_kv(rng, 4 + 3, 1, 1, head_dim, head_dim)
+    check_prefill(impl.prefill_attention(q, k, v, 4), q, k, v, 4, f"d={head_dim}, default scale")
 
 
 @pytest.mark.points(2)
@@ -364,8 +494,10 @@ def chunk_wrong_answers(q, k, v, chunk_sizes):
         OWN_CHUNK_ONLY: np.concatenate(own),
         CHUNK_NOT_CAUSAL: np.concatenate(whole_chunk),
     }
-    if q.shape[1] != k.shape[1] and k.shape[1] > 1:
-        wrong[WRONG_GQA] = reference_prefill(q, k, v, 0, wrong_heads=True)[0]
+    mask = prefix_mask(np.arange(q.shape[0]), q.shape[0])
+    wrong.update(gqa_wrong_answers(
+        q, k[: q.shape[0]], v[: q.shape[0]], lambda k, v: reference_attention(q, k, v, mask=mask)[0]
+    ))  # fmt: skip
     return wrong
 
 
@@ -385,12 +517,12 @@ def test_chunked_prefill_equals_one_shot_prefill_for_any_chunking(prompt, heads,
     k, v = poisoned_kv(rng, total, 0, num_kv_heads, 8, 8)
     got = impl.chunked_prefill(q, k, v, chunk_sizes)
     one_shot, _ = reference_prefill(q, k, v, 0)
-    assert_close(
+    assert_close_or_diagnose(
         got,
         one_shot,
+        lambda: chunk_wrong_answers(q, k, v, chunk_sizes),
         what=f"chunked_prefill with chunk_sizes={chunk_sizes}",
         hint="chunked prefill must equal one-shot prefill exactly (to 1e-12) for any chunking",
-        wrong_answers=chunk_wrong_answers(q, k, v, chunk_sizes),
     )
 
 
@@ -450,7 +582,7 @@ def test_varlen_batch_of_prefill_chunks_and_decode_rows_equals_each_sequence_alo
 @settings(max_examples=20)
 @given(
     lengths=st.lists(st.tuples(st.integers(0, 20), st.integers(1, 9)), min_size=1, max_size=4),
-    heads=head_counts(),
+    heads=st.one_of(head_counts(), st.sampled_from(HEAD_RATIOS)),
     block_size=st.sampled_from([1, 2, 4, 8, 16]),
     padding=st.sampled_from(["minus_one", "poisoned"]),
     seed=st.integers(0, 2**16),
@@ -468,6 +600,24 @@ def test_varlen_matches_the_reference_for_any_batch_and_block_size(
         batch,
         f"cached={cached}, new={new}, block_size={block_size}, heads={heads}",
     )
+
+
+def shares_physical_blocks(block_tables, seq_lens, block_size):
+    """True when some physical block appears in the used part of two tables."""
+    used = [set(row[: -(-int(n) // block_size)].tolist()) for row, n in zip(block_tables, seq_lens)]
+    return any(used[a] & used[b] for a in range(len(used)) for b in range(a))
+
+
+@pytest.mark.points(2)
+def test_varlen_reads_physical_blocks_shared_by_several_sequences_prefix_caching():
+    # Three requests with the same 12-token system prompt: its 3 full blocks of 4 tokens are
+    # one set of physical blocks that all three tables name.
+    batch = make_batch(
+        np.random.default_rng(12), [14, 12, 0], [3, 1, 13], (4, 2), 8, 4, shared_prefix=12
+    )
+    p = batch.paged
+    assert shares_physical_blocks(p.block_tables, p.seq_lens, 4), "test setup: no shared block"
+    check_varlen(impl.varlen_prefill_attention(*batch.args()), batch, "shared prefix blocks")
 
 
 def corrupt(case, q, tables, qsl, seq_lens):
@@ -557,19 +707,27 @@ def test_top_left_mask_is_what_pytorch_sdpa_is_causal_computes(num_queries, num_
     )
 
 
+def causal_lower_right_mask(num_queries, num_keys):
+    """The boolean mask ``torch.nn.attention.bias.causal_lower_right(Lq, Lk)`` stands for.
+
+    ``CausalBias._lower_right`` (torch/nn/attention/bias.py, torch 2.13) materialises exactly
+    this ``tril`` with ``diagonal = Lk - Lq``. It is rebuilt here because importing that
+    module pulls in torch._dynamo, about 2 s of CPU per test run.
+    """
+    import torch
+
+    return torch.ones(num_queries, num_keys, dtype=torch.bool).tril(num_keys - num_queries)
+
+
 @pytest.mark.points(1)
 @pytest.mark.parametrize("num_queries, num_keys", SHAPES)
 def test_bottom_right_mask_is_torch_causal_lower_right(num_queries, num_keys):
     import torch
-    from torch.nn.attention.bias import causal_lower_right
 
     mask = as_bool_mask(
         impl.causal_mask(num_queries, num_keys, "bottom_right"), num_queries, num_keys
     )
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # "will produce NaNs" when Lq > Lk
-        bias = causal_lower_right(num_queries, num_keys)
-    want = bias._materialize(torch.device("cpu"))  # the boolean mask the bias stands for
+    want = causal_lower_right_mask(num_queries, num_keys)
     top_left = torch.ones(num_queries, num_keys).tril().bool()
     assert torch.equal(mask, want), (
         f"causal_mask({num_queries}, {num_keys}, 'bottom_right') differs from "
@@ -577,10 +735,6 @@ def test_bottom_right_mask_is_torch_causal_lower_right(num_queries, num_keys):
         f"0..i + num_keys - num_queries (offset {num_keys - num_queries})"
         + (" (you returned the top-left mask)" if torch.equal(mask, top_left) else "")
     )
-    q, k, v = random_qkv(num_queries, num_keys)
-    got = torch.nan_to_num(sdpa(q, k, v, attn_mask=mask))
-    ref = torch.nan_to_num(sdpa(q, k, v, attn_mask=bias))
-    assert torch.allclose(got, ref, atol=1e-12), "SDPA with your mask != with causal_lower_right"
 
 
 @pytest.mark.points(1)
@@ -601,7 +755,7 @@ def test_causal_mask_rejects_an_unknown_alignment(alignment):
         impl.causal_mask(3, 5, alignment)
 
 
-# ---- Triton: one launch for a whole serving batch -----------------------------------------------
+# ---- Triton: one launch for a whole serving batch, GQA-packed ------------------------------
 
 
 def triton_batch(batch, dtype_name="float32", device=None):
@@ -622,55 +776,201 @@ def triton_batch(batch, dtype_name="float32", device=None):
     )
 
 
+def check_triton(result, batch, label, dtype_name="float32"):
+    import torch
+
+    out, lse = result
+    assert out.dtype == getattr(torch, dtype_name), f"out must be in q's dtype, got {out.dtype}"
+    assert lse.dtype == torch.float32, f"lse must be float32, got {lse.dtype}"
+    atol, rtol = tolerance(dtype_name)
+    check_varlen(result, batch, label, atol=atol, rtol=rtol, hint=KERNEL_HINT)
+
+
+def tiles(block_m, block_n):
+    return "default tiles" if block_m is None else f"block_m={block_m}, block_n={block_n}"
+
+
 @pytest.mark.triton
 @pytest.mark.points(3)
-def test_triton_kernel_serves_a_mixed_batch_like_the_reference_through_the_interpreter():
-    # d=8 is padded to a tl.dot-friendly 16 inside the kernel; GQA 4 query heads on 2 KV heads.
-    batch = make_batch(np.random.default_rng(8), MIXED_CACHED, MIXED_NEW, (4, 2), 8, 8)
-    atol, rtol = tolerance("float32")
-    check_varlen(
-        impl.varlen_prefill_triton(*triton_batch(batch)),
+@pytest.mark.parametrize("block_m, block_n", [(None, None), (16, 32), (32, 16)])
+def test_triton_kernel_serves_prefill_chunks_and_decode_rows_in_one_launch(block_m, block_n):
+    # d=8 is padded to a tl.dot tile of 16 inside the kernel. A tile of block_m rows holds
+    # block_m // G query tokens times the G query heads of one KV head (G = 2 here).
+    heads = (4, 2) if block_m is None else (2, 1)  # fewer programs where the tiles are tested
+    batch = make_batch(np.random.default_rng(8), MIXED_CACHED, MIXED_NEW, heads, 8, 8)
+    result = impl.varlen_prefill_triton(
+        *triton_batch(batch), block_m=block_m, block_n=block_n, max_seq_len=batch.max_seq_len
+    )
+    check_triton(result, batch, f"Triton, fp32, mixed batch, {tiles(block_m, block_n)}")
+
+
+@pytest.mark.triton
+@pytest.mark.points(2)
+@pytest.mark.parametrize("block_size, block_m, block_n", [(1, 32, 16), (32, 16, 32)])
+def test_triton_kernel_handles_long_chunks_pages_of_any_size_and_never_reads_past_seq_len(
+    block_size, block_m, block_n
+):
+    # 36 new tokens after 21 cached ones: several query tiles, K/V tiles below, on and above
+    # the diagonal; a decode row and an empty-context prompt beside it. MQA (2 heads, 1 KV).
+    # Every slot past a sequence's seq_len and every padding entry of a table is NaN.
+    batch = make_batch(np.random.default_rng(9), [21, 40, 0], [36, 1, 3], (2, 1), 16, block_size)
+    result = impl.varlen_prefill_triton(*triton_batch(batch), block_m=block_m, block_n=block_n)
+    check_triton(result, batch, f"Triton, pages of {block_size}, {tiles(block_m, block_n)}")
+
+
+@pytest.mark.triton
+@pytest.mark.points(2)
+@settings(max_examples=5)
+@given(
+    lengths=st.lists(st.tuples(st.integers(0, 20), st.integers(1, 12)), min_size=1, max_size=3),
+    tile_shape=st.sampled_from([(16, 16), (16, 32), (32, 16), (64, 16)]),
+    heads=st.sampled_from([(2, 1), (4, 2), (6, 2)]),
+    block_size=st.sampled_from([1, 4, 16]),
+    seed=st.integers(0, 2**16),
+)
+def test_triton_kernel_matches_the_reference_for_any_batch_tile_shape_and_page_size(
+    lengths, tile_shape, heads, block_size, seed
+):
+    cached = [c for c, _ in lengths]
+    new = [n for _, n in lengths]
+    batch = make_batch(np.random.default_rng(seed), cached, new, heads, 8, block_size)
+    block_m, block_n = tile_shape
+    result = impl.varlen_prefill_triton(
+        *triton_batch(batch), block_m=block_m, block_n=block_n, max_seq_len=batch.max_seq_len
+    )
+    check_triton(
+        result,
         batch,
-        "Triton, fp32, mixed batch",
-        atol=atol,
-        rtol=rtol,
-        hint=KERNEL_HINT,
+        f"Triton, cached={cached}, new={new}, heads={heads}, pages of {block_size}, "
+        f"{tiles(block_m, block_n)}",
     )
 
 
 @pytest.mark.triton
 @pytest.mark.points(2)
-@pytest.mark.parametrize("block_size", [1, 32])
-def test_triton_kernel_handles_long_chunks_and_pages_smaller_or_larger_than_a_tile(block_size):
-    # 36 new tokens after 21 cached ones: several query tiles, K/V tiles below, on and above
-    # the diagonal; a decode row and an empty-context prompt beside it. MQA (2 heads, 1 KV).
-    batch = make_batch(np.random.default_rng(9), [21, 40, 0], [36, 1, 3], (2, 1), 16, block_size)
-    atol, rtol = tolerance("float32")
-    check_varlen(
-        impl.varlen_prefill_triton(*triton_batch(batch)),
-        batch,
-        f"Triton, pages of {block_size} tokens",
-        atol=atol,
-        rtol=rtol,
-        hint=KERNEL_HINT,
+def test_triton_kernel_reads_physical_blocks_shared_by_several_sequences():
+    batch = make_batch(
+        np.random.default_rng(12), [14, 12, 0], [3, 1, 13], (4, 2), 8, 4, shared_prefix=12
     )
+    p = batch.paged
+    assert shares_physical_blocks(p.block_tables, p.seq_lens, 4), "test setup: no shared block"
+    result = impl.varlen_prefill_triton(*triton_batch(batch), max_seq_len=batch.max_seq_len)
+    check_triton(result, batch, "Triton, a 12-token prefix in blocks shared by 3 tables")
+
+
+@pytest.mark.triton
+@pytest.mark.points(2)
+@pytest.mark.parametrize("heads", [(8, 2), (6, 3), (32, 1)], ids=lambda h: f"{h[0]}q-{h[1]}kv")
+def test_triton_kernel_packs_each_query_group_into_one_tile_for_every_head_ratio(heads):
+    # (32, 1) is a group of 32 > 16: the tile grows to 32 rows of one query token each.
+    batch = make_batch(np.random.default_rng(sum(heads)), [5, 11], [4, 1], heads, 8, 4)
+    result = impl.varlen_prefill_triton(*triton_batch(batch), max_seq_len=batch.max_seq_len)
+    check_triton(result, batch, f"Triton, {heads[0]} query heads on {heads[1]} KV heads")
+
+
+def strided_copy(t):
+    """The same values in a view whose every stride differs from the contiguous layout's
+    (the last dim has stride 2): a kernel that assumes ``stride == 1`` reads the wrong data."""
+    import torch
+
+    base = torch.zeros((*t.shape[:-1], 2 * t.shape[-1]), dtype=t.dtype, device=t.device)
+    view = base[..., ::2]
+    view.copy_(t)
+    return view
+
+
+@pytest.mark.triton
+@pytest.mark.points(2)
+@pytest.mark.parametrize("head_dim, head_dim_v, strided", [(24, 24, False), (40, 8, True)])
+def test_triton_kernel_pads_odd_head_dims_but_scales_by_the_real_one(head_dim, head_dim_v, strided):
+    # (40, 8): V's head dim differs from K's, and q and both caches are strided views.
+    batch = make_batch(
+        np.random.default_rng(head_dim), [3, 9], [5, 1], (2, 1), head_dim, 8, head_dim_v=head_dim_v
+    )
+    q, k_cache, v_cache, *metadata = triton_batch(batch)
+    if strided:
+        q, k_cache, v_cache = (strided_copy(t) for t in (q, k_cache, v_cache))
+    result = impl.varlen_prefill_triton(
+        q, k_cache, v_cache, *metadata, max_seq_len=batch.max_seq_len
+    )
+    layout = "strided views" if strided else "contiguous"
+    check_triton(result, batch, f"Triton, d={head_dim}, dv={head_dim_v}, default scale, {layout}")
+
+
+@pytest.mark.triton
+@pytest.mark.points(2)
+def test_triton_kernel_runs_float16_and_refuses_bfloat16_on_the_interpreter():
+    from common.triton_env import on_interpreter
+
+    batch = make_batch(np.random.default_rng(13), [9, 0], [1, 6], (4, 2), 8, 8, round_to=np.float16)
+    result = impl.varlen_prefill_triton(*triton_batch(batch, "float16"), block_n=32)
+    check_triton(result, batch, "Triton, fp16, a decode row and a prompt", "float16")
+    if on_interpreter():  # the interpreter's bfloat16 tl.dot is wrong: a clear error instead
+        with pytest.raises(ValueError, match=r"\bq\b|bfloat16"):
+            impl.varlen_prefill_triton(*triton_batch(batch, "bfloat16"))
+
+
+@pytest.mark.triton
+@pytest.mark.points(2)
+def test_triton_launch_given_max_seq_len_makes_no_host_synchronisation():
+    batch = make_batch(np.random.default_rng(15), [7, 0], [1, 5], (4, 2), 8, 4)
+    result, syncs = host_syncs(
+        impl.varlen_prefill_triton, *triton_batch(batch), max_seq_len=batch.max_seq_len
+    )
+    assert syncs == [], (
+        f"with max_seq_len given the launch must not wait for the device, but it made {syncs}: "
+        "the grid must come from shapes (T // BLOCK_Q + B, KVH), and each program finds its "
+        "sequence by binary search over query_start_loc on the device"
+    )
+    check_triton(result, batch, "Triton, serving path (max_seq_len given)")
 
 
 @pytest.mark.triton
 @pytest.mark.points(1)
-def test_triton_wrapper_rejects_bad_metadata_with_a_value_error():
+def test_triton_debug_path_without_max_seq_len_synchronises_at_most_once():
+    batch = make_batch(np.random.default_rng(16), [7, 0], [1, 5], (4, 2), 8, 4)
+    result, syncs = host_syncs(impl.varlen_prefill_triton, *triton_batch(batch))
+    assert len(syncs) <= 1, (
+        f"the debug path may copy the metadata to the host once (one transfer), made {syncs}"
+    )
+    check_triton(result, batch, "Triton, debug path")
+
+
+BAD_LAUNCH = {
+    "block_m below tl.dot's 16 rows": ({"block_m": 8}, "block_m"),
+    "block_n not a power of two": ({"block_n": 24}, "block_n"),
+    "max_seq_len longer than the block tables hold": (
+        {"max_seq_len": 10_000},
+        "block_tables|max_seq_len",
+    ),
+    "negative max_seq_len": ({"max_seq_len": -1}, "max_seq_len"),
+}
+
+
+@pytest.mark.triton
+@pytest.mark.points(2)
+def test_triton_wrapper_rejects_bad_input_with_a_value_error_naming_the_argument():
     import torch
 
-    batch = make_batch(np.random.default_rng(10), MIXED_CACHED, MIXED_NEW, block_size=8)
-    q, k_cache, v_cache, tables, qsl, seq_lens = triton_batch(batch)
+    batch = make_batch(np.random.default_rng(10), [3, 9], [2, 1], block_size=4)
+    args = triton_batch(batch)
+    check_triton(impl.varlen_prefill_triton(*args), batch, "Triton, before the bad inputs")
+    q, k_cache, v_cache, tables, qsl, seq_lens = args
     bad = qsl.clone()
     bad[0] = 1
     with pytest.raises(ValueError, match="query_start_loc"):
         impl.varlen_prefill_triton(q, k_cache, v_cache, tables, bad, seq_lens)
     short = seq_lens.clone()
-    short[0] = 3
+    short[0] = 1  # sequence 0 has 2 new tokens
     with pytest.raises(ValueError, match="seq_lens"):
         impl.varlen_prefill_triton(q, k_cache, v_cache, tables, qsl, short.to(torch.int32))
+    for case, (kwargs, name) in BAD_LAUNCH.items():
+        with pytest.raises(ValueError, match=name):
+            impl.varlen_prefill_triton(*args, **kwargs)
+            pytest.fail(f"{case}: no ValueError")
+    group_of_32 = make_batch(np.random.default_rng(17), [3], [2], (32, 1), 8, 4)
+    with pytest.raises(ValueError, match="block_m"):  # a tile must hold a whole query group
+        impl.varlen_prefill_triton(*triton_batch(group_of_32), block_m=16)
 
 
 def torch_float32_reference(q, cache, query_start_loc, cached, new):
@@ -701,7 +1001,10 @@ def torch_float32_reference(q, cache, query_start_loc, cached, new):
 @pytest.mark.gpu
 @pytest.mark.triton
 @pytest.mark.points(3)
-def test_triton_kernel_on_the_gpu_at_realistic_size_matches_a_float32_torch_reference():
+@pytest.mark.parametrize("block_m, block_n", [(None, None), (64, 32)])
+def test_triton_kernel_on_the_gpu_at_realistic_size_matches_a_float32_torch_reference(
+    block_m, block_n
+):
     import torch
 
     rng = np.random.default_rng(11)
@@ -722,7 +1025,7 @@ def test_triton_kernel_on_the_gpu_at_realistic_size_matches_a_float32_torch_refe
 
     out, lse = impl.varlen_prefill_triton(
         q, cache["k_cache"], cache["v_cache"], cache["block_tables"], query_start_loc,
-        cache["seq_lens"],
+        cache["seq_lens"], block_m=block_m, block_n=block_n, max_seq_len=max(lens),
     )  # fmt: skip
     torch.cuda.synchronize()
     want_out, want_lse = torch_float32_reference(q, cache, query_start_loc.tolist(), cached, new)

@@ -1,13 +1,16 @@
-"""Draw lab 04's README figures from the lab's own code (``make figures``).
+"""Draw lab 04's README figures from the float64 reference and the lab's
+given code (``provided.py``), so they draw the same in the student copy.
 
     MPLBACKEND=Agg python labs/lab-04-flash-decoding-partitions/figures.py
 
-1. ``figures/merge_tree.png``: 16 keys of one head in 4 partitions, their partial states and a
-   tree of merges up to the root, which equals dense attention.
+1. ``figures/merge_tree.png``: 16 keys of one head in 4 partitions, the state ``(m, l)`` of
+   each partition and of each node of a merge tree up to the root (all 16 keys).
 2. ``figures/ring_schedule.png``: which K/V shard each of 4 devices holds at each ring step,
    and which of those blocks a causal mask leaves empty.
 3. ``figures/sm_occupancy.png``: programs launched for one long decode, with and without a
    split, against the SMs of an A100 (108) and an H100 (132).
+4. ``figures/partitions_vs_segments.png``: splits per sequence and tokens per split as the
+   context grows, for 512-token partitions and for vLLM's 16 fixed segments.
 """
 
 from __future__ import annotations
@@ -25,10 +28,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from common.loader import load_impl  # noqa: E402
+from common.loader import load_lab_module  # noqa: E402
 from common.reference import reference_attention  # noqa: E402
 
-impl = load_impl(__file__, "solution")
+provided = load_lab_module(__file__, "provided")
 OUT = pathlib.Path(__file__).resolve().parent / "figures"
 
 
@@ -40,11 +43,18 @@ def merge_tree() -> None:
     v = rng.standard_normal((n, 1, 8))
     s = (k[:, 0] @ q[0]) / np.sqrt(8)  # the scores, for the bar chart
     bounds = [(i * n // parts, (i + 1) * n // parts) for i in range(parts)]
-    leaves = [impl.partial_state(q, k[lo:hi], v[lo:hi]) for lo, hi in bounds]
-    left, right = impl.merge(leaves[0], leaves[1]), impl.merge(leaves[2], leaves[3])
-    root = impl.merge(left, right)
-    out, lse = impl.finalize(root)
-    ref_out, ref_lse = reference_attention(q[None], k, v)
+
+    def state(lo: int, hi: int) -> provided.AttentionState:
+        """The state of keys lo..hi-1, read off the reference: m = max s, l = e^(lse - m)."""
+        out, lse = reference_attention(q[None], k[lo:hi], v[lo:hi])
+        m = s[lo:hi].max(keepdims=True)
+        l = np.exp(lse[0] - m)
+        return provided.AttentionState(m, l, out[0] * l[:, None])
+
+    leaves = [state(lo, hi) for lo, hi in bounds]
+    left, right, root = state(0, n // 2), state(n // 2, n), state(0, n)
+    alpha = np.exp(left.m - root.m), np.exp(right.m - root.m)
+    merged_l = alpha[0] * left.l + alpha[1] * right.l  # the merge, applied by hand at the root
 
     fig = plt.figure(figsize=(11, 6.4))
     ax_s = fig.add_axes([0.06, 0.08, 0.88, 0.2])
@@ -84,8 +94,8 @@ def merge_tree() -> None:
         edge(xs[i], 0.14, px, 0.5, leaves[i], parent)
     edge(0.245, 0.5, 0.5, 0.84, left, root)
     edge(0.755, 0.5, 0.5, 0.84, right, root)
-    ax.text(0.5, 0.985, f"finalize(root): lse = {lse[0]:.6f}   dense lse = {ref_lse[0, 0]:.6f}   "
-            f"max |out - dense| = {np.abs(out - ref_out[0]).max():.1e}",
+    ax.text(0.5, 0.985, f"root: lse = m + log l = {root.m[0] + np.log(root.l[0]):.6f};   "
+            f"merging its two children gives l = {merged_l[0]:.6f}",
             ha="center", va="top", fontsize=10)
     ax.text(0.01, 0.8, "edge label: exp(m_child - m_parent),\nthe rescale applied to the "
             "child's\nl and acc before adding", fontsize=8, color="0.3", va="center")
@@ -156,11 +166,46 @@ def sm_occupancy() -> None:
     plt.close(fig)
 
 
+def partitions_vs_segments() -> None:
+    """The trade-off of the two split modes, from the launcher's own grid arithmetic."""
+    contexts = np.unique(np.geomspace(256, 1 << 20, 200).astype(int))
+    block_n = provided.GPU_TILES["block_n"]
+    modes = {
+        f"partitions of {provided.DEFAULT_PARTITION_SIZE} tokens": [
+            provided.num_splits(n, provided.DEFAULT_PARTITION_SIZE, None) for n in contexts],
+        f"{provided.VLLM_NUM_SEGMENTS} segments (vLLM's 3D path)": [
+            provided.num_splits(n, provided.DEFAULT_PARTITION_SIZE, provided.VLLM_NUM_SEGMENTS)
+            for n in contexts],
+    }
+    segment_len = [-(-n // (provided.VLLM_NUM_SEGMENTS * block_n)) * block_n for n in contexts]
+    fig, (ax_p, ax_t) = plt.subplots(1, 2, figsize=(10.5, 3.8))
+    for (label, splits), color in zip(modes.items(), ("#d95f02", "#1b9e77")):
+        ax_p.plot(contexts, splits, color=color, label=label)
+    ax_p.set_ylabel("splits per sequence (grid size / (batch x KV heads))")
+    ax_p.set_title("launch shape: grows with the context, or fixed")
+    ax_t.plot(contexts, np.full(len(contexts), provided.DEFAULT_PARTITION_SIZE),
+              color="#d95f02", label=f"partitions of {provided.DEFAULT_PARTITION_SIZE}")
+    ax_t.plot(contexts, segment_len, color="#1b9e77",
+              label=f"{provided.VLLM_NUM_SEGMENTS} segments of whole {block_n}-token tiles")
+    ax_t.set_ylabel("tokens per split (work per program)")
+    ax_t.set_title("work per program: fixed, or grows with the context")
+    for ax in (ax_p, ax_t):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log", base=2)
+        ax.set_xlabel("tokens in the longest sequence")
+        ax.legend(fontsize=8, loc="upper left")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(OUT / "partitions_vs_segments.png", dpi=110)
+    plt.close(fig)
+
+
 def main() -> None:
     OUT.mkdir(exist_ok=True)
     merge_tree()
     ring_schedule()
     sm_occupancy()
+    partitions_vs_segments()
     for f in sorted(OUT.glob("*.png")):
         print(f"wrote {f.relative_to(ROOT)}")
 

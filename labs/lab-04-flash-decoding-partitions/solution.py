@@ -18,26 +18,15 @@ Shapes: a state's ``m`` and ``l`` have a leading shape ``S`` (``[H]`` for one de
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
 
 import numpy as np
-import torch
 
-from common.paged import blocks_needed
+from common.loader import load_lab_module
 from common.triton_env import tl, triton
 
-ORDERS = ("sequential", "reverse", "tree", "random")
-
-
-class AttentionState(NamedTuple):
-    """Attention over a set of keys, compressed: ``m [*S]``, ``l [*S]``, ``acc [*S, dv]``.
-
-    ``acc`` is unnormalised (``sum exp(s - m) v``); the empty set is ``(-inf, 0, 0)``.
-    """
-
-    m: np.ndarray
-    l: np.ndarray
-    acc: np.ndarray
+provided = load_lab_module(__file__, "provided")
+AttentionState = provided.AttentionState
+ORDERS = provided.ORDERS
 
 
 # ---- the monoid ------------------------------------------------------------------------
@@ -90,19 +79,6 @@ def finalize(state: AttentionState) -> tuple[np.ndarray, np.ndarray]:
 # ---- one partition, many partitions ----------------------------------------------------
 
 
-def _check_decode_shapes(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
-    if q.ndim != 2:
-        raise ValueError(f"q must be [num_heads, head_dim], got shape {q.shape}")
-    if k.ndim != 3 or k.shape[2] != q.shape[1]:
-        raise ValueError(f"k must be [n, num_kv_heads, {q.shape[1]}], got shape {k.shape}")
-    if v.ndim != 3 or v.shape[:2] != k.shape[:2]:
-        raise ValueError(f"v must be [{k.shape[0]}, {k.shape[1]}, dv], got shape {v.shape}")
-    if k.shape[1] == 0 or q.shape[0] % k.shape[1] != 0:
-        raise ValueError(
-            f"num_heads={q.shape[0]} (q) must be a multiple of num_kv_heads={k.shape[1]} (k)"
-        )
-
-
 def _per_query_head(x: np.ndarray, num_heads: int) -> np.ndarray:
     """``[n, KVH, d] -> [n, H, d]``: query head h reads KV head ``h // (H // KVH)``."""
     group = num_heads // x.shape[1]
@@ -131,7 +107,7 @@ def partial_state(
         ``n = 0`` gives the identity.
     """
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
-    _check_decode_shapes(q, k, v)
+    provided.check_decode_shapes(q, k, v)
     num_heads, head_dim = q.shape
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
     if k.shape[0] == 0:
@@ -142,7 +118,7 @@ def partial_state(
 
 
 def _partition_bounds(n: int, num_partitions: int) -> list[tuple[int, int]]:
-    """Even cut of ``n`` keys; partitions past the last key are empty."""
+    """Even cut of ``n`` keys (sizes differ by at most 1); past ``n`` partitions are empty."""
     cuts = [(i * n) // num_partitions for i in range(num_partitions + 1)]
     return list(zip(cuts[:-1], cuts[1:]))
 
@@ -168,22 +144,22 @@ def split_kv_attention(
     Args:
         q: ``[H, d]`` one decode query; k: ``[n, KVH, d]``; v: ``[n, KVH, dv]``.
         num_partitions: ``P >= 1``; may exceed ``n`` (the extra partitions are empty).
-        order: ``"sequential"`` (0, 1, 2, ...), ``"reverse"``, ``"tree"`` (pairwise rounds)
-            or ``"random"`` (a shuffled fold). Partials are combined with ``merge``.
+        order: ``"sequential"`` (0, 1, 2, ...), ``"reverse"``, ``"tree"`` (pairwise rounds:
+            ``(P0 + P1) + (P2 + P3)``) or ``"random"`` (a shuffled fold). Partials are
+            combined with ``merge``.
 
     Returns:
         ``(out [H, dv], lse [H])``, equal to dense attention whatever the order.
-    """
-    if isinstance(num_partitions, bool) or not isinstance(num_partitions, int | np.integer):
-        raise ValueError(f"num_partitions must be an int >= 1, got {num_partitions!r}")
-    if num_partitions < 1:
-        raise ValueError(f"num_partitions must be >= 1, got {num_partitions}")
-    if order not in ORDERS:
-        raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
-    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
-    _check_decode_shapes(q, k, v)
 
-    bounds = _partition_bounds(k.shape[0], int(num_partitions))
+    Raises:
+        ValueError: naming ``num_partitions`` (< 1) or ``order`` (not in ``ORDERS``).
+    """
+    num_partitions = provided.check_count(num_partitions, "num_partitions")
+    provided.check_order(order)
+    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    provided.check_decode_shapes(q, k, v)
+
+    bounds = _partition_bounds(k.shape[0], num_partitions)
     partials = [partial_state(q, k[lo:hi], v[lo:hi], scale) for lo, hi in bounds]
     if order == "tree":
         return finalize(_tree_reduce(partials))
@@ -202,33 +178,35 @@ def merge_attn_states(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Merge two NORMALISED partial outputs by their log-sum-exps (the serving form).
 
-    This is what vLLM's ``merge_attn_states`` and FlashInfer's ``merge_state`` do: each side
-    weighs ``exp(lse_side - lse)`` with ``lse = log(exp(lse_a) + exp(lse_b))``.
+    Each side weighs ``exp(lse_side - lse)`` with ``lse = log(exp(lse_a) + exp(lse_b))``,
+    computed relative to ``max(lse_a, lse_b)`` so nothing overflows (the operation of vLLM's
+    ``merge_attn_states`` and FlashInfer's ``merge_state``).
 
     Args:
-        out_a, out_b: ``[*S, dv]`` (e.g. ``[num_tokens, H, dv]``); an empty side has out 0.
-        lse_a, lse_b: ``[*S]`` natural-log LSEs; ``-inf`` marks an empty partition.
+        out_a, out_b: ``[*S, dv]`` (e.g. ``[num_tokens, H, dv]``).
+        lse_a, lse_b: ``[*S]`` natural-log LSEs. ``-inf`` and ``+inf`` both mark an empty
+            partition (FlashAttention-2 returns ``+inf`` for a row with no keys); an empty
+            side's ``out`` is ignored.
 
     Returns:
         ``(out [*S, dv], lse [*S])``; two empty sides give ``(0, -inf)``, never NaN.
     """
-    out_a, out_b = np.asarray(out_a, dtype=np.float64), np.asarray(out_b, dtype=np.float64)
-    lse_a, lse_b = np.asarray(lse_a, dtype=np.float64), np.asarray(lse_b, dtype=np.float64)
-    if out_a.shape != out_b.shape:
-        raise ValueError(f"out_b has shape {out_b.shape}, out_a has {out_a.shape}")
-    if lse_a.shape != out_a.shape[:-1] or lse_b.shape != out_a.shape[:-1]:
-        raise ValueError(
-            f"lse_a {lse_a.shape} and lse_b {lse_b.shape} must be out's shape without the "
-            f"last dim, {out_a.shape[:-1]}"
-        )
+    out_a, lse_a, out_b, lse_b = provided.check_merge_inputs(out_a, lse_a, out_b, lse_b)
+    lse_a = np.where(np.isposinf(lse_a), -np.inf, lse_a)  # FlashAttention-2's "no keys"
+    lse_b = np.where(np.isposinf(lse_b), -np.inf, lse_b)
     lse_max = np.maximum(lse_a, lse_b)
     w_a, w_b = _rescale(lse_a, lse_max), _rescale(lse_b, lse_max)  # in [0, 1]; empty side: 0
     total = w_a + w_b
     empty = total == 0  # both sides empty
     total = np.where(empty, 1.0, total)
-    out = (w_a / total)[..., None] * out_a + (w_b / total)[..., None] * out_b
+    out = _weighted(w_a / total, out_a) + _weighted(w_b / total, out_b)
     lse = np.where(empty, -np.inf, lse_max + np.log(total))
     return out, lse
+
+
+def _weighted(w: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """``w * out``, and 0 where ``w = 0``: an empty side's ``out`` may hold anything."""
+    return np.where(w[..., None] > 0, w[..., None] * out, 0.0)
 
 
 # ---- ring attention (context parallelism), simulated -----------------------------------
@@ -245,6 +223,8 @@ def ring_step(
     scale: float | None = None,
 ) -> AttentionState:
     """One device, one ring step: fold the K/V block in residence into its queries' state.
+
+    ``ring_dist.py`` (the torch.distributed version) calls this function for every step.
 
     Args:
         state: this device's running state, ``m, l [Lq, H]``, ``acc [Lq, H, dv]``.
@@ -287,26 +267,12 @@ def ring_attention(
     Returns:
         ``(outs, lses)``: per device, ``outs[p] [L_p, H, dv]`` and ``lses[p] [L_p, H]``;
         concatenated they equal dense attention (causal: over global positions).
+
+    Raises:
+        ValueError: naming ``q_shards``/``k_shards``/``v_shards`` when the lists differ in
+        length (one shard per device) or are empty.
     """
-    if not (len(q_shards) == len(k_shards) == len(v_shards)) or len(q_shards) == 0:
-        raise ValueError(
-            "q_shards, k_shards and v_shards must hold one shard per device: got "
-            f"{len(q_shards)}, {len(k_shards)}, {len(v_shards)} shards"
-        )
-    q_shards = [np.asarray(x, dtype=np.float64) for x in q_shards]
-    k_shards = [np.asarray(x, dtype=np.float64) for x in k_shards]
-    v_shards = [np.asarray(x, dtype=np.float64) for x in v_shards]
-    for p, (q, k, v) in enumerate(zip(q_shards, k_shards, v_shards)):
-        if q.ndim != 3 or k.ndim != 3 or v.ndim != 3 or v.shape[:2] != k.shape[:2]:
-            raise ValueError(
-                f"shard {p}: q_shards[{p}] {q.shape}, k_shards[{p}] {k.shape}, v_shards[{p}] "
-                f"{v.shape} must be [L, H, d], [L, KVH, d], [L, KVH, dv]"
-            )
-        if causal and q.shape[0] != k.shape[0]:
-            raise ValueError(
-                f"causal ring attention needs q_shards[{p}] and k_shards[{p}] to cover the same "
-                f"tokens: lengths {q.shape[0]} and {k.shape[0]}"
-            )
+    q_shards, k_shards, v_shards = provided.check_ring_shards(q_shards, k_shards, v_shards, causal)
     world = len(q_shards)
     q_starts = np.concatenate([[0], np.cumsum([q.shape[0] for q in q_shards])])[:-1]
     k_starts = np.concatenate([[0], np.cumsum([k.shape[0] for k in k_shards])])[:-1]
@@ -333,74 +299,106 @@ def ring_attention(
 def _split_kv_partition_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
     part_out_ptr, part_lse_ptr,
-    scale,
+    qk_scale, num_splits,
     stride_qb, stride_qh,
     stride_kb, stride_kt, stride_kh,
     stride_vb, stride_vt, stride_vh,
     stride_bt,
     stride_ob, stride_oh, stride_op,
     stride_lb, stride_lh,
-    PARTITION_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr,
+    PARTITION_SIZE: tl.constexpr, NUM_SEGMENTS: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, LOG2E: tl.constexpr,
 ):
-    """One program = (sequence b, KV head, partition): the whole query group of that KV head
-    against the partition's tokens, written as a normalised partial output plus its LSE."""
-    b = tl.program_id(0)
-    kv_head = tl.program_id(1)
-    part = tl.program_id(2)
-    seq_len = tl.load(seq_lens_ptr + b)
-    start_pos = part * PARTITION_SIZE
-    end_pos = tl.minimum(start_pos + PARTITION_SIZE, seq_len)
+    """One program = (sequence b, split, KV head): the whole query group of that KV head
+    against one split of sequence b's tokens, stored in the serving form: the normalised
+    partial output ``part_out[b, h, split] [dv]`` and its natural-log LSE
+    ``part_lse[b, h, split]`` (float32), for each query head h of the group.
 
-    rows = tl.arange(0, BLOCK_H)  # GQA packing: the group's query heads are the dot's M rows
+    Steps:
+    1. Who am I: grid x folds (sequence, split): ``b = program_id(0) // num_splits`` (as
+       int64: it multiplies strides), ``split = program_id(0) % num_splits``;
+       ``kv_head = program_id(1)``.
+    2. Which tokens: ``split_len = PARTITION_SIZE`` when ``NUM_SEGMENTS == 0``; otherwise
+       sequence b is cut into ``NUM_SEGMENTS`` segments of whole K/V tiles,
+       ``split_len = ceil(seq_len / (NUM_SEGMENTS * BLOCK_N)) * BLOCK_N``. The split covers
+       ``[split * split_len, min(split * split_len + split_len, seq_len))``. A split that
+       starts at or past ``seq_len`` is empty: store lse = -inf for the group's heads and
+       return (the merge gives it weight 0 and never reads its output).
+    3. GQA packing: the query heads ``kv_head * GROUP + r`` (``r < GROUP``) are the rows of
+       a ``[BLOCK_H, BLOCK_D]`` q tile; rows past GROUP and dims past HEAD_DIM load as 0
+       (``tl.dot`` needs every tile dim >= 16).
+    4. Online softmax over the split, BLOCK_N tokens at a time, in float32 and log2 units:
+       physical block ``block_tables[b, pos // BLOCK_SIZE]`` (int64 before it meets a
+       stride), slot ``pos % BLOCK_SIZE``; K and V loads masked to the split (never read
+       past it: the tests poison those slots with NaN);
+       ``s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale`` with
+       ``qk_scale = scale * log2(e)``, so ``exp2`` replaces ``exp``; tokens outside the split
+       get ``s = -inf``; then lab-01's update of the running ``m``, ``l`` and ``acc``.
+    5. Store ``acc / l`` and ``lse = (m + log2(l)) / LOG2E`` (back to the natural log) for
+       the GROUP real rows.
+    """
+    b = (tl.program_id(0) // num_splits).to(tl.int64)  # 1. grid x folds (sequence, split)
+    split = tl.program_id(0) % num_splits
+    kv_head = tl.program_id(1)
+    seq_len = tl.load(seq_lens_ptr + b)
+    if NUM_SEGMENTS > 0:  # 2. vLLM's fixed grid: NUM_SEGMENTS segments of whole K/V tiles
+        tiles = (seq_len + NUM_SEGMENTS * BLOCK_N - 1) // (NUM_SEGMENTS * BLOCK_N)
+        split_len = tiles * BLOCK_N
+    else:
+        split_len = PARTITION_SIZE
+    start = split * split_len
+    end = tl.minimum(start + split_len, seq_len)
+
+    rows = tl.arange(0, BLOCK_H)  # 3. GQA packing: the group's heads are the dot's M rows
     head = kv_head * GROUP + rows
     row_ok = rows < GROUP
+    if start >= seq_len:  # nothing to attend to: the merge gives this split weight 0
+        tl.store(part_lse_ptr + b * stride_lb + head * stride_lh + split, float("-inf"),
+                 mask=row_ok)
+        return
     dims = tl.arange(0, BLOCK_D)
     dims_v = tl.arange(0, BLOCK_DV)
+    d_ok, dv_ok = dims < HEAD_DIM, dims_v < HEAD_DIM_V  # the pad of head dims like 80 or 96
     q = tl.load(
         q_ptr + b * stride_qb + head[:, None] * stride_qh + dims[None, :],
-        mask=row_ok[:, None] & (dims[None, :] < HEAD_DIM), other=0.0,
+        mask=row_ok[:, None] & d_ok[None, :], other=0.0,
     )  # [BLOCK_H, BLOCK_D]
+    k_head = k_cache_ptr + kv_head * stride_kh + dims[None, :]  # this KV head, any token
+    v_head = v_cache_ptr + kv_head * stride_vh + dims_v[None, :]
 
-    m = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    m = tl.full([BLOCK_H], float("-inf"), tl.float32)  # 4. log2 units
     l = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_DV], tl.float32)
-    for tile_start in range(start_pos, end_pos, BLOCK_N):
+    for tile_start in range(start, end, BLOCK_N):
         pos = tile_start + tl.arange(0, BLOCK_N)
-        valid = pos < end_pos  # never read past the partition or the sequence
+        valid = pos < end  # never read past the split or the sequence
         block = tl.load(block_tables_ptr + b * stride_bt + pos // BLOCK_SIZE, mask=valid, other=0)
-        block = block.to(tl.int64)
+        block = block.to(tl.int64)  # block * stride overflows int32 in a large cache
         slot = pos % BLOCK_SIZE
-        k = tl.load(
-            k_cache_ptr + block[:, None] * stride_kb + slot[:, None] * stride_kt
-            + kv_head * stride_kh + dims[None, :],
-            mask=valid[:, None] & (dims[None, :] < HEAD_DIM), other=0.0,
-        )  # [BLOCK_N, BLOCK_D]
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale  # [BLOCK_H, BLOCK_N]
+        k = tl.load(k_head + block[:, None] * stride_kb + slot[:, None] * stride_kt,
+                    mask=valid[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_H, BLOCK_N]
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))  # finite: the tile has at least one valid token
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(s - m_new[:, None])
-        v = tl.load(
-            v_cache_ptr + block[:, None] * stride_vb + slot[:, None] * stride_vt
-            + kv_head * stride_vh + dims_v[None, :],
-            mask=valid[:, None] & (dims_v[None, :] < HEAD_DIM_V), other=0.0,
-        )  # [BLOCK_N, BLOCK_DV]
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        v = tl.load(v_head + block[:, None] * stride_vb + slot[:, None] * stride_vt,
+                    mask=valid[:, None] & dv_ok[None, :], other=0.0)  # [BLOCK_N, BLOCK_DV]
         l = l * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m = m_new
 
-    nonempty = l > 0  # a partition past the end of this sequence saw nothing
-    out = acc / tl.where(nonempty, l, 1.0)[:, None]
-    lse = tl.where(nonempty, m + tl.log(tl.where(nonempty, l, 1.0)), float("-inf"))
+    out = acc / l[:, None]  # 5. l >= 1: the split holds at least one token
+    lse = (m + tl.log2(l)) / LOG2E  # back from log2 units to the natural log
     tl.store(
-        part_out_ptr + b * stride_ob + head[:, None] * stride_oh + part * stride_op
+        part_out_ptr + b * stride_ob + head[:, None] * stride_oh + split * stride_op
         + dims_v[None, :],
-        out, mask=row_ok[:, None] & (dims_v[None, :] < HEAD_DIM_V),
+        out, mask=row_ok[:, None] & dv_ok[None, :],
     )
-    tl.store(part_lse_ptr + b * stride_lb + head * stride_lh + part, lse, mask=row_ok)
+    tl.store(part_lse_ptr + b * stride_lb + head * stride_lh + split, lse, mask=row_ok)
 
 
 @triton.jit
@@ -410,169 +408,68 @@ def _merge_partitions_kernel(
     stride_ob, stride_oh, stride_op,
     stride_lb, stride_lh,
     stride_fb, stride_fh,
-    stride_sb,
+    stride_sb, stride_sh,
     HEAD_DIM_V: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_DV: tl.constexpr,
+    LOG2E: tl.constexpr,
 ):
-    """One program = (sequence b, query head): merge its partitions' (out, lse) pairs."""
-    b = tl.program_id(0)
+    """One program = (sequence b, query head): merge ``num_partitions`` serving-form
+    partials ``part_out[b, head, p] [dv]``, ``part_lse[b, head, p]`` into ``out[b, head]``
+    and ``lse[b, head]``, ``BLOCK_P`` partitions at a time (any count: 16 segments or 129
+    partitions alike). An lse of -inf or +inf marks an empty partition: weight 0, and its
+    output is never read (it may hold anything, NaN included).
+
+    Steps:
+    1. Pass 1: ``m``, the largest lse over all partitions (+inf counts as -inf): loop
+       ``p0 = 0, BLOCK_P, ...`` with masked loads (``other=-inf``), keep a lane-wise max,
+       then reduce it.
+    2. Pass 2: weights ``w_p = exp(lse_p - m)`` (as ``exp2((lse_p - m) * LOG2E)``), in
+       [0, 1], and exactly 0 for an empty partition; ``acc += sum_p w_p * out_p`` without
+       multiplying an empty partition's output (0 * NaN is NaN); ``total += sum_p w_p``.
+    3. Store ``out = acc / total`` and ``lse = m + log(total)``; when every partition is
+       empty, out 0 and lse -inf, never NaN.
+    """
+    b = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     dims_v = tl.arange(0, BLOCK_DV)
     lse_base = part_lse_ptr + b * stride_lb + head * stride_lh
     out_base = part_out_ptr + b * stride_ob + head * stride_oh
 
-    # pass 1: the max LSE over all partitions (lane-wise, then across lanes)
+    # 1. the largest LSE over all partitions (lane-wise, then across lanes)
     m_lanes = tl.full([BLOCK_P], float("-inf"), tl.float32)
     for p0 in range(0, num_partitions, BLOCK_P):
         parts = p0 + tl.arange(0, BLOCK_P)
         lse_p = tl.load(lse_base + parts, mask=parts < num_partitions, other=float("-inf"))
+        lse_p = tl.where(lse_p == float("inf"), float("-inf"), lse_p)  # FA2's empty row
         m_lanes = tl.maximum(m_lanes, lse_p)
     m = tl.max(m_lanes, 0)
     m_safe = tl.where(m == float("-inf"), 0.0, m)  # every partition empty: weights stay 0
 
-    # pass 2: weights exp(lse_p - m); empty partitions weigh exactly 0
+    # 2. weights exp(lse_p - m) in [0, 1]; empty partitions weigh exactly 0
     w_lanes = tl.zeros([BLOCK_P], tl.float32)
     acc = tl.zeros([BLOCK_DV], tl.float32)
     for p0 in range(0, num_partitions, BLOCK_P):
         parts = p0 + tl.arange(0, BLOCK_P)
         ok = parts < num_partitions
         lse_p = tl.load(lse_base + parts, mask=ok, other=float("-inf"))
-        w = tl.where(lse_p == float("-inf"), 0.0, tl.exp(lse_p - m_safe))
+        empty = (lse_p == float("-inf")) | (lse_p == float("inf"))
+        w = tl.where(empty, 0.0, tl.exp2((lse_p - m_safe) * LOG2E))
         o = tl.load(
             out_base + parts[:, None] * stride_op + dims_v[None, :],
             mask=ok[:, None] & (dims_v[None, :] < HEAD_DIM_V), other=0.0,
-        )  # [BLOCK_P, BLOCK_DV]
-        acc += tl.sum(w[:, None] * o, 0)
+        ).to(tl.float32)  # [BLOCK_P, BLOCK_DV]
+        acc += tl.sum(tl.where(empty[:, None], 0.0, w[:, None] * o), 0)
         w_lanes += w
-    total = tl.sum(w_lanes, 0)
+    total = tl.sum(w_lanes, 0)  # 3.
     total_safe = tl.where(total > 0, total, 1.0)
-    tl.store(
-        out_ptr + b * stride_fb + head * stride_fh + dims_v,
-        acc / total_safe, mask=dims_v < HEAD_DIM_V,
-    )
-    tl.store(lse_ptr + b * stride_sb + head, tl.where(total > 0, m_safe + tl.log(total_safe),
-                                                      float("-inf")))
+    lse = tl.where(total > 0, m_safe + tl.log2(total_safe) / LOG2E, float("-inf"))
+    tl.store(out_ptr + b * stride_fb + head * stride_fh + dims_v, acc / total_safe,
+             mask=dims_v < HEAD_DIM_V)
+    tl.store(lse_ptr + b * stride_sb + head * stride_sh, lse)
 
 
-def _check_paged_inputs(q, k_cache, v_cache, block_tables, seq_lens, partition_size) -> int:
-    """Validate the paged-decode inputs; returns the longest sequence length."""
-    if isinstance(partition_size, bool) or not isinstance(partition_size, int) \
-            or partition_size < 1:
-        raise ValueError(f"partition_size must be an int >= 1, got {partition_size!r}")
-    if q.ndim != 3:
-        raise ValueError(f"q must be [batch, num_heads, head_dim], got shape {tuple(q.shape)}")
-    if k_cache.ndim != 4 or v_cache.ndim != 4:
-        raise ValueError(
-            "k_cache and v_cache must be [num_blocks, block_size, num_kv_heads, head_dim], got "
-            f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
-        )
-    batch, num_heads, head_dim = q.shape
-    num_kv_heads = k_cache.shape[2]
-    if k_cache.shape[3] != head_dim:
-        raise ValueError(f"k_cache head_dim {k_cache.shape[3]} != q head_dim {head_dim}")
-    if v_cache.shape[:3] != k_cache.shape[:3]:
-        raise ValueError(
-            f"v_cache {tuple(v_cache.shape)} does not match k_cache {tuple(k_cache.shape)}"
-        )
-    if num_kv_heads == 0 or num_heads % num_kv_heads != 0:
-        raise ValueError(
-            f"num_heads={num_heads} must be a multiple of num_kv_heads={num_kv_heads}"
-        )
-    if block_tables.ndim != 2 or block_tables.shape[0] != batch:
-        raise ValueError(
-            f"block_tables must be [{batch}, max_blocks], got {tuple(block_tables.shape)}"
-        )
-    if seq_lens.ndim != 1 or seq_lens.shape[0] != batch:
-        raise ValueError(f"seq_lens must be [{batch}], got {tuple(seq_lens.shape)}")
-    if q.dtype != k_cache.dtype or v_cache.dtype != k_cache.dtype:
-        raise ValueError(
-            f"q, k_cache and v_cache must share a dtype (tl.dot needs equal operand types), got "
-            f"{q.dtype}, {k_cache.dtype}, {v_cache.dtype}"
-        )
-    # One copy of the lengths to the host (a single sync on a GPU, not one per min/max); the
-    # grid needs the longest length anyway. A serving engine passes it from host metadata.
-    lens = seq_lens.detach().cpu()
-    if batch and int(lens.min()) < 0:
-        raise ValueError(f"seq_lens must be >= 0, got {lens.tolist()}")
-    max_seq_len = int(lens.max()) if batch else 0
-    if blocks_needed(max_seq_len, k_cache.shape[1]) > block_tables.shape[1]:
-        raise ValueError(
-            f"block_tables has {block_tables.shape[1]} columns, too few for seq_len "
-            f"{max_seq_len} with block_size {k_cache.shape[1]}"
-        )
-    return max_seq_len
-
-
-def split_kv_decode_triton(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    partition_size: int = 512,
-    scale: float | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Split-KV (flash-decoding) paged decode: a partition kernel, then a merge kernel.
-
-    Args:
-        q: ``[B, H, d]`` one new token per sequence.
-        k_cache, v_cache: ``[num_blocks, block_size, KVH, d]`` / ``[..., dv]`` (NHD layout).
-        block_tables: ``[B, max_blocks]`` int32; entries past a sequence's last block are
-            never read. seq_lens: ``[B]`` int32 (0 allowed).
-        partition_size: tokens per partition, any int >= 1 (vLLM uses 512, a multiple of its
-            block size, so no block straddles two partitions; this kernel gathers token by
-            token, so it needs no such rule). Larger than the sequence = one partition.
-
-    Returns:
-        ``(out [B, H, dv] in q.dtype, lse [B, H] float32)``.
-    """
-    max_seq_len = _check_paged_inputs(q, k_cache, v_cache, block_tables, seq_lens, partition_size)
-    batch, num_heads, head_dim = q.shape
-    _, block_size, num_kv_heads, head_dim_v = v_cache.shape
-    group = num_heads // num_kv_heads
-    scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
-    num_partitions = max(1, triton.cdiv(max_seq_len, partition_size))
-    # The kernels index the last dimension with stride 1. Copy only when that is not so:
-    # .contiguous() on a strided view of a whole KV cache would copy gigabytes every step.
-    q = q if q.stride(-1) == 1 else q.contiguous()
-    k_cache = k_cache if k_cache.stride(-1) == 1 else k_cache.contiguous()
-    v_cache = v_cache if v_cache.stride(-1) == 1 else v_cache.contiguous()
-    block_tables = block_tables.to(device=q.device, dtype=torch.int32).contiguous()
-    seq_lens = seq_lens.to(device=q.device, dtype=torch.int32).contiguous()
-
-    device = q.device
-    part_out = torch.empty(batch, num_heads, num_partitions, head_dim_v, device=device,
-                           dtype=torch.float32)
-    part_lse = torch.empty(batch, num_heads, num_partitions, device=device, dtype=torch.float32)
-    out = torch.empty(batch, num_heads, head_dim_v, device=device, dtype=q.dtype)
-    lse = torch.empty(batch, num_heads, device=device, dtype=torch.float32)
-    if batch == 0:
-        return out, lse
-
-    block_n = max(16, min(64, triton.next_power_of_2(partition_size)))
-    precision = "ieee" if q.dtype == torch.float32 else "tf32"
-    _split_kv_partition_kernel[(batch, num_kv_heads, num_partitions)](
-        q, k_cache, v_cache, block_tables, seq_lens, part_out, part_lse, scale,
-        q.stride(0), q.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        block_tables.stride(0),
-        part_out.stride(0), part_out.stride(1), part_out.stride(2),
-        part_lse.stride(0), part_lse.stride(1),
-        PARTITION_SIZE=partition_size, BLOCK_SIZE=block_size, GROUP=group,
-        HEAD_DIM=head_dim, HEAD_DIM_V=head_dim_v,
-        BLOCK_H=max(16, triton.next_power_of_2(group)),
-        BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
-        BLOCK_DV=max(16, triton.next_power_of_2(head_dim_v)),
-        BLOCK_N=block_n, DOT_PRECISION=precision,
-        num_warps=4, num_stages=2,
-    )
-    _merge_partitions_kernel[(batch, num_heads)](
-        part_out, part_lse, out, lse, num_partitions,
-        part_out.stride(0), part_out.stride(1), part_out.stride(2),
-        part_lse.stride(0), part_lse.stride(1),
-        out.stride(0), out.stride(1), lse.stride(0),
-        HEAD_DIM_V=head_dim_v, BLOCK_P=min(64, triton.next_power_of_2(num_partitions)),
-        BLOCK_DV=max(16, triton.next_power_of_2(head_dim_v)),
-        num_warps=4,
-    )
-    return out, lse
+# The launchers (validation, tile sizes, buffers, grids) are given: provided.py, bound here
+# to this file's two kernels.
+split_kv_decode_triton = provided.split_kv_decode(
+    _split_kv_partition_kernel, _merge_partitions_kernel
+)
+merge_partitions_triton = provided.merge_partitions(_merge_partitions_kernel)

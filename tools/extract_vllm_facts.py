@@ -2,21 +2,25 @@
 
 The lab grades against vLLM 0.33.0. Rather than typing its backend tables by hand, this
 script reads the *source* of the published wheel with ``ast`` (it imports nothing from
-vLLM, so it needs neither a GPU nor vLLM's dependencies) and writes
-``vllm_0_33_facts.json`` beside it. Every fact carries a citation: the file inside the
-wheel, the line, and the class / function it was read from.
+vLLM, so it needs neither a GPU nor vLLM's dependencies) and writes lab 02's
+``labs/lab-02-backend-selection/vllm_0_33_facts.json``. Every fact carries a citation: the
+file inside the wheel, the line, and the class / function it was read from.
 
-Get the source and run it (about a minute, most of it the 336 MB download)::
+An instructor's tool, not part of the lab or of ``make test``: the committed facts file is
+its output. Get the source and run it from the repository root (about a minute, most of it
+the 336 MB download)::
 
     pip download --no-deps --only-binary :all: vllm==0.33.0 -d /tmp/vllm-wheel
-    python labs/lab-02-backend-selection/extract_facts.py \
+    .venv/bin/python tools/extract_vllm_facts.py \
         --wheel /tmp/vllm-wheel/vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl
 
-or point ``--source`` at a directory that holds an unpacked ``vllm/`` tree.
+or point ``--source`` at a directory that holds an unpacked ``vllm/`` tree; ``--out`` writes
+elsewhere. ``make vllm-check`` runs it on the installed wheel and fails if the committed
+file differs (``test_vllm_conformance.py``).
 
 What it cannot read as data (a rule that asks the GPU which FlashAttention version
 loads, for instance) it records as a ``rule`` with the source text and its line, and
-``solution.py`` implements that rule by hand with the same citation. Each backend's
+the lab's selector implements that rule by hand with the same citation. Each backend's
 ``combination_reasons`` lists every string its ``supports_combination`` can return, in
 the order the method tries them, with ``when`` (the source text of the tests around that
 ``return``); a string a helper returns (FlashMLA's ``is_flashmla_dense_supported()[1]``)
@@ -37,8 +41,8 @@ import sys
 import tempfile
 import zipfile
 
-HERE = pathlib.Path(__file__).resolve().parent
-OUT = HERE / "vllm_0_33_facts.json"
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+OUT = ROOT / "labs" / "lab-02-backend-selection" / "vllm_0_33_facts.json"
 VERSION = "0.33.0"
 
 # The backends the lab models: every backend that _get_backend_priorities can return for a
@@ -223,9 +227,7 @@ def _binding(fn: ast.FunctionDef, name: str) -> tuple[ast.Call, int | None] | No
     return None
 
 
-def _reason_templates(
-    src: Source, module: str, fn: ast.FunctionDef, index: int | None = None, depth: int = 0
-) -> list[dict]:
+class _ReasonTemplates:
     """Every string ``supports_combination`` can return, in source order, with its condition.
 
     ``when`` is the source text of the ``if`` (or ``except``) tests around the ``return``;
@@ -236,55 +238,71 @@ def _reason_templates(
     ``cite`` (the helper's file and line), and its ``when`` joins both conditions.
     ``index`` picks one element of a helper's ``return flag, reason`` tuples.
     """
-    out: list[dict] = []
 
-    def strings(value: ast.AST, conditions: list[str], line: int) -> None:
-        if index is not None and isinstance(value, ast.Tuple):
-            value = value.elts[index]
-        when = " and ".join(f"({c})" if len(conditions) > 1 else c for c in conditions)
-        entry = {"when": when or "always"}
-        if isinstance(value, ast.Constant) and isinstance(value.value, str):
-            out.append({"text": value.value, "line": line, **entry})
-        elif isinstance(value, ast.JoinedStr):
-            out.append({"text": ast.unparse(value), "line": line, "f_string": True, **entry})
-        else:
-            call, pick = value, None
-            if isinstance(value, ast.Subscript) and isinstance(value.slice, ast.Constant):
-                call, pick = value.value, value.slice.value
-            elif isinstance(value, ast.Name) and (bound := _binding(fn, value.id)):
-                call, pick = bound
-            if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Name):
-                return  # None, a flag, or super().supports_combination(...)
-            found = _resolve_function(src, module, fn, call.func.id)
-            if found is None or depth > 3:
-                raise ValueError(f"cannot follow {ast.unparse(value)} at line {line}")
-            helper_module, helper = found
-            for r in _reason_templates(src, helper_module, helper, pick, depth + 1):
-                outer, inner = entry["when"], r["when"]
-                if outer != "always":
-                    r["when"] = outer if inner == "always" else f"({outer}) and ({inner})"
-                r["via"] = ast.unparse(value) + (f" -> {r['via']}" if "via" in r else "")
-                r.setdefault("cite", src.cite(helper_module, helper, helper.name))
-                out.append(r)
+    def __init__(self, src: Source, module: str, fn: ast.FunctionDef, index: int | None,
+                 depth: int) -> None:
+        self.src, self.module, self.fn, self.index, self.depth = src, module, fn, index, depth
+        self.out: list[dict] = []
 
-    def walk(stmts: list[ast.stmt], conditions: list[str]) -> None:
+    def walk(self, stmts: list[ast.stmt], conditions: list[str]) -> None:
         for stmt in stmts:
             if isinstance(stmt, ast.If):
                 test = ast.unparse(stmt.test)
-                walk(stmt.body, [*conditions, test])
-                walk(stmt.orelse, [*conditions, f"not ({test})"])
+                self.walk(stmt.body, [*conditions, test])
+                self.walk(stmt.orelse, [*conditions, f"not ({test})"])
             elif isinstance(stmt, ast.Try):
-                walk(stmt.body, conditions)
+                self.walk(stmt.body, conditions)
                 for handler in stmt.handlers:
                     caught = ast.unparse(handler.type) if handler.type else "any exception"
-                    walk(handler.body, [*conditions, f"the try block raised {caught}"])
+                    self.walk(handler.body, [*conditions, f"the try block raised {caught}"])
             elif isinstance(stmt, ast.With | ast.For | ast.While):
-                walk(stmt.body, conditions)
+                self.walk(stmt.body, conditions)
             elif isinstance(stmt, ast.Return) and stmt.value is not None:
-                strings(stmt.value, conditions, stmt.lineno)
+                self.add(stmt.value, conditions, stmt.lineno)
 
-    walk(fn.body, [])
-    return out
+    def add(self, value: ast.AST, conditions: list[str], line: int) -> None:
+        """The string(s) one ``return value`` can give under ``conditions``."""
+        if self.index is not None and isinstance(value, ast.Tuple):
+            value = value.elts[self.index]
+        when = " and ".join(f"({c})" if len(conditions) > 1 else c for c in conditions)
+        entry = {"when": when or "always"}
+        if isinstance(value, ast.Constant) and isinstance(value.value, str):
+            self.out.append({"text": value.value, "line": line, **entry})
+        elif isinstance(value, ast.JoinedStr):
+            self.out.append({"text": ast.unparse(value), "line": line, "f_string": True,
+                             **entry})
+        else:
+            self.follow(value, entry["when"], line)
+
+    def follow(self, value: ast.AST, outer: str, line: int) -> None:
+        """A returned helper call (or a name bound to one): the helper's strings."""
+        call, pick = value, None
+        if isinstance(value, ast.Subscript) and isinstance(value.slice, ast.Constant):
+            call, pick = value.value, value.slice.value
+        elif isinstance(value, ast.Name) and (bound := _binding(self.fn, value.id)):
+            call, pick = bound
+        if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Name):
+            return  # None, a flag, or super().supports_combination(...)
+        found = _resolve_function(self.src, self.module, self.fn, call.func.id)
+        if found is None or self.depth > 3:
+            raise ValueError(f"cannot follow {ast.unparse(value)} at line {line}")
+        helper_module, helper = found
+        for r in _reason_templates(self.src, helper_module, helper, pick, self.depth + 1):
+            inner = r["when"]
+            if outer != "always":
+                r["when"] = outer if inner == "always" else f"({outer}) and ({inner})"
+            r["via"] = ast.unparse(value) + (f" -> {r['via']}" if "via" in r else "")
+            r.setdefault("cite", self.src.cite(helper_module, helper, helper.name))
+            self.out.append(r)
+
+
+def _reason_templates(
+    src: Source, module: str, fn: ast.FunctionDef, index: int | None = None, depth: int = 0
+) -> list[dict]:
+    """``_ReasonTemplates``: every string ``fn`` can return, with its condition."""
+    templates = _ReasonTemplates(src, module, fn, index, depth)
+    templates.walk(fn.body, [])
+    return templates.out
 
 
 def backend_facts(src: Source, enum_paths: dict[str, str], name: str) -> dict:
@@ -333,7 +351,8 @@ def backend_facts(src: Source, enum_paths: dict[str, str], name: str) -> dict:
             "source": ast.unparse(fn),
             "cite": src.cite(module, fn, f"{cls.name}.get_supported_kernel_block_sizes"),
             "note": f"the listed value is the usual return (line {default.lineno}); the other "
-            "returns are special cases, implemented in solution.py where they change a verdict",
+            "returns are special cases, implemented by the lab's selector where they change a "
+            "verdict",
         }
     module, cls, fn = _member(chain, "supports_block_size")
     if cls.name != "AttentionBackend":
@@ -578,7 +597,7 @@ def kv_cache_dtypes(src: Source) -> dict:
 
 
 def fa_facts(src: Source) -> dict:
-    """Where the FlashAttention version rules live (implemented by hand in solution.py)."""
+    """Where the FlashAttention version rules live (the lab: provided.flash_attn_version)."""
     fa = "vllm.v1.attention.backends.fa_utils"
     iface = "vllm.vllm_flash_attn.flash_attn_interface"
     out = {}
@@ -624,7 +643,7 @@ def extract(root: pathlib.Path) -> dict:
     paths, _ = enum_paths(src)
     return {
         "vllm": version(src),
-        "generated_by": "labs/lab-02-backend-selection/extract_facts.py (ast, wheel source)",
+        "generated_by": "tools/extract_vllm_facts.py (ast, wheel source)",
         "wheel": "vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl (PyPI)",
         "base_reasons": base_reasons(src),
         "priorities": priorities(src),

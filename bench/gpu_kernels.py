@@ -1,0 +1,273 @@
+"""The kernels ``make gpu-report`` compiles. Adding a kernel (or a config) is one entry.
+
+An entry names the lab folder, the ``@triton.jit`` kernel in the lab's ``solution.py``, a
+label for the config, and a *launch* function. Given the lab's loaded modules, a dtype name
+(``bf16``, ``fp16``, ``fp32``) and a head dim, the launch function returns what the lab's
+launcher passes on a GPU at a benchmark shape (``bench/kernels.py``): every kernel argument
+by name (pointers as ``Ptr(dtype)``, ints at their real values, floats, constexprs) and the
+launch options (``num_warps``, ``num_stages``). It reads the tile sizes from the lab's own
+constants (``provided.GPU_TILES`` and the like), so the report follows the launcher; where a
+launcher computes a size (a group padded to a ``tl.dot`` tile), the function restates that
+arithmetic in one line.
+
+``bench.gpu_compile`` specialises the arguments as Triton's runtime does (pointers 16-byte
+aligned, an int equal to 1 becomes a constant, an int divisible by 16 is marked so) and
+compiles for each arch of ``ARCHS``. An entry whose kernel is not in the tree, or whose
+arguments no longer match the kernel's parameters (another branch's version of the lab), is
+skipped with the reason printed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+from common.triton_env import LOG2E, dot_precision, dot_tile
+
+ARCHS = (80, 90, 100)  # sm_80 (A100), sm_90 (H100), sm_100 (B200)
+DTYPES = ("bf16", "fp16")
+HEAD_DIMS = (64, 128)
+TORCH_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+@dataclass(frozen=True)
+class Ptr:
+    """A pointer argument: a tensor of ``dtype`` (Triton's name: bf16, fp16, fp32, i32)."""
+
+    dtype: str
+
+
+@dataclass(frozen=True)
+class Lab:
+    """A lab's loaded modules: the file under test and its ``provided.py`` (None if none)."""
+
+    solution: ModuleType
+    provided: ModuleType | None
+
+
+@dataclass(frozen=True)
+class Launch:
+    args: dict[str, Any]  # every kernel parameter by name
+    options: dict[str, int] = field(default_factory=dict)  # num_warps, num_stages
+
+
+LaunchFn = Callable[[Lab, str, int], Launch]
+
+
+@dataclass(frozen=True)
+class GpuKernel:
+    lab: str  # folder under labs/
+    kernel: str  # the @triton.jit function of the lab's solution.py
+    config: str  # what distinguishes this entry (mask, mode, head group)
+    launch: LaunchFn
+    bench: str = ""  # the bench.kernels entry whose shapes bound this kernel's time
+    shape: str = ""  # the bench shape whose bound the summary shows ("": its first target)
+    dtypes: tuple[str, ...] = DTYPES
+    head_dims: tuple[int, ...] = HEAD_DIMS
+
+    @property
+    def short_lab(self) -> str:
+        return "-".join(self.lab.split("-")[:2])
+
+    @property
+    def name(self) -> str:
+        return f"{self.short_lab} {self.kernel} [{self.config}]"
+
+
+def strides(*shape: int) -> tuple[int, ...]:
+    """Strides (in elements) of a contiguous tensor of ``shape``."""
+    out, step = [], 1
+    for n in reversed(shape):
+        out.append(step)
+        step *= n
+    return tuple(reversed(out))
+
+
+def _precision(dtype: str) -> str:
+    return dot_precision(TORCH_NAMES[dtype])
+
+
+def _need(lab: Lab) -> ModuleType:
+    if lab.provided is None:
+        raise LookupError("the lab has no provided.py with its GPU tile constants")
+    return lab.provided
+
+
+# ---- lab-00: FlashAttention forward, prefill mha b1 L16k (bench "flash") ------------------
+
+
+def flash_forward(causal: bool) -> LaunchFn:
+    """``flash_attention_triton``: q/k/v/out ``[1, 32, 16384, d]``, lse ``[1, 32, 16384]``,
+    tiles from ``provided.gpu_tiles(d)``."""
+
+    def launch(lab: Lab, dtype: str, d: int) -> Launch:
+        tiles = _need(lab).gpu_tiles(d)
+        b, h, n = 1, 32, 16384
+        qkvo = strides(b, h, n, d)
+        args: dict[str, Any] = {"Q": Ptr(dtype), "K": Ptr(dtype), "V": Ptr(dtype),
+                                "Out": Ptr(dtype), "Lse": Ptr("fp32")}  # fmt: skip
+        for t, dims in (("q", "bhmd"), ("k", "bhnd"), ("v", "bhnd"), ("o", "bhmd")):
+            args.update(zip((f"stride_{t}{x}" for x in dims), qkvo))
+        args.update(zip(("stride_lb", "stride_lh", "stride_lm"), strides(b, h, n)))
+        args.update(num_heads=h, seqlen_q=n, seqlen_k=n, qk_scale=LOG2E / d**0.5,
+                    HEAD_DIM=d, HEAD_DIM_V=d, D_PAD=dot_tile(d), DV_PAD=dot_tile(d),
+                    CAUSAL=causal, BLOCK_M=tiles["block_m"], BLOCK_N=tiles["block_n"],
+                    DOT_PRECISION=_precision(dtype))  # fmt: skip
+        return Launch(args, {"num_warps": tiles["num_warps"], "num_stages": tiles["num_stages"]})
+
+    return launch
+
+
+# ---- lab-01: paged decode, b64 ctx4k page 16 (bench "decode") -----------------------------
+
+
+def paged_decode(heads: int, kv_heads: int) -> LaunchFn:
+    """``paged_decode_triton``: q ``[64, H, d]``, caches ``[64*256, 16, KVH, d]``, tables
+    ``[64, 256]``; ``GROUP_PAD = dot_tile(H // KVH)`` as in the launcher."""
+
+    def launch(lab: Lab, dtype: str, d: int) -> Launch:
+        provided = _need(lab)
+        batch, blocks, page = 64, 256, 16
+        cache = strides(batch * blocks, page, kv_heads, d)
+        group = heads // kv_heads
+        args = {
+            "q_ptr": Ptr(dtype), "k_cache_ptr": Ptr(dtype), "v_cache_ptr": Ptr(dtype),
+            "block_tables_ptr": Ptr("i32"), "seq_lens_ptr": Ptr("i32"), "out_ptr": Ptr(dtype),
+            "lse_ptr": Ptr("fp32"), "qk_scale": LOG2E / d**0.5,
+            "stride_q_seq": heads * d, "stride_q_head": d,
+            "stride_k_block": cache[0], "stride_k_slot": cache[1], "stride_k_head": cache[2],
+            "stride_v_block": cache[0], "stride_v_slot": cache[1], "stride_v_head": cache[2],
+            "stride_table_seq": blocks,
+            "stride_o_seq": heads * d, "stride_o_head": d, "stride_lse_seq": heads,
+            "GROUP": group, "GROUP_PAD": dot_tile(group), "HEAD_DIM": d,
+            "HEAD_DIM_PAD": dot_tile(d), "BLOCK_SIZE": page,
+            "BLOCK_N": provided.GPU_TILES["block_n"], "DOT_PRECISION": _precision(dtype),
+        }  # fmt: skip
+        return Launch(args, dict(provided.GPU_LAUNCH))
+
+    return launch
+
+
+# ---- lab-03: varlen causal prefill over a paged cache, 8 x 2k (bench "varlen") -----------
+
+
+def varlen_prefill(heads: int, kv_heads: int) -> LaunchFn:
+    """``varlen_prefill_triton``: q ``[16384, H, d]``, caches ``[1024, 16, KVH, d]``, tables
+    ``[8, 128]``. GQA-packed tile: ``BLOCK_M = max(GPU_TILES["block_m"], dot_tile(group))``,
+    ``BLOCK_Q = BLOCK_M // group`` (``provided.gqa_tiles``); Triton's default launch
+    options (the launcher passes none)."""
+
+    def launch(lab: Lab, dtype: str, d: int) -> Launch:
+        tiles = _need(lab).GPU_TILES
+        tokens, seqs, blocks, page = 16384, 8, 128, 16
+        group = heads // kv_heads
+        block_m = max(tiles["block_m"], dot_tile(group))
+        cache = strides(seqs * blocks, page, kv_heads, d)
+        args: dict[str, Any] = {
+            "q_ptr": Ptr(dtype), "k_cache_ptr": Ptr(dtype), "v_cache_ptr": Ptr(dtype),
+            "block_tables_ptr": Ptr("i32"), "query_start_loc_ptr": Ptr("i32"),
+            "seq_lens_ptr": Ptr("i32"), "out_ptr": Ptr(dtype), "lse_ptr": Ptr("fp32"),
+            "qk_scale": LOG2E / d**0.5, "num_seqs": seqs, "stride_bt": blocks,
+        }  # fmt: skip
+        args.update(zip(("stride_qt", "stride_qh", "stride_qd"), strides(tokens, heads, d)))
+        args.update(zip(("stride_kb", "stride_ks", "stride_kh", "stride_kd"), cache))
+        args.update(zip(("stride_vb", "stride_vs", "stride_vh", "stride_vd"), cache))
+        args.update(zip(("stride_ot", "stride_oh", "stride_od"), strides(tokens, heads, d)))
+        args.update(zip(("stride_lt", "stride_lh"), strides(tokens, heads)))
+        args.update(GROUP=group, PAGE_SIZE=page, HEAD_DIM=d, HEAD_DIM_PAD=dot_tile(d),
+                    HEAD_DIM_V=d, HEAD_DIM_V_PAD=dot_tile(d), BLOCK_M=block_m,
+                    BLOCK_Q=block_m // group, BLOCK_N=tiles["block_n"],
+                    DOT_PRECISION=_precision(dtype))  # fmt: skip
+        return Launch(args)
+
+    return launch
+
+
+# ---- lab-04: split-KV decode, b1 ctx64k page 16 (bench "split") ---------------------------
+
+SPLIT_CONTEXT = 65536  # the bench's target shape: batch 1, 64k tokens, gqa32/8
+
+
+def split_partition(num_segments: int | None) -> LaunchFn:
+    """``split_kv_decode_triton``'s partition kernel: q ``[1, 32, d]``, caches ``[4096, 16, 8,
+    d]``, partials ``[1, 32, splits, d]`` fp32; ``num_segments`` None = partitions of
+    ``provided.DEFAULT_PARTITION_SIZE`` tokens. The launcher passes num_warps=4,
+    num_stages=2."""
+
+    def launch(lab: Lab, dtype: str, d: int) -> Launch:
+        provided = _need(lab)
+        heads, kv_heads, page = 32, 8, 16
+        blocks = SPLIT_CONTEXT // page
+        size = provided.DEFAULT_PARTITION_SIZE
+        splits = num_segments or -(-SPLIT_CONTEXT // size)
+        group = heads // kv_heads
+        cache = strides(blocks, page, kv_heads, d)
+        args: dict[str, Any] = {
+            "q_ptr": Ptr(dtype), "k_cache_ptr": Ptr(dtype), "v_cache_ptr": Ptr(dtype),
+            "block_tables_ptr": Ptr("i32"), "seq_lens_ptr": Ptr("i32"),
+            "part_out_ptr": Ptr("fp32"), "part_lse_ptr": Ptr("fp32"),
+            "qk_scale": LOG2E / d**0.5, "num_splits": splits,
+            "stride_qb": heads * d, "stride_qh": d,
+            "stride_kb": cache[0], "stride_kt": cache[1], "stride_kh": cache[2],
+            "stride_vb": cache[0], "stride_vt": cache[1], "stride_vh": cache[2],
+            "stride_bt": blocks,
+        }  # fmt: skip
+        args.update(zip(("stride_ob", "stride_oh", "stride_op"), strides(1, heads, splits, d)))
+        args.update(zip(("stride_lb", "stride_lh"), strides(1, heads, splits)))
+        args.update(PARTITION_SIZE=size, NUM_SEGMENTS=num_segments or 0, BLOCK_SIZE=page,
+                    GROUP=group, HEAD_DIM=d, HEAD_DIM_V=d, BLOCK_H=dot_tile(group),
+                    BLOCK_D=dot_tile(d), BLOCK_DV=dot_tile(d),
+                    BLOCK_N=provided.GPU_TILES["block_n"], DOT_PRECISION=_precision(dtype),
+                    LOG2E=LOG2E)  # fmt: skip
+        return Launch(args, {"num_warps": 4, "num_stages": 2})
+
+    return launch
+
+
+def merge_partitions(splits: int) -> LaunchFn:
+    """``split_kv_decode_triton``'s merge kernel: fp32 partials ``[1, 32, splits, d]``, out
+    ``[1, 32, d]`` in the entry's dtype; the launcher passes num_warps=4."""
+
+    def launch(lab: Lab, dtype: str, d: int) -> Launch:
+        provided = _need(lab)
+        heads = 32
+        args: dict[str, Any] = {
+            "part_out_ptr": Ptr("fp32"), "part_lse_ptr": Ptr("fp32"), "out_ptr": Ptr(dtype),
+            "lse_ptr": Ptr("fp32"), "num_partitions": splits,
+        }  # fmt: skip
+        args.update(zip(("stride_ob", "stride_oh", "stride_op"), strides(1, heads, splits, d)))
+        args.update(zip(("stride_lb", "stride_lh"), strides(1, heads, splits)))
+        args.update(zip(("stride_fb", "stride_fh"), strides(1, heads, d)))
+        args.update(zip(("stride_sb", "stride_sh"), strides(1, heads)))
+        args.update(HEAD_DIM_V=d, BLOCK_P=provided.GPU_TILES["block_p"], BLOCK_DV=dot_tile(d),
+                    LOG2E=LOG2E)  # fmt: skip
+        return Launch(args, {"num_warps": 4})
+
+    return launch
+
+
+# ---- the table ------------------------------------------------------------------------------
+
+LAB00 = "lab-00-online-softmax"
+LAB01 = "lab-01-paged-attention-gather"
+LAB03 = "lab-03-causal-prefill-attention"
+LAB04 = "lab-04-flash-decoding-partitions"
+WIDE = {"dtypes": ("bf16",), "head_dims": (128,)}  # extra configs: the bench dtype and d only
+
+GPU_KERNELS: tuple[GpuKernel, ...] = (
+    GpuKernel(LAB00, "_flash_attn_fwd_kernel", "non-causal", flash_forward(False), "flash",
+              "prefill mha b1 L16k d128 non-causal"),
+    GpuKernel(LAB00, "_flash_attn_fwd_kernel", "causal", flash_forward(True), "flash",
+              "prefill mha b1 L16k d128 causal"),
+    GpuKernel(LAB01, "_paged_decode_kernel", "gqa32/8", paged_decode(32, 8), "decode"),
+    GpuKernel(LAB01, "_paged_decode_kernel", "group 32", paged_decode(32, 1), "decode", **WIDE),
+    GpuKernel(LAB03, "_varlen_prefill_kernel", "gqa32/8", varlen_prefill(32, 8), "varlen"),
+    GpuKernel(LAB03, "_varlen_prefill_kernel", "group 32", varlen_prefill(32, 1), "varlen",
+              **WIDE),  # fmt: skip
+    GpuKernel(LAB04, "_split_kv_partition_kernel", "16 segments", split_partition(16), "split"),
+    GpuKernel(LAB04, "_split_kv_partition_kernel", "partitions of 512", split_partition(None),
+              "split"),  # fmt: skip
+    GpuKernel(LAB04, "_merge_partitions_kernel", "16 segments", merge_partitions(16), "split"),
+)

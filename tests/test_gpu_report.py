@@ -1,0 +1,264 @@
+"""`make gpu-report` (bench/gpu_report.py): the parsers, the occupancy arithmetic and the
+specialisation rules on canned inputs (fast, no triton), then real compiles for sm_90 on the
+CPU: no spills, shared memory within the per-block limit, a tensor-core MMA for every tl.dot.
+
+The quick compile test builds one small config (one worker process, a few seconds; instant
+when `make gpu-report` has filled build/gpu-report/). The check of every kernel is marked
+`slow`: it compiles one config per kernel (bf16, d=128, the bench shapes), so it is fast
+only with a warm cache.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+from types import SimpleNamespace
+
+import pytest
+
+from bench import gpu_render, gpu_report
+from bench.counts import attention_work, lower_bound_ms
+from bench.gpu_compile import (
+    SkipEntry,
+    Task,
+    count_dots,
+    count_sass,
+    parse_ptxas_log,
+    parse_resource_usage,
+    run_tasks,
+    specialize,
+)
+from bench.gpu_kernels import GPU_KERNELS, Launch, Ptr, strides
+from bench.gpu_report import LIMITS, check, occupancy, smem_usage
+from bench.kernels import by_name
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+PTXAS_LOG = """ptxas-blackwell info    : Compiling entry function '_k' for 'sm_90a'
+ptxas-blackwell info    : Function properties for _k
+    16 bytes stack frame, 16 bytes spill stores, 12 bytes spill loads
+ptxas-blackwell info    : Used 255 registers, used 1 barriers, 16 bytes cumulative stack size
+"""
+RESOURCES = """
+Resource usage:
+ Common:
+  GLOBAL:11 CONSTANT[4]:8
+ Function _k:
+  REG:255 STACK:16 SHARED:1024 LOCAL:0 CONSTANT[0]:680 TEXTURE:0 SURFACE:0 SAMPLER:0
+"""
+SASS = """
+        /*0100*/                   UMOV UR41, 0x400 ;
+        /*1230*/              @!P1 LDG.E.U16 R3, desc[UR44][R98.64] ;
+        /*1240*/                   LDGSTS.E.BYPASS.128 [R5], desc[UR4][R2.64] ;
+        /*1250*/               @P0 LDGSTS.E.BYPASS.128 [R5+0x800], desc[UR4][R2.64+0x80] ;
+        /*1300*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], R24 ;
+        /*1310*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR8], R24, gsb0 ;
+        /*1320*/                   HMMA.16816.F32.BF16 R4, R8, R12, R4 ;
+        /*1330*/                   WARPGROUP.ARRIVE ;
+        /*1340*/                   UTMALDG.2D [UR8], [UR4] ;
+"""
+
+
+def _tools_available() -> bool:
+    spec = importlib.util.find_spec("triton")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    bin_dir = pathlib.Path(spec.submodule_search_locations[0]) / "backends" / "nvidia" / "bin"
+    return all((bin_dir / tool).is_file() for tool in ("ptxas", "cuobjdump"))
+
+
+needs_compiler = pytest.mark.skipif(
+    not _tools_available(),
+    reason="triton (with its bundled ptxas and cuobjdump) is not installed here",
+)
+
+
+def _result(**overrides: int) -> dict:
+    base = {"num_warps": 4, "regs": 128, "smem_static": 1024, "smem_dynamic": 32 * 1024,
+            "spill_stores": 0, "spill_loads": 0, "dots": 2,
+            "mma": {"HMMA.16816.F32": 8}}  # fmt: skip
+    return {**base, **overrides}
+
+
+# ---- the readers, on canned tool output --------------------------------------------------------
+
+
+def test_ptxas_log_gives_registers_and_spill_bytes():
+    assert parse_ptxas_log(PTXAS_LOG) == {
+        "regs": 255, "stack": 16, "spill_stores": 16, "spill_loads": 12,
+    }  # fmt: skip
+
+
+def test_cuobjdump_resource_usage_gives_registers_shared_and_local_memory():
+    assert parse_resource_usage(RESOURCES) == {"REG": 255, "SHARED": 1024, "LOCAL": 0, "STACK": 16}
+
+
+def test_sass_counts_tensor_core_instructions_by_mnemonic_and_loads_by_kind():
+    counts = count_sass(SASS)
+    assert counts["mma"] == {"HGMMA.64x64x16.F32.BF16": 2, "HMMA.16816.F32.BF16": 1}
+    assert counts["loads"] == {"LDG": 1, "LDGSTS": 2, "UTMALDG": 1}
+    assert gpu_report.load_style(counts["loads"]) == "TMA + cp.async + LDG"
+    assert gpu_report.mma_kind(counts["mma"]) == "HGMMA x2, HMMA x1"
+
+
+def test_triton_ir_dots_are_counted():
+    ttir = "%5 = tt.dot %3, %4, %2 : tensor<...>\n%9 = tt.dot %7, %8, %6\n tt.dot_scaled"
+    assert count_dots(ttir) == 2
+
+
+# ---- occupancy and the checks ------------------------------------------------------------------
+
+
+def test_255_registers_and_8_warps_leave_one_block_per_sm_on_sm_90():
+    occ = occupancy(_result(num_warps=8, regs=255), LIMITS[90])
+    # 255 regs -> 256 per thread, 8192 per warp: 8 warps fill the 64K register file
+    assert occ == {"blocks_per_sm": 1, "warps_per_sm": 8, "percent": 12.5, "limited_by": "regs"}
+
+
+def test_shared_memory_limits_blocks_and_the_reserved_kilobyte_is_counted_once():
+    # 100 KB dynamic on sm_90: the cubin's 1 KB static IS the reserved 1 KB -> 101 KB a block
+    used, footprint = smem_usage(_result(smem_dynamic=100 * 1024), LIMITS[90])
+    assert (used, footprint) == (100 * 1024, 101 * 1024)
+    occ = occupancy(_result(regs=32, smem_dynamic=100 * 1024), LIMITS[90])
+    assert occ["blocks_per_sm"] == 2 and occ["limited_by"] == "smem"  # 228 // 101
+    # sm_100: a kernel holding 256 of the SM's 512 tensor-memory columns fits twice
+    occ = occupancy(_result(regs=32, smem_dynamic=8 * 1024, tmem=256), LIMITS[100])
+    assert occ["blocks_per_sm"] == 2 and occ["limited_by"] == "tmem"
+    # sm_80: nothing in the cubin, the reserved 1 KB is added
+    used, footprint = smem_usage(_result(smem_static=0, smem_dynamic=100 * 1024), LIMITS[80])
+    assert (used, footprint) == (100 * 1024, 101 * 1024)
+
+
+def test_checks_name_spills_oversized_shared_memory_and_dots_without_mma():
+    assert check(_result(), LIMITS[90]) == []
+    problems = check(_result(spill_stores=16, spill_loads=16, smem_dynamic=228 * 1024, mma={}),
+                     LIMITS[90])  # fmt: skip
+    assert len(problems) == 3
+    assert "spills 16 B" in problems[0] and "shared memory" in problems[1]
+    assert "no tensor-core MMA" in problems[2]
+    assert occupancy(_result(smem_dynamic=228 * 1024), LIMITS[90])["blocks_per_sm"] == 0
+    assert check(_result(dots=0, mma={}), LIMITS[90]) == []  # no tl.dot, no MMA needed
+
+
+# ---- specialisation, as Triton's runtime does it ------------------------------------------------
+
+
+def _fake_kernel(*params: tuple[str, bool]) -> SimpleNamespace:
+    return SimpleNamespace(
+        __name__="_k",
+        arg_names=[name for name, _ in params],
+        params=[SimpleNamespace(is_constexpr=c, do_not_specialize=False) for _, c in params],
+    )
+
+
+def test_arguments_are_specialised_like_the_triton_runtime():
+    fn = _fake_kernel(("q", False), ("stride_t", False), ("stride_d", False), ("n", False),
+                      ("big", False), ("scale", False), ("BLOCK", True))  # fmt: skip
+    spec = specialize(fn, Launch({"q": Ptr("bf16"), "stride_t": 4096, "stride_d": 1, "n": 17,
+                                  "big": 2**31, "scale": 0.5, "BLOCK": 64},
+                                 {"num_warps": 4}))  # fmt: skip
+    assert spec.signature == {"q": "*bf16", "stride_t": "i32", "stride_d": "constexpr",
+                              "n": "i32", "big": "i64", "scale": "fp32",
+                              "BLOCK": "constexpr"}  # fmt: skip
+    assert spec.constexprs == {"stride_d": 1, "BLOCK": 64}
+    assert spec.attrs == {0: [["tt.divisibility", 16]], 1: [["tt.divisibility", 16]],
+                          4: [["tt.divisibility", 16]]}  # fmt: skip
+    assert spec.options == {"num_warps": 4}
+
+
+def test_an_entry_whose_arguments_do_not_match_the_kernel_is_skipped_with_the_reason():
+    fn = _fake_kernel(("q", False), ("NEW_ARG", True))
+    with pytest.raises(SkipEntry, match=r"missing \['NEW_ARG'\], unexpected \['OLD'\]"):
+        specialize(fn, Launch({"q": Ptr("fp16"), "OLD": 1}))
+
+
+# ---- the table and the lower bounds --------------------------------------------------------------
+
+
+def test_every_entry_names_a_lab_folder_and_a_bench_kernel():
+    for entry in GPU_KERNELS:
+        assert (ROOT / "labs" / entry.lab).is_dir(), entry.name
+        assert entry.bench == "" or by_name(entry.bench).lab == entry.lab, entry.name
+    assert strides(2, 3, 4) == (12, 4, 1)
+
+
+def test_lower_bound_is_the_slower_of_the_two_roofs():
+    decode = attention_work((1,) * 64, (4096,) * 64, heads=32, kv_heads=8, head_dim=128,
+                            elem_bytes=2, causal=True)  # fmt: skip
+    ms, roof = lower_bound_ms(decode)
+    assert roof == "memory" and ms == pytest.approx(decode.bytes / 3.35e12 * 1e3)
+    prefill = attention_work((16384,), (16384,), heads=32, kv_heads=32, head_dim=128,
+                             elem_bytes=2, causal=False)  # fmt: skip
+    ms, roof = lower_bound_ms(prefill)
+    assert roof == "compute" and ms == pytest.approx(prefill.flops / 989e12 * 1e3)
+
+
+def test_the_markdown_is_a_function_of_the_report_alone():
+    row = {"lab": "lab-01-paged-attention-gather", "kernel": "_k", "config": "c", "bench": "",
+           "bench_shape": "",
+           "dtype": "bf16", "head_dim": 128, "arch": "sm_90", "num_warps": 4, "num_stages": 2,
+           "regs": 96, "spill_stores": 0, "spill_loads": 0, "smem_static": 1024,
+           "smem_dynamic": 38912, "dots": 2, "mma": {"HMMA.16816.F32.BF16": 32},
+           "loads": {"LDGSTS": 32}, "mma_kind": "HMMA x32", "load_style": "cp.async",
+           "occupancy": occupancy(_result(regs=96, smem_dynamic=38912), LIMITS[90]),
+           "problems": []}  # fmt: skip
+    report = {"provenance": {"note": gpu_report.NOT_RUN, "command": "python -m bench.gpu_report",
+                             "commit": "abc", "date": "2026-01-01", "date_is": "commit date",
+                             "triton": "3.9.0", "ptxas": ["sm_90: ptxas 13.4"],
+                             "cuobjdump": "13.1"},
+              "limits": {"sm_90": vars(LIMITS[90])}, "limit_sources": ["guide"], "rows": [row],
+              "errors": [], "skipped": [], "lower_bounds": []}  # fmt: skip
+    text = gpu_render.markdown(report)
+    assert text == gpu_render.markdown(report)
+    assert "Compiled, not run: no GPU was used" in text and "`make gpu-report`" in text
+    assert "| 01 | `_k` [c] | 4/2 | 96 | 0/0 | 1.0 + 38.0 |" in text
+
+
+# ---- real compiles (sm_90) -----------------------------------------------------------------------
+
+
+def _assert_sm90_clean(task: Task, outcome: dict) -> None:
+    if outcome["status"] == "skip":
+        pytest.skip(outcome["reason"])
+    assert outcome["status"] == "ok", f"{task.label}: {outcome.get('reason')}"
+    result = outcome["result"]
+    assert result["spill_stores"] == 0 and result["spill_loads"] == 0, (
+        f"{task.label} spills {result['spill_stores']} B / {result['spill_loads']} B "
+        f"at {result['regs']} registers: remove this tile config from the launcher"
+    )
+    used, _ = smem_usage(result, LIMITS[90])
+    assert used <= LIMITS[90].smem_per_block, f"{task.label}: {used} B of shared memory"
+    if result["dots"]:
+        assert result["mma"], f"{task.label}: {result['dots']} tl.dot but no MMA in the SASS"
+
+
+def _index(lab: str, config: str) -> int:
+    return next(i for i, e in enumerate(GPU_KERNELS)
+                if e.lab.startswith(lab) and e.config == config)  # fmt: skip
+
+
+@needs_compiler
+def test_paged_decode_compiles_for_sm_90_without_spills_and_with_tensor_core_mmas():
+    task = Task(_index("lab-01", "gqa32/8"), "fp16", 64, 90)
+    (outcome,) = run_tasks([task], workers=1)
+    _assert_sm90_clean(task, outcome)
+    assert outcome["result"]["dots"] == 2  # q k^T and p v
+
+
+SM90_TASKS = [Task(i, "bf16" if "bf16" in e.dtypes else e.dtypes[0],
+                   128 if 128 in e.head_dims else e.head_dims[0], 90)
+              for i, e in enumerate(GPU_KERNELS)]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def sm90_outcomes() -> list[dict]:
+    return run_tasks(SM90_TASKS, workers=2)
+
+
+@pytest.mark.slow
+@needs_compiler
+@pytest.mark.parametrize("index", range(len(SM90_TASKS)), ids=[e.name for e in GPU_KERNELS])
+def test_every_kernel_compiles_for_sm_90_without_spills_and_with_tensor_core_mmas(
+    index: int, sm90_outcomes: list[dict]
+):
+    _assert_sm90_clean(SM90_TASKS[index], sm90_outcomes[index])
