@@ -22,10 +22,10 @@ class Table:
         return f"\033[{code}m{text}\033[0m" if self.color else text
 
     def _rule(self) -> str:
-        return "  " + "-" * (self.width + 45)
+        return "  " + "-" * (self.width + 51)
 
     def header(self) -> str:
-        head = f"  {'Lab':<{self.width}}  {'Points':>11}  {'Tests passed':>12}  {'Time':>7}  Notes"
+        head = f"  {'Lab':<{self.width}}  {'Points':>17}  {'Tests passed':>12}  {'Time':>7}  Notes"
         return head + "\n" + self._rule()
 
     def row(self, lab: LabResult | Report) -> str:
@@ -37,7 +37,7 @@ class Table:
         else:
             passed, graded, note, name = lab.passed, len(lab.graded), lab.note(), lab.name
         full = possible > 0 and earned >= possible
-        points = f"{fmt_points(earned) + ' / ' + fmt_points(possible):>11}"
+        points = f"{fmt_points(earned) + ' / ' + fmt_points(possible):>17}"
         points = self._paint(points, "32" if full else ("33" if earned > 0 else "31"))
         tests = f"{passed} / {graded}"
         line = f"  {name:<{self.width}}  {points}  {tests:>12}  {lab.duration:6.1f}s  {note}"
