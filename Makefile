@@ -23,7 +23,7 @@ BENCH_ARGS ?=
 DEPS := $(if $(filter $(VENV)/bin/python,$(PY)),$(STAMP))
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-lab grade bench gpu-report lint clean check-setup test-no-triton
+.PHONY: help setup test test-lab grade bench gpu-report lint clean check-setup test-no-triton vllm-check
 
 # The instructor's tree tests the solutions; a student copy (no solution.py) tests the starters.
 TEST_IMPL := $(if $(wildcard labs/*/solution.py),solution,starter)
@@ -37,6 +37,7 @@ help::
 	@echo "make bench           benchmark the Triton kernels (interpreter mode without CUDA)"
 	@echo "make gpu-report      compile the kernels for sm_80/90/100 on the CPU: regs, spills, smem, MMAs"
 	@echo "make lint            ruff"
+	@echo "make vllm-check      lab-02 ($(TEST_IMPL).py) against the real vLLM 0.33.0 (own .venv-vllm)"
 	@echo "make check-setup     resolve the pins for Linux/macOS/Windows x Python 3.10-3.13 (PyPI, minutes)"
 	@echo "make test-no-triton  the suite as a Mac or Windows laptop runs it (triton unimportable)"
 
@@ -78,6 +79,10 @@ gpu-report: $(DEPS)
 	@echo ">> compiling the lab kernels for sm_80, sm_90, sm_100 (compiled, not run; cached in build/gpu-report/)"
 	$(PY) -m bench.gpu_report
 
+# vLLM pins a CUDA torch 2.14.0: it gets its own venv (tools/vllm_check.sh), never .venv.
+vllm-check: $(STAMP)
+	LAB_IMPL=$(TEST_IMPL) bash tools/vllm_check.sh
+
 lint: $(STAMP)
 	$(PY) -m ruff check .
 
@@ -98,7 +103,7 @@ clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .ruff_cache
 
 # >>> not in the student copy (`make release` drops this block): instructors' commands
-.PHONY: release autograder mutants figures vllm-check
+.PHONY: release autograder mutants figures
 
 help::
 	@echo "For instructors:"
@@ -106,7 +111,6 @@ help::
 	@echo "make release OUT=dir build the student copy (no solutions)"
 	@echo "make autograder      build the Gradescope autograder zip"
 	@echo "make mutants [LAB=03] every planted mistake under tests/mutants must fail its lab's tests"
-	@echo "make vllm-check      conformance of lab-02 against the real vLLM 0.33.0 (own venv)"
 
 release: $(DEPS)
 	$(PY) -m common.grading.release --out "$(OUT)" $(if $(FORCE),--force)
@@ -122,7 +126,5 @@ figures: $(DEPS)
 	@echo ">> drawing every lab's figures from the lab's own code"
 	@set -e; shopt -s nullglob; for f in labs/*/figures.py; do echo "   $$f"; MPLBACKEND=Agg PYTHONPATH=. $(PY) $$f; done
 
-vllm-check: $(STAMP)
-	bash tools/vllm_check.sh
 
 # <<< not in the student copy
