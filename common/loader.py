@@ -34,13 +34,14 @@ def default_impl(root: pathlib.Path = REPO_ROOT) -> str:
     return "solution" if any(root.glob("labs/*/solution.py")) else "starter"
 
 
-def lab_impl() -> str:
-    """The value of ``LAB_IMPL``; raises ``ValueError`` naming the allowed values."""
-    impl = os.environ.get("LAB_IMPL", "").strip() or default_impl()
+def lab_impl(default: str | None = None) -> str:
+    """The value of ``LAB_IMPL`` (unset: ``default``, else ``default_impl()``); raises
+    ``ValueError`` naming the allowed values."""
+    impl = os.environ.get("LAB_IMPL", "").strip() or default or default_impl()
     if impl not in ALLOWED_IMPLS:
         raise ValueError(
             f"LAB_IMPL={impl!r} is not allowed: use one of {', '.join(ALLOWED_IMPLS)} "
-            "(solution is the default; starter grades your own work)"
+            "(starter is your own work, solution the reference)"
         )
     return impl
 

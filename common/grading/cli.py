@@ -60,7 +60,7 @@ from common.grading.runner import (
     DEFAULT_TEST_TIMEOUT,
     Options,
 )
-from common.loader import ALLOWED_IMPLS
+from common.loader import ALLOWED_IMPLS, lab_impl
 
 
 def _env_float(name: str, default: float) -> float:
@@ -182,7 +182,7 @@ def parse_weights(specs: list[str], labs: list[Path]) -> dict[str, float]:
 
 def _choose(args: argparse.Namespace) -> tuple[str, Path, list[Path]]:
     """What to grade: (impl, root, labs); ``ValueError`` with the message for the user."""
-    impl = args.impl or (os.environ.get("LAB_IMPL", "").strip() or "starter")
+    impl = args.impl or lab_impl(default="starter")  # the grader grades starters unless told
     if impl not in ALLOWED_IMPLS:
         raise ValueError(f"LAB_IMPL={impl!r} is not allowed: use one of {', '.join(ALLOWED_IMPLS)}")
     root = args.root.resolve()
