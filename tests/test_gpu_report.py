@@ -211,7 +211,7 @@ def test_the_markdown_is_a_function_of_the_report_alone():
     text = gpu_render.markdown(report)
     assert text == gpu_render.markdown(report)
     assert "Compiled, not run: no GPU was used" in text and "`make gpu-report`" in text
-    assert "| 01 | `_k` [c] | 4/2 | 96 | 0/0 | 1.0 + 38.0 |" in text
+    assert "| 01 | `_k` [c] | 128 | 4/2 | 96 | 0/0 | 1.0 + 38.0 |" in text
 
 
 # ---- real compiles (sm_90) -----------------------------------------------------------------------
