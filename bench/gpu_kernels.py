@@ -164,8 +164,8 @@ def paged_decode(heads: int, kv_heads: int) -> LaunchFn:
 def varlen_prefill(heads: int, kv_heads: int) -> LaunchFn:
     """``varlen_prefill_triton``: q ``[16384, H, d]``, caches ``[1024, 16, KVH, d]``, tables
     ``[8, 128]``. GQA-packed tile: ``BLOCK_M = max(GPU_TILES["block_m"], dot_tile(group))``,
-    ``BLOCK_Q = BLOCK_M // group`` (``provided.gqa_tiles``); Triton's default launch
-    options (the launcher passes none)."""
+    ``BLOCK_Q = BLOCK_M // group`` (``provided.gqa_tiles``); launch options
+    ``provided.gpu_launch(BLOCK_M, BLOCK_N)``."""
 
     def launch(lab: Lab, dtype: str, d: int) -> Launch:
         tiles = _need(lab).GPU_TILES
@@ -188,7 +188,7 @@ def varlen_prefill(heads: int, kv_heads: int) -> LaunchFn:
                     HEAD_DIM_V=d, HEAD_DIM_V_PAD=dot_tile(d), BLOCK_M=block_m,
                     BLOCK_Q=block_m // group, BLOCK_N=tiles["block_n"],
                     DOT_PRECISION=_precision(dtype))  # fmt: skip
-        return Launch(args)
+        return Launch(args, _need(lab).gpu_launch(block_m, tiles["block_n"]))
 
     return launch
 
@@ -201,8 +201,8 @@ SPLIT_CONTEXT = 65536  # the bench's target shape: batch 1, 64k tokens, gqa32/8
 def split_partition(num_segments: int | None) -> LaunchFn:
     """``split_kv_decode_triton``'s partition kernel: q ``[1, 32, d]``, caches ``[4096, 16, 8,
     d]``, partials ``[1, 32, splits, d]`` fp32; ``num_segments`` None = partitions of
-    ``provided.DEFAULT_PARTITION_SIZE`` tokens. The launcher passes num_warps=4,
-    num_stages=2."""
+    ``provided.DEFAULT_PARTITION_SIZE`` tokens; launch options
+    ``provided.PARTITION_LAUNCH``."""
 
     def launch(lab: Lab, dtype: str, d: int) -> Launch:
         provided = _need(lab)
@@ -229,14 +229,14 @@ def split_partition(num_segments: int | None) -> LaunchFn:
                     BLOCK_D=dot_tile(d), BLOCK_DV=dot_tile(d),
                     BLOCK_N=provided.GPU_TILES["block_n"], DOT_PRECISION=_precision(dtype),
                     LOG2E=LOG2E)  # fmt: skip
-        return Launch(args, {"num_warps": 4, "num_stages": 2})
+        return Launch(args, dict(provided.PARTITION_LAUNCH))
 
     return launch
 
 
 def merge_partitions(splits: int) -> LaunchFn:
     """``split_kv_decode_triton``'s merge kernel: fp32 partials ``[1, 32, splits, d]``, out
-    ``[1, 32, d]`` in the entry's dtype; the launcher passes num_warps=4."""
+    ``[1, 32, d]`` in the entry's dtype; launch options ``provided.MERGE_LAUNCH``."""
 
     def launch(lab: Lab, dtype: str, d: int) -> Launch:
         provided = _need(lab)
@@ -251,7 +251,7 @@ def merge_partitions(splits: int) -> LaunchFn:
         args.update(zip(("stride_sb", "stride_sh"), strides(1, heads)))
         args.update(HEAD_DIM_V=d, BLOCK_P=provided.GPU_TILES["block_p"], BLOCK_DV=dot_tile(d),
                     LOG2E=LOG2E)  # fmt: skip
-        return Launch(args, {"num_warps": 4})
+        return Launch(args, dict(provided.MERGE_LAUNCH))
 
     return launch
 
