@@ -13,14 +13,15 @@ BENCH_ARGS ?=
 DEPS := $(if $(filter $(VENV)/bin/python,$(PY)),$(STAMP))
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-lab grade bench gpu-report lint clean
+.PHONY: help setup test test-slow test-lab grade bench gpu-report lint clean
 
 # The instructor's tree tests the solutions; a student copy (no solution.py) tests the starters.
 TEST_IMPL := $(if $(wildcard labs/*/solution.py),solution,starter)
 
 help::
 	@echo "make setup           create .venv with the pinned CPU packages (first time: a few minutes)"
-	@echo "make test            run the whole CPU suite ($(TEST_IMPL).py of every lab)"
+	@echo "make test            run the CPU suite ($(TEST_IMPL).py of every lab), without the slow tests"
+	@echo "make test-slow       run only the slow tests (end-to-end grading, every kernel compiled for sm_90)"
 	@echo "make grade LAB=00    grade your starter.py (LAB_IMPL=starter); omit LAB for all labs"
 	@echo "make test-lab LAB=00 run one lab's tests ($(TEST_IMPL).py)"
 	@echo "make bench           benchmark the Triton kernels (interpreter mode without CUDA)"
@@ -40,6 +41,11 @@ test: $(DEPS)
 	@echo ">> running the CPU suite (LAB_IMPL=$(TEST_IMPL))"
 	LAB_IMPL=$(TEST_IMPL) $(PY) -m pytest -q
 
+# The `slow` tests, which `make test` leaves out (pyproject's addopts: -m "not slow").
+test-slow: $(DEPS)
+	@echo ">> running the slow tests (LAB_IMPL=$(TEST_IMPL))"
+	LAB_IMPL=$(TEST_IMPL) $(PY) -m pytest -q -m slow
+
 test-lab: $(DEPS)
 	LAB_IMPL=$(TEST_IMPL) $(PY) -m pytest -q $$(ls -d labs/lab-$(LAB)* | head -n1)
 
@@ -54,6 +60,8 @@ bench: $(DEPS)
 gpu-report: $(DEPS)
 	@echo ">> compiling the lab kernels for sm_80, sm_90, sm_100 (compiled, not run; cached in build/gpu-report/)"
 	$(PY) -m bench.gpu_report
+	@echo ">> checking every kernel on sm_90 from the warm cache (the slow test of tests/test_gpu_report.py)"
+	$(PY) -m pytest -q -m slow tests/test_gpu_report.py
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

@@ -154,7 +154,9 @@ def bounds(report: dict) -> list[str]:
         "",
         f"`max(bytes / {b0['tbps']} TB/s, FLOPs / {b0['tflops']:g} TFLOP/s)` per call, bf16, "
         "with the minimum work of the answer (`bench/counts.py`: each K/V byte once per KV "
-        "head, causal pairs only) at the shapes of `bench/kernels.py`. A kernel reaches "
+        "head, causal pairs only; the backward: 5 matmuls per pair, 2.5x the forward's FLOPs; "
+        "a window: only its keys; MLA: one latent row per token for all heads) at the shapes "
+        "of `bench/kernels.py`. A kernel reaches "
         "this only at 100% of the datasheet roof: the course's decode targets (2.4-2.5 TB/s "
         "of K/V bytes, README) are 72-75% of it. * = a shape with a target.",
         "",
