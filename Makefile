@@ -23,7 +23,7 @@ BENCH_ARGS ?=
 DEPS := $(if $(filter $(VENV)/bin/python,$(PY)),$(STAMP))
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-lab grade bench gpu-report lint clean check-setup test-no-triton vllm-check
+.PHONY: help setup test test-slow test-lab grade bench gpu-report lint clean check-setup test-no-triton vllm-check
 
 # The instructor's tree tests the solutions; a student copy (no solution.py) tests the starters.
 TEST_IMPL := $(if $(wildcard labs/*/solution.py),solution,starter)
@@ -31,7 +31,8 @@ TEST_IMPL := $(if $(wildcard labs/*/solution.py),solution,starter)
 help::
 	@echo "make setup           create .venv with the pinned packages (first time: a few minutes)"
 	@echo "                     on Linux without a GPU: make setup TORCH_INDEX=https://download.pytorch.org/whl/cpu"
-	@echo "make test            run the whole CPU suite ($(TEST_IMPL).py of every lab)"
+	@echo "make test            run the whole CPU suite ($(TEST_IMPL).py of every lab): what CI runs"
+	@echo "make test-slow       run only the slow tests (end-to-end grading, every kernel compiled for sm_90)"
 	@echo "make grade LAB=00    grade your starter.py (LAB_IMPL=starter); omit LAB for all labs"
 	@echo "make test-lab LAB=00 run one lab's tests ($(TEST_IMPL).py)"
 	@echo "make bench           benchmark the Triton kernels (interpreter mode without CUDA)"
@@ -60,9 +61,16 @@ $(STAMP): requirements-cpu.txt
 
 setup: $(STAMP)
 
+# The slow end-to-end grading tests too (plain pytest deselects every `slow` test through
+# pyproject's addopts), but not the compile-every-kernel check of make gpu-report.
 test: $(DEPS)
-	@echo ">> running the CPU suite (LAB_IMPL=$(TEST_IMPL))"
-	LAB_IMPL=$(TEST_IMPL) $(PY) -m pytest -q
+	@echo ">> running the CPU suite (LAB_IMPL=$(TEST_IMPL)), slow grading tests included"
+	LAB_IMPL=$(TEST_IMPL) $(PY) -m pytest -q -m "not gpu_report"
+
+# The `slow` tests, which `make test` leaves out (pyproject's addopts: -m "not slow").
+test-slow: $(DEPS)
+	@echo ">> running the slow tests (LAB_IMPL=$(TEST_IMPL))"
+	LAB_IMPL=$(TEST_IMPL) $(PY) -m pytest -q -m slow
 
 test-lab: $(DEPS)
 	LAB_IMPL=$(TEST_IMPL) $(PY) -m pytest -q $$(ls -d labs/lab-$(LAB)* | head -n1)
@@ -78,6 +86,8 @@ bench: $(DEPS)
 gpu-report: $(DEPS)
 	@echo ">> compiling the lab kernels for sm_80, sm_90, sm_100 (compiled, not run; cached in build/gpu-report/)"
 	$(PY) -m bench.gpu_report
+	@echo ">> checking every kernel on sm_90 from the warm cache (the slow test of tests/test_gpu_report.py)"
+	$(PY) -m pytest -q -m gpu_report tests/test_gpu_report.py
 
 # vLLM pins a CUDA torch 2.14.0: it gets its own venv (tools/vllm_check.sh), never .venv.
 vllm-check: $(STAMP)

@@ -66,6 +66,14 @@ class GpuKernel:
     shape: str = ""  # the bench shape whose bound the summary shows ("": its first target)
     dtypes: tuple[str, ...] = DTYPES
     head_dims: tuple[int, ...] = HEAD_DIMS
+    summary_head_dim: int = 0  # the head dim of the report's summary row (0: 128 if compiled)
+
+    @property
+    def summary_dims(self) -> int:
+        """The head dim the report's summary shows: the bench shape's (128 unless set)."""
+        if self.summary_head_dim:
+            return self.summary_head_dim
+        return 128 if 128 in self.head_dims else self.head_dims[0]
 
     @property
     def short_lab(self) -> str:
@@ -156,8 +164,8 @@ def paged_decode(heads: int, kv_heads: int) -> LaunchFn:
 def varlen_prefill(heads: int, kv_heads: int) -> LaunchFn:
     """``varlen_prefill_triton``: q ``[16384, H, d]``, caches ``[1024, 16, KVH, d]``, tables
     ``[8, 128]``. GQA-packed tile: ``BLOCK_M = max(GPU_TILES["block_m"], dot_tile(group))``,
-    ``BLOCK_Q = BLOCK_M // group`` (``provided.gqa_tiles``); Triton's default launch
-    options (the launcher passes none)."""
+    ``BLOCK_Q = BLOCK_M // group`` (``provided.gqa_tiles``); launch options
+    ``provided.gpu_launch(BLOCK_M, BLOCK_N)``."""
 
     def launch(lab: Lab, dtype: str, d: int) -> Launch:
         tiles = _need(lab).GPU_TILES
@@ -180,7 +188,7 @@ def varlen_prefill(heads: int, kv_heads: int) -> LaunchFn:
                     HEAD_DIM_V=d, HEAD_DIM_V_PAD=dot_tile(d), BLOCK_M=block_m,
                     BLOCK_Q=block_m // group, BLOCK_N=tiles["block_n"],
                     DOT_PRECISION=_precision(dtype))  # fmt: skip
-        return Launch(args)
+        return Launch(args, _need(lab).gpu_launch(block_m, tiles["block_n"]))
 
     return launch
 
@@ -193,8 +201,8 @@ SPLIT_CONTEXT = 65536  # the bench's target shape: batch 1, 64k tokens, gqa32/8
 def split_partition(num_segments: int | None) -> LaunchFn:
     """``split_kv_decode_triton``'s partition kernel: q ``[1, 32, d]``, caches ``[4096, 16, 8,
     d]``, partials ``[1, 32, splits, d]`` fp32; ``num_segments`` None = partitions of
-    ``provided.DEFAULT_PARTITION_SIZE`` tokens. The launcher passes num_warps=4,
-    num_stages=2."""
+    ``provided.DEFAULT_PARTITION_SIZE`` tokens; launch options
+    ``provided.PARTITION_LAUNCH``."""
 
     def launch(lab: Lab, dtype: str, d: int) -> Launch:
         provided = _need(lab)
@@ -221,14 +229,14 @@ def split_partition(num_segments: int | None) -> LaunchFn:
                     BLOCK_D=dot_tile(d), BLOCK_DV=dot_tile(d),
                     BLOCK_N=provided.GPU_TILES["block_n"], DOT_PRECISION=_precision(dtype),
                     LOG2E=LOG2E)  # fmt: skip
-        return Launch(args, {"num_warps": 4, "num_stages": 2})
+        return Launch(args, dict(provided.PARTITION_LAUNCH))
 
     return launch
 
 
 def merge_partitions(splits: int) -> LaunchFn:
     """``split_kv_decode_triton``'s merge kernel: fp32 partials ``[1, 32, splits, d]``, out
-    ``[1, 32, d]`` in the entry's dtype; the launcher passes num_warps=4."""
+    ``[1, 32, d]`` in the entry's dtype; launch options ``provided.MERGE_LAUNCH``."""
 
     def launch(lab: Lab, dtype: str, d: int) -> Launch:
         provided = _need(lab)
@@ -243,7 +251,115 @@ def merge_partitions(splits: int) -> LaunchFn:
         args.update(zip(("stride_sb", "stride_sh"), strides(1, heads)))
         args.update(HEAD_DIM_V=d, BLOCK_P=provided.GPU_TILES["block_p"], BLOCK_DV=dot_tile(d),
                     LOG2E=LOG2E)  # fmt: skip
-        return Launch(args, {"num_warps": 4})
+        return Launch(args, dict(provided.MERGE_LAUNCH))
+
+    return launch
+
+
+# ---- lab-05: FlashAttention backward, mha b1 L16k (bench "backward") ----------------------
+
+BWD_HEADS, BWD_LEN = 32, 16384  # the bench's target shape: q, k, v, o, do [1, 32, 16384, d]
+
+
+def _bwd_common(lab: Lab, d: int) -> tuple[dict[str, Any], dict[str, int]]:
+    """What the launcher passes every backward kernel (its ``common`` dict): head dim, the
+    query tile and the launch options of ``provided.gpu_tiles(d)``."""
+    tiles = _need(lab).gpu_tiles(d)
+    args = {"HEAD_DIM": d, "D_PAD": dot_tile(d), "BLOCK_M": tiles["block_m"]}
+    return args, {"num_warps": tiles["num_warps"], "num_stages": tiles["num_stages"]}
+
+
+def bwd_preprocess(lab: Lab, dtype: str, d: int) -> Launch:
+    """``_bwd_preprocess_kernel``: ``Delta = rowsum(dO * O)``, o/do ``[1, 32, 16384, d]``."""
+    args, options = _bwd_common(lab, d)
+    args.update(O=Ptr(dtype), DO=Ptr(dtype), Delta=Ptr("fp32"), num_heads=BWD_HEADS,
+                seqlen_q=BWD_LEN)  # fmt: skip
+    return Launch(args, options)
+
+
+def flash_bwd(kernel: str, causal: bool) -> LaunchFn:
+    """``flash_attention_backward_triton``'s dK/dV (``kernel="dkdv"``) or dQ kernel: q, k, v,
+    do ``[1, 32, 16384, d]`` (MHA: ``GROUP = 1``), lse and Delta fp32 ``[1, 32, 16384]``,
+    tiles from ``provided.gpu_tiles(d)``."""
+
+    def launch(lab: Lab, dtype: str, d: int) -> Launch:
+        args, options = _bwd_common(lab, d)
+        args.update({name: Ptr(dtype) for name in ("Q", "K", "V", "DO")})
+        args.update(LSE=Ptr("fp32"), Delta=Ptr("fp32"))
+        if kernel == "dkdv":
+            args.update(DK=Ptr(dtype), DV=Ptr(dtype), num_kv_heads=BWD_HEADS)
+        else:
+            args.update(DQ=Ptr(dtype))
+        args.update(num_heads=BWD_HEADS, seqlen_q=BWD_LEN, seqlen_k=BWD_LEN,
+                    qk_scale=LOG2E / d**0.5, scale=1 / d**0.5, GROUP=1, CAUSAL=causal,
+                    BLOCK_N=_need(lab).gpu_tiles(d)["block_n"],
+                    DOT_PRECISION=_precision(dtype))  # fmt: skip
+        return Launch(args, options)
+
+    return launch
+
+
+# ---- lab-06: window/sink paged decode (gpt-oss-like) and MLA decode (DeepSeek-V3-like) -----
+
+WINDOW = 128  # gpt-oss's sliding window (tokens), the bench's windowed shape
+MLA_ROPE_DIM = 64  # DeepSeek-V3: kv_lora_rank 512 (the entry's head dim) + 64 rotary dims
+
+
+
+def window_sink_decode(heads: int, kv_heads: int, sinks: bool) -> LaunchFn:
+    """``paged_decode_window_sink_triton``: q ``[64, H, d]``, caches ``[64*256, 16, KVH, d]``,
+    tables ``[64, 256]``, a 128-token window; ``GROUP_PAD = dot_tile(H // KVH)``; tiles and
+    launch options ``provided.WINDOW_GPU_TILES`` / ``WINDOW_GPU_LAUNCH``."""
+
+    def launch(lab: Lab, dtype: str, d: int) -> Launch:
+        provided = _need(lab)
+        batch, blocks, page = 64, 256, 16
+        cache = strides(batch * blocks, page, kv_heads, d)
+        group = heads // kv_heads
+        args = {
+            "q_ptr": Ptr(dtype), "k_cache_ptr": Ptr(dtype), "v_cache_ptr": Ptr(dtype),
+            "block_tables_ptr": Ptr("i32"), "seq_lens_ptr": Ptr("i32"),
+            "sinks_ptr": Ptr("fp32"), "out_ptr": Ptr(dtype), "lse_ptr": Ptr("fp32"),
+            "qk_scale": LOG2E / d**0.5, "window": WINDOW if sinks else 0,
+            "stride_q_seq": heads * d, "stride_q_head": d,
+            "stride_k_block": cache[0], "stride_k_slot": cache[1], "stride_k_head": cache[2],
+            "stride_v_block": cache[0], "stride_v_slot": cache[1], "stride_v_head": cache[2],
+            "stride_table_seq": blocks,
+            "stride_o_seq": heads * d, "stride_o_head": d, "stride_lse_seq": heads,
+            "GROUP": group, "GROUP_PAD": dot_tile(group), "HEAD_DIM": d,
+            "HEAD_DIM_PAD": dot_tile(d), "BLOCK_SIZE": page,
+            "BLOCK_N": provided.WINDOW_GPU_TILES["block_n"], "HAS_SINKS": sinks,
+            "DOT_PRECISION": _precision(dtype),
+        }  # fmt: skip
+        return Launch(args, dict(provided.WINDOW_GPU_LAUNCH))
+
+    return launch
+
+
+def mla_decode(heads: int) -> LaunchFn:
+    """``mla_decode_triton``: q_latent ``[64, H, d_c]``, q_pe ``[64, H, 64]``, latent cache
+    ``[64*256, 16, d_c + 64]``, tables ``[64, 256]``; ``d`` is ``d_c`` (512 for DeepSeek-V3);
+    ``BLOCK_H = min(MLA_GPU_TILES["block_h"], dot_tile(H))`` as in the launcher."""
+
+    def launch(lab: Lab, dtype: str, d: int) -> Launch:
+        provided = _need(lab)
+        blocks, page, rope = 256, 16, MLA_ROPE_DIM  # batch 64
+        args = {
+            "q_latent_ptr": Ptr(dtype), "q_pe_ptr": Ptr(dtype), "kv_cache_ptr": Ptr(dtype),
+            "block_tables_ptr": Ptr("i32"), "seq_lens_ptr": Ptr("i32"), "out_ptr": Ptr(dtype),
+            "lse_ptr": Ptr("fp32"), "qk_scale": LOG2E / (d + rope) ** 0.5,
+            "stride_ql_seq": heads * d, "stride_ql_head": d,
+            "stride_qr_seq": heads * rope, "stride_qr_head": rope,
+            "stride_kv_block": page * (d + rope), "stride_kv_slot": d + rope,
+            "stride_table_seq": blocks,
+            "stride_o_seq": heads * d, "stride_o_head": d, "stride_lse_seq": heads,
+            "NUM_HEADS": heads,
+            "BLOCK_H": min(provided.MLA_GPU_TILES["block_h"], dot_tile(heads)),
+            "KV_LORA_RANK": d, "KV_LORA_PAD": dot_tile(d), "ROPE_DIM": rope,
+            "ROPE_PAD": dot_tile(rope), "BLOCK_SIZE": page,
+            "BLOCK_N": provided.MLA_GPU_TILES["block_n"], "DOT_PRECISION": _precision(dtype),
+        }  # fmt: skip
+        return Launch(args, dict(provided.MLA_GPU_LAUNCH))
 
     return launch
 
@@ -254,6 +370,8 @@ LAB00 = "lab-00-online-softmax"
 LAB01 = "lab-01-paged-attention-gather"
 LAB03 = "lab-03-causal-prefill-attention"
 LAB04 = "lab-04-flash-decoding-partitions"
+LAB05 = "lab-05-flash-attention-backward"
+LAB06 = "lab-06-mla-window-sinks"
 WIDE = {"dtypes": ("bf16",), "head_dims": (128,)}  # extra configs: the bench dtype and d only
 
 GPU_KERNELS: tuple[GpuKernel, ...] = (
@@ -270,4 +388,23 @@ GPU_KERNELS: tuple[GpuKernel, ...] = (
     GpuKernel(LAB04, "_split_kv_partition_kernel", "partitions of 512", split_partition(None),
               "split"),  # fmt: skip
     GpuKernel(LAB04, "_merge_partitions_kernel", "16 segments", merge_partitions(16), "split"),
+    GpuKernel(LAB05, "_bwd_preprocess_kernel", "Delta", bwd_preprocess, "backward",
+              "prefill mha b1 L16k d128 causal"),
+    GpuKernel(LAB05, "_bwd_dkdv_kernel", "non-causal", flash_bwd("dkdv", False), "backward",
+              "prefill mha b1 L16k d128 non-causal"),
+    GpuKernel(LAB05, "_bwd_dkdv_kernel", "causal", flash_bwd("dkdv", True), "backward",
+              "prefill mha b1 L16k d128 causal"),
+    GpuKernel(LAB05, "_bwd_dq_kernel", "non-causal", flash_bwd("dq", False), "backward",
+              "prefill mha b1 L16k d128 non-causal"),
+    GpuKernel(LAB05, "_bwd_dq_kernel", "causal", flash_bwd("dq", True), "backward",
+              "prefill mha b1 L16k d128 causal"),
+    GpuKernel(LAB06, "_window_sink_decode_kernel", "gqa64/8 window 128 + sinks",
+              window_sink_decode(64, 8, True), "window", "decode gqa64/8 b64 ctx4k d64 window128",
+              summary_head_dim=64),
+    GpuKernel(LAB06, "_window_sink_decode_kernel", "gqa32/8 no window, no sinks",
+              window_sink_decode(32, 8, False), "window", "decode gqa32/8 b64 ctx4k d128"),
+    GpuKernel(LAB06, "_mla_decode_kernel", "128 heads", mla_decode(128), "mla",
+              "decode mla128 b64 ctx4k d512+64", head_dims=(512,)),
+    GpuKernel(LAB06, "_mla_decode_kernel", "16 heads (TP8)", mla_decode(16), "mla",
+              "decode mla16 b64 ctx4k d512+64", dtypes=("bf16",), head_dims=(512,)),
 )

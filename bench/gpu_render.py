@@ -123,19 +123,21 @@ def _bound(report: dict, r: dict) -> str:
 
 def summary(report: dict) -> list[str]:
     picked = [r for r in report["rows"] if r["arch"] == SUMMARY_ARCH
-              and r["dtype"] == SUMMARY_DTYPE and r["head_dim"] == SUMMARY_HEAD_DIM]  # fmt: skip
+              and r["dtype"] == SUMMARY_DTYPE
+              and r["head_dim"] == r.get("summary_head_dim", SUMMARY_HEAD_DIM)]  # fmt: skip
     if not picked:
         return []
     lines = [
-        f"## Per kernel on {SUMMARY_ARCH} ({SUMMARY_DTYPE}, d={SUMMARY_HEAD_DIM}, the bench "
-        "shapes' dtype and head dim)",
+        f"## Per kernel on {SUMMARY_ARCH} ({SUMMARY_DTYPE} and the head dim of the bench "
+        f"shape: d={SUMMARY_HEAD_DIM}, except gpt-oss's d=64 for the window kernel and the "
+        "512-wide latent (+ 64 rotary dims) for MLA)",
         "",
     ]
     lines += _table(
-        ["lab", "kernel [config]", "warps/stages", "regs/thread", "spills st/ld (B)",
+        ["lab", "kernel [config]", "d", "warps/stages", "regs/thread", "spills st/ld (B)",
          "smem static + dynamic (KB)", "occupancy: warps/SM", "MMA (SASS)", "global loads",
          "H100 lower bound of the call", "check"],
-        [[r["lab"].split("-")[1], f"`{r['kernel']}` [{r['config']}]",
+        [[r["lab"].split("-")[1], f"`{r['kernel']}` [{r['config']}]", r["head_dim"],
           f"{r['num_warps']}/{r['num_stages']}", r["regs"], _spills(r), _smem(r),
           _occupancy(r), r["mma_kind"], r["load_style"],
           _bound(report, r), _verdict(r)] for r in picked],
@@ -152,7 +154,9 @@ def bounds(report: dict) -> list[str]:
         "",
         f"`max(bytes / {b0['tbps']} TB/s, FLOPs / {b0['tflops']:g} TFLOP/s)` per call, bf16, "
         "with the minimum work of the answer (`bench/counts.py`: each K/V byte once per KV "
-        "head, causal pairs only) at the shapes of `bench/kernels.py`. A kernel reaches "
+        "head, causal pairs only; the backward: 5 matmuls per pair, 2.5x the forward's FLOPs; "
+        "a window: only its keys; MLA: one latent row per token for all heads) at the shapes "
+        "of `bench/kernels.py`. A kernel reaches "
         "this only at 100% of the datasheet roof: the course's decode targets (2.4-2.5 TB/s "
         "of K/V bytes, README) are 72-75% of it. * = a shape with a target.",
         "",

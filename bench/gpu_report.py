@@ -190,7 +190,8 @@ def row(task: Task, outcome: dict) -> dict[str, Any]:
     entry = GPU_KERNELS[task.entry]
     base = {"lab": entry.lab, "kernel": entry.kernel, "config": entry.config,
             "bench": entry.bench, "bench_shape": entry.shape, "dtype": task.dtype,
-            "head_dim": task.head_dim, "arch": f"sm_{task.arch}"}  # fmt: skip
+            "head_dim": task.head_dim, "arch": f"sm_{task.arch}",
+            "summary_head_dim": entry.summary_dims}  # fmt: skip
     if outcome["status"] != "ok":
         return {**base, "status": outcome["status"], "reason": outcome["reason"]}
     result, limits = outcome["result"], LIMITS[task.arch]
@@ -210,21 +211,17 @@ def sort_key(r: dict) -> tuple:
 
 
 def lower_bounds(entries: list[GpuKernel]) -> list[dict[str, Any]]:
-    """Per bench kernel of ``entries``, per GPU shape (bf16): bytes, FLOPs and the H100
-    bound ``max(bytes / 3.35 TB/s, FLOPs / 989 TFLOP/s)``."""
-    from bench.counts import H100_TBPS, H100_TFLOPS, attention_work, lower_bound_ms
+    """Per bench kernel of ``entries``, per GPU shape (bf16): bytes, FLOPs (the workload's
+    ``count``: ``bench.counts``) and the H100 bound ``max(bytes / 3.35 TB/s, FLOPs / 989
+    TFLOP/s)``."""
+    from bench.counts import H100_TBPS, H100_TFLOPS, lower_bound_ms
     from bench.kernels import by_name
 
     out = []
     for name in sorted({e.bench for e in entries if e.bench}):
         spec = by_name(name)
         for shape in spec.gpu:
-            work = attention_work(
-                shape.q_lens, shape.seq_lens, heads=shape.heads, kv_heads=shape.kv_heads,
-                head_dim=shape.head_dim, elem_bytes=2, causal=shape.causal,
-                block_size=shape.block_size if spec.workload.paged else None,
-                meta_per_seq=spec.workload.meta_per_seq,
-            )  # fmt: skip
+            work = spec.workload.count(shape, elem_bytes=2)
             ms, roof = lower_bound_ms(work)
             out.append({"bench": name, "function": f"{spec.lab.split('-')[1]} {spec.func}",
                         "shape": shape.name, "target": bool(shape.targets),

@@ -13,8 +13,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from bench.shapes import Shape, Target, decode, prefill, varlen
-from bench.workloads import DenseWorkload, PagedDecodeWorkload, VarlenWorkload, Workload
+from bench.shapes import Shape, Target, decode, mla_decode, prefill, varlen
+from bench.workloads import (
+    BackwardWorkload,
+    DenseWorkload,
+    MLADecodeWorkload,
+    PagedDecodeWorkload,
+    VarlenWorkload,
+    WindowSinkDecodeWorkload,
+    Workload,
+)
 
 # ---- targets (README.md, "Benchmarks": the course's performance targets) -----------------
 DECODE_TARGET = Target(
@@ -168,6 +176,57 @@ KERNELS: tuple[KernelSpec, ...] = (
         ),
         quick=("decode gqa32/8 b1 ctx64k d128",),
         tiny=(decode(2, (33, 70), heads=4, kv_heads=2, head_dim=32, targets=SPLIT_TARGETS),),
+    ),
+    KernelSpec(
+        name="backward",
+        lab="lab-05-flash-attention-backward",
+        func="flash_attention_backward_triton",
+        workload=BackwardWorkload,
+        what="FlashAttention backward (preprocess, dK/dV, dQ kernels), [B, H, L, d]",
+        gpu=(
+            prefill(1, 16384, causal=False, note="lab 00's forward shape; no target"),
+            prefill(1, 16384, causal=True, note="lab 00's forward shape; no target"),
+            prefill(4, 4096, causal=True, note="16k tokens in 4 sequences"),
+            prefill(1, 16384, kv_heads=8, causal=True, note="GQA: dK, dV summed over the group"),
+        ),
+        quick=("prefill mha b1 L16k d128 non-causal", "prefill mha b1 L16k d128 causal"),
+        tiny=(
+            prefill(1, 40, heads=2, head_dim=32, causal=False),
+            prefill(1, 33, heads=2, head_dim=32, causal=True),
+        ),
+    ),
+    KernelSpec(
+        name="window",
+        lab="lab-06-mla-window-sinks",
+        func="paged_decode_window_sink_triton",
+        workload=WindowSinkDecodeWorkload,
+        what="paged decode with a sliding window and attention sinks (gpt-oss layers)",
+        gpu=(
+            decode(64, 4096, heads=64, kv_heads=8, head_dim=64, window=128,
+                   note="gpt-oss-120b's windowed layers: 128 tokens, sinks; no target"),
+            decode(64, 4096, heads=64, kv_heads=8, head_dim=64,
+                   note="gpt-oss-120b's full layers: sinks, no window"),
+            decode(64, 4096, note="lab 01's target shape, with sinks"),
+        ),
+        quick=("decode gqa64/8 b64 ctx4k d64 window128",),
+        tiny=(
+            decode(2, (20, 45), heads=4, kv_heads=2, head_dim=32, window=16),
+            decode(2, 33, heads=2, kv_heads=2, head_dim=32),
+        ),
+    ),
+    KernelSpec(
+        name="mla",
+        lab="lab-06-mla-window-sinks",
+        func="mla_decode_triton",
+        workload=MLADecodeWorkload,
+        what="absorbed MLA decode over a paged latent cache (DeepSeek-V3: d_c 512 + 64 rotary)",
+        gpu=(
+            mla_decode(64, 4096, note="DeepSeek-V3's 128 heads on one GPU; no target"),
+            mla_decode(64, 4096, heads=16, note="128 heads split over 8 GPUs (TP8)"),
+            mla_decode(1, 65536, note="batch 1, long context: 2 head tiles per sequence"),
+        ),
+        quick=("decode mla128 b64 ctx4k d512+64",),
+        tiny=(mla_decode(2, 40, heads=4, kv_lora_rank=32, rope_dim=16),),
     ),
 )
 

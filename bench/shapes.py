@@ -46,6 +46,8 @@ class Shape:
     block_size: int = 16
     note: str = ""
     targets: tuple[Target, ...] = field(default=())
+    window: int | None = None  # sliding window in tokens (lab 06), None = the whole context
+    rope_dim: int = 0  # MLA (lab 06): rotary key dims stored after the latent (head_dim = d_c)
 
     def __post_init__(self) -> None:
         if self.heads % self.kv_heads:
@@ -73,6 +75,8 @@ class Shape:
             "seq_lens": lens(self.seq_lens),
             "causal": self.causal,
             "block_size": self.block_size,
+            "window": self.window,
+            "rope_dim": self.rope_dim,
             "note": self.note,
         }
 
@@ -94,8 +98,10 @@ def decode(
     block_size: int = 16,
     note: str = "",
     targets: tuple[Target, ...] = (),
+    window: int | None = None,
 ) -> Shape:
-    """One new token per sequence. ``ctx`` an int (all equal) or ``(lo, hi)`` (mixed)."""
+    """One new token per sequence. ``ctx`` an int (all equal) or ``(lo, hi)`` (mixed);
+    ``window``: a sliding window of that many tokens (the name ends ``window<n>``)."""
     if isinstance(ctx, tuple):
         lo, hi = ctx
         seq_lens = tuple(int(n) for n in np.random.default_rng(0).integers(lo, hi + 1, batch))
@@ -104,8 +110,23 @@ def decode(
         seq_lens = (ctx,) * batch
         ctx_name = f"ctx{_k(ctx)}"
     return Shape(
-        f"decode {_heads(heads, kv_heads)} b{batch} {ctx_name} d{head_dim}",
+        f"decode {_heads(heads, kv_heads)} b{batch} {ctx_name} d{head_dim}"
+        + (f" window{window}" if window else ""),
         heads, kv_heads, head_dim, (1,) * batch, seq_lens, True, block_size, note, targets,
+        window,
+    )  # fmt: skip
+
+
+def mla_decode(
+    batch: int, ctx: int, heads: int = 128, kv_lora_rank: int = 512, rope_dim: int = 64,
+    note: str = "", targets: tuple[Target, ...] = (),
+) -> Shape:
+    """MLA decode over a latent cache: one ``[d_c + d_rope]`` row per token shared by every
+    head (``kv_heads = 1``, ``head_dim = d_c``); named ``d512+64``."""
+    return Shape(
+        f"decode mla{heads} b{batch} ctx{_k(ctx)} d{kv_lora_rank}+{rope_dim}",
+        heads, 1, kv_lora_rank, (1,) * batch, (ctx,) * batch, True, 16, note, targets,
+        None, rope_dim,
     )  # fmt: skip
 
 

@@ -7,6 +7,10 @@ Three conventions cover the labs' Triton kernels (each lab README's "Contract" s
   ``[B, H, d]`` (lab-01; lab-04 adds ``partition_size``).
 * ``VarlenWorkload``  ``fn(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens)``
   with q ``[total_q, H, d]`` (lab-03).
+* ``BackwardWorkload``  ``fn(q, k, v, o, lse, do, causal=...)`` -> ``(dq, dk, dv)`` (lab-05).
+* ``WindowSinkDecodeWorkload``  paged decode plus ``window=`` and ``sinks=`` (lab-06).
+* ``MLADecodeWorkload``  ``fn(q_latent, q_pe, kv_cache, block_tables, seq_lens)`` over a
+  latent cache ``[num_blocks, block_size, d_c + d_rope]`` (lab-06).
 
 Paged caches are NHD ``[num_blocks, block_size, KVH, d]`` with shuffled physical blocks.
 Baselines run in the same process on the same tensors: every PyTorch SDPA backend forced
@@ -26,7 +30,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from bench.counts import Work, attention_work
+from bench.counts import Work, attention_work, backward_work, mla_decode_work
 from bench.shapes import Shape
 
 SDPA_BACKENDS = ("flash", "efficient", "cudnn", "math")
@@ -155,22 +159,23 @@ class Workload:
         self.shape = shape
         self.dtype = dtype
         self.device = device
-        self.scale = 1.0 / math.sqrt(shape.head_dim)
+        self.scale = 1.0 / math.sqrt(shape.head_dim + shape.rope_dim)
         self.gqa = shape.heads != shape.kv_heads
-        self.work: Work = attention_work(
-            shape.q_lens,
-            shape.seq_lens,
-            heads=shape.heads,
-            kv_heads=shape.kv_heads,
-            head_dim=shape.head_dim,
-            elem_bytes=torch.empty((), dtype=dtype).element_size(),
-            causal=shape.causal,
-            block_size=shape.block_size if self.paged else None,
-            meta_per_seq=self.meta_per_seq,
-        )
+        self.work: Work = self.count(shape, torch.empty((), dtype=dtype).element_size())
 
     meta_per_seq = 0
     work_note = ""
+
+    @classmethod
+    def count(cls, shape: Shape, elem_bytes: int) -> Work:
+        """The minimum work of one call at ``shape`` (``bench.counts``); the GPU report's
+        lower bounds come from here too."""
+        return attention_work(
+            shape.q_lens, shape.seq_lens, heads=shape.heads, kv_heads=shape.kv_heads,
+            head_dim=shape.head_dim, elem_bytes=elem_bytes, causal=shape.causal,
+            block_size=shape.block_size if cls.paged else None, meta_per_seq=cls.meta_per_seq,
+            window=shape.window,
+        )  # fmt: skip
 
     # -- the kernel ------------------------------------------------------------------
     def call(self, fn: Callable[..., Any], **kwargs: Any) -> Any:
@@ -536,3 +541,249 @@ class VarlenWorkload(_PagedWorkload):
             )
         )
         return out
+
+
+# ---- lab 05: the FlashAttention backward ---------------------------------------------------
+
+
+def _dense_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                   causal: bool, rows: int = 2048) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(o, lse)`` in float32 for ``[B, H, L, d]`` inputs, ``rows`` queries at a time (the
+    scores of one chunk, never the whole ``L x L``). Top-left causal, GQA by head index."""
+    b, h, n, _ = q.shape
+    group = h // k.shape[1]
+    o = torch.empty(b, h, n, v.shape[3], dtype=torch.float32, device=q.device)
+    lse = torch.empty(b, h, n, dtype=torch.float32, device=q.device)
+    keys = torch.arange(k.shape[2], device=q.device)
+    for head in range(h):
+        kh, vh = k[:, head // group].float(), v[:, head // group].float()  # [B, Lk, d]
+        for start in range(0, n, rows):
+            s = q[:, head, start : start + rows].float() @ kh.transpose(1, 2) * scale
+            if causal:
+                pos = torch.arange(start, start + s.shape[1], device=q.device)
+                s.masked_fill_(keys[None, :] > pos[:, None], float("-inf"))
+            lse[:, head, start : start + rows] = torch.logsumexp(s, dim=-1)
+            o[:, head, start : start + rows] = torch.softmax(s, dim=-1) @ vh
+    return o, lse
+
+
+class BackwardWorkload(Workload):
+    """``fn(q, k, v, o, lse, do, causal=...)`` -> ``(dq, dk, dv)``, dense ``[B, H, L, d]``.
+
+    ``o`` and ``lse`` come from a float32 forward made once, untimed. The spot check
+    compares dq on the first and last 32 query rows and dk, dv on the first and last 32 keys
+    (every head of the first and last sequence) with float32 formulas; the baselines are
+    SDPA's backward per backend (its forward is built once, untimed; only
+    ``autograd.grad`` is timed).
+    """
+
+    work_note = (
+        "FLOPs = 10*d*H*(attended pairs): 5 matmuls (S, dV, dP, dQ, dK), 2.5x the forward; "
+        "bytes = q, k, v, o, dO, lse read + dq, dk, dv written, once each"
+    )
+
+    @classmethod
+    def count(cls, shape: Shape, elem_bytes: int) -> Work:
+        return backward_work(shape.seq_lens, heads=shape.heads, kv_heads=shape.kv_heads,
+                             head_dim=shape.head_dim, elem_bytes=elem_bytes,
+                             causal=shape.causal)  # fmt: skip
+
+    def __init__(self, shape: Shape, dtype: torch.dtype, device: str) -> None:
+        super().__init__(shape, dtype, device)
+        if not shape.uniform or shape.q_lens[0] != shape.seq_lens[0]:
+            raise ValueError(f"{shape.name}: the backward needs q_len == seq_len for all")
+        b, h, kvh, d = shape.batch, shape.heads, shape.kv_heads, shape.head_dim
+        n = shape.seq_lens[0]
+        self.q = torch.randn(b, h, n, d, dtype=dtype, device=device)
+        self.k = torch.randn(b, kvh, n, d, dtype=dtype, device=device)
+        self.v = torch.randn(b, kvh, n, d, dtype=dtype, device=device)
+        self.do = torch.randn(b, h, n, d, dtype=dtype, device=device)
+        o, self.lse = _dense_forward(self.q, self.k, self.v, self.scale, shape.causal)
+        self.o = o.to(dtype)
+
+    def call(self, fn: Callable[..., Any], **kwargs: Any) -> Any:
+        return fn(self.q, self.k, self.v, self.o, self.lse, self.do, causal=self.shape.causal,
+                  **kwargs)  # fmt: skip
+
+    @staticmethod
+    def output(result: Any) -> Any:
+        return tuple(result)  # (dq, dk, dv)
+
+    def _spot(self, b: int, rows: torch.Tensor, cols: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """float32 ``(dq[rows], dk[cols], dv[cols])`` of sequence ``b``, ``[H or KVH, n, d]``."""
+        group = self.shape.heads // self.shape.kv_heads
+        q, do = self.q[b].float(), self.do[b].float()  # [H, L, d]
+        k = self.k[b].float().repeat_interleave(group, 0)
+        v = self.v[b].float().repeat_interleave(group, 0)
+        lse, delta = self.lse[b], (do * self.o[b].float()).sum(-1)  # [H, L]
+
+        def ds_and_p(qi: torch.Tensor, ki: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            s = q[:, qi] @ k[:, ki].transpose(1, 2) * self.scale  # [H, |qi|, |ki|]
+            p = torch.exp(s - lse[:, qi, None])
+            if self.shape.causal:
+                p = p.masked_fill(ki[None, None, :] > qi[None, :, None], 0.0)
+            dp = do[:, qi] @ v[:, ki].transpose(1, 2)
+            return p * (dp - delta[:, qi, None]), p
+
+        every = torch.arange(q.shape[1], device=q.device)
+        ds, _ = ds_and_p(rows, every)
+        dq = ds @ k * self.scale
+        ds, p = ds_and_p(every, cols)
+        dk = (ds.transpose(1, 2) @ q * self.scale).unflatten(0, (-1, group)).sum(1)
+        dv = (p.transpose(1, 2) @ do).unflatten(0, (-1, group)).sum(1)
+        return dq, dk, dv
+
+    def check(self, out: Any) -> float:
+        dq, dk, dv = out
+        n = self.shape.seq_lens[0]
+        picks = torch.arange(n, device=self.q.device)
+        if n > 64:
+            picks = torch.cat([picks[:32], picks[-32:]])
+        worst = 0.0
+        for b in sorted({0, self.shape.batch - 1}):
+            want = self._spot(b, picks, picks)
+            got = (dq[b][:, picks], dk[b][:, picks], dv[b][:, picks])
+            for g, w in zip(got, want):
+                if not torch.isfinite(g).all():
+                    return float("inf")
+                worst = max(worst, float((g.float() - w).abs().max()))
+        return worst
+
+    def baselines(self) -> list[Baseline]:
+        gqa = {"enable_gqa": True} if self.gqa else {}
+        n = self.shape.seq_lens[0]
+        out = []
+        for backend in SDPA_BACKENDS:
+            graph: list[Any] = []
+
+            def backward(graph: list[Any] = graph) -> Any:
+                if not graph:  # the first (untimed) call builds the forward with this backend
+                    q, k, v = (t.detach().requires_grad_(True) for t in (self.q, self.k, self.v))
+                    o = F.scaled_dot_product_attention(q, k, v, is_causal=self.shape.causal,
+                                                       **gqa)  # fmt: skip
+                    graph += [o, (q, k, v)]
+                return torch.autograd.grad(graph[0], graph[1], self.do, retain_graph=True)
+
+            skip = self._math_guard(self.shape.batch * self.shape.heads * n * n * 2) \
+                if backend == "math" else None
+            out.append(Baseline(f"sdpa[{backend}] backward", backward, tuple, "sdpa",
+                                "autograd.grad only; the forward was built once, untimed",
+                                backend, skip))  # fmt: skip
+        return out
+
+
+# ---- lab 06: sliding window + sinks, and MLA decode -----------------------------------------
+
+
+def _sink_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                    sinks: torch.Tensor | None) -> torch.Tensor:
+    """One decode token: q ``[H, d]``, k/v ``[n, KVH, d]`` (already cut to the window),
+    sinks ``[H]`` logits in the softmax's denominator only; float32 ``[H, dv]``."""
+    group = q.shape[0] // k.shape[1]
+    kh = k.float().repeat_interleave(group, 1).transpose(0, 1)  # [H, n, d]
+    vh = v.float().repeat_interleave(group, 1).transpose(0, 1)
+    s = (kh @ q.float()[:, :, None])[..., 0] * scale  # [H, n]
+    if sinks is not None:
+        s = torch.cat([s, sinks.float()[:, None]], dim=1)
+    p = torch.softmax(s, dim=1)[:, : kh.shape[1]]
+    return (p[:, None, :] @ vh)[:, 0]
+
+
+class WindowSinkDecodeWorkload(PagedDecodeWorkload):
+    """``fn(q, k_cache, v_cache, block_tables, seq_lens, window=, sinks=)``: lab 01's paged
+    decode with the shape's sliding window and one sink logit per head (gpt-oss)."""
+
+    work_note = (
+        "bytes = K+V of the tokens inside the window once per KV head + q + out + the "
+        "block-table entries the window touches + seq_lens (the sinks' H floats are not "
+        "counted); FLOPs = 4*d*H*(keys in the window)"
+    )
+
+    def __init__(self, shape: Shape, dtype: torch.dtype, device: str) -> None:
+        super().__init__(shape, dtype, device)
+        self.sinks = torch.randn(shape.heads, dtype=torch.float32, device=device)
+
+    def call(self, fn: Callable[..., Any], **kwargs: Any) -> Any:
+        return fn(self.q, self.k_cache, self.v_cache, self.block_tables, self.seq_lens,
+                  window=self.shape.window, sinks=self.sinks, **kwargs)  # fmt: skip
+
+    def _reference(self, b: int) -> torch.Tensor:
+        n, w = self.shape.seq_lens[b], self.shape.window
+        k, v = self._seq_kv(b)  # [n, KVH, d]
+        first = 0 if w is None else max(0, n - w)
+        return _sink_attention(self.q[b], k[first:], v[first:], self.scale, self.sinks)
+
+    def check(self, out: torch.Tensor) -> float:
+        lens = self.shape.seq_lens
+        worst = 0.0
+        for b in sorted({0, len(lens) - 1, max(range(len(lens)), key=lens.__getitem__)}):
+            got = out[b].float()
+            if not torch.isfinite(got).all():
+                return float("inf")
+            worst = max(worst, float((got - self._reference(b)).abs().max()))
+        return worst
+
+    def baselines(self) -> list[Baseline]:
+        def eager() -> torch.Tensor:
+            return torch.stack([self._reference(b) for b in range(self.shape.batch)])
+
+        return [Baseline("torch eager: gather the window + sink softmax, per sequence", eager,
+                         lambda o: o, "torch", note="SDPA has no sinks: no SDPA baseline")]
+
+
+class MLADecodeWorkload(_PagedWorkload):
+    """``fn(q_latent [B, H, d_c], q_pe [B, H, d_rope], kv_cache, block_tables, seq_lens)``
+    with a latent cache ``[num_blocks, block_size, d_c + d_rope]`` (one row per token, for
+    every head); the output is the latent ``[B, H, d_c]``."""
+
+    roof = "bandwidth"
+    meta_per_seq = 1
+    work_note = (
+        "bytes = one (d_c + d_rope) latent row per cached token (shared by every head) + "
+        "q_latent + q_pe + the latent output + block-table entries; "
+        "FLOPs = 2*(2*d_c + d_rope)*H*sum(seq_lens)"
+    )
+
+    @classmethod
+    def count(cls, shape: Shape, elem_bytes: int) -> Work:
+        return mla_decode_work(shape.seq_lens, heads=shape.heads, kv_lora_rank=shape.head_dim,
+                               rope_dim=shape.rope_dim, elem_bytes=elem_bytes,
+                               block_size=shape.block_size)  # fmt: skip
+
+    def __init__(self, shape: Shape, dtype: torch.dtype, device: str) -> None:
+        super().__init__(shape, dtype, device)
+        d_c, d_qk = shape.head_dim, shape.head_dim + shape.rope_dim
+        cache, _, self.block_tables = build_paged(shape.seq_lens, 1, d_qk, shape.block_size,
+                                                  dtype, device)  # fmt: skip
+        self.kv_cache = cache[:, :, 0]  # [num_blocks, block_size, d_c + d_rope]
+        self.seq_lens = torch.tensor(shape.seq_lens, dtype=torch.int32, device=device)
+        self._tables_long = self.block_tables.long()
+        self.q_latent = torch.randn(shape.batch, shape.heads, d_c, dtype=dtype, device=device)
+        self.q_pe = torch.randn(shape.batch, shape.heads, shape.rope_dim, dtype=dtype,
+                                device=device)  # fmt: skip
+
+    def call(self, fn: Callable[..., Any], **kwargs: Any) -> Any:
+        return fn(self.q_latent, self.q_pe, self.kv_cache, self.block_tables, self.seq_lens,
+                  **kwargs)  # fmt: skip
+
+    def sequence(self, b: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        n = self.shape.seq_lens[b]
+        rows = gather_dense(self.kv_cache[:, :, None], self._tables_long[b : b + 1], n)[0]
+        rows = rows.transpose(0, 1)  # [n, 1, d_c + d_rope]
+        q = torch.cat([self.q_latent[b], self.q_pe[b]], dim=-1)[None]  # [1, H, d_c + d_rope]
+        return q, rows, rows[..., : self.shape.head_dim]
+
+    def rows_of(self, out: torch.Tensor, b: int) -> torch.Tensor:
+        return out[b][None]
+
+    def baselines(self) -> list[Baseline]:
+        def eager() -> torch.Tensor:
+            outs = []
+            for b in range(self.shape.batch):
+                q, k, v = self.sequence(b)
+                outs.append(torch_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
+                                            v.transpose(0, 1)[None], self.scale)[0, :, 0])
+            return torch.stack(outs)  # fmt: skip
+
+        return [Baseline("torch eager: gather the latent + matmul + softmax, per sequence",
+                         eager, lambda o: o, "torch", note="gather included")]  # fmt: skip

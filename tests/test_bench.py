@@ -20,7 +20,7 @@ import torch
 
 from bench import __main__ as bench_main
 from bench import sdpa_dispatch
-from bench.counts import attended_pairs, attention_work, rate
+from bench.counts import attended_pairs, attention_work, backward_work, mla_decode_work, rate
 from bench.kernels import KERNELS, select
 from bench.report import evaluate
 from bench.roofs import Roofs, nominal_for
@@ -164,6 +164,33 @@ def test_decode_bytes_are_kv_once_per_kv_head_plus_q_out_and_block_table():
     assert work.meta_bytes == 4 * 64 * (4096 // 16) + 4 * 64
     assert work.flops == 4 * 128 * 32 * 64 * 4096
     assert rate(work, 1.0)["kv_GBps"] == work.kv_bytes / 1e6
+
+
+def test_a_window_counts_only_the_keys_inside_it():
+    for q, n, w in [(1, 4096, 128), (5, 10, 3), (16, 40, 64), (3, 8, 1)]:
+        pos = n - q + np.arange(q)[:, None]
+        keys = np.arange(n)[None, :]
+        mask = (keys <= pos) & (keys > pos - w)
+        assert attended_pairs([q], [n], causal=True, window=w) == mask.sum()
+    work = attention_work([1], [4096], heads=64, kv_heads=8, head_dim=64, elem_bytes=2,
+                          causal=True, block_size=16, window=128)  # fmt: skip
+    assert work.kv_bytes == 128 * 8 * 64 * 2 * 2  # 128 keys, K and V, once per KV head
+    assert work.meta_bytes == 4 * (128 // 16)  # the 8 blocks of positions 3968..4095
+
+
+def test_backward_is_five_matmuls_per_pair_and_mla_reads_one_latent_row_per_token():
+    fwd = attention_work([4096], [4096], heads=32, kv_heads=8, head_dim=128, elem_bytes=2,
+                         causal=True)  # fmt: skip
+    bwd = backward_work([4096], heads=32, kv_heads=8, head_dim=128, elem_bytes=2, causal=True)
+    assert bwd.flops == 5 * fwd.flops // 2  # S, dV, dP, dQ, dK against S, O
+    assert bwd.kv_bytes == 2 * fwd.kv_bytes  # k, v read; dk, dv written
+    assert bwd.q_bytes + bwd.out_bytes == 4 * fwd.q_bytes  # q, o, dO read; dq written
+    assert bwd.meta_bytes == 4 * 4096 * 32  # lse, float32
+    mla = mla_decode_work([4096] * 2, heads=128, kv_lora_rank=512, rope_dim=64, elem_bytes=2,
+                          block_size=16)  # fmt: skip
+    assert mla.kv_bytes == 2 * 4096 * 576 * 2  # not x heads: every head reads the same row
+    assert mla.flops == 2 * (576 + 512) * 128 * 2 * 4096
+    assert mla.out_bytes == 2 * 128 * 512 * 2
 
 
 def test_prefill_flops_follow_the_tutorial_convention_up_to_the_diagonal():

@@ -39,6 +39,15 @@ INTERPRETER_TILES = {"block_m": 16, "block_n": 16}
 # Warps per program: 4 (vLLM's default) up to a 64 x 32 tile; 8 from 64 x 64 on, where 4 warps
 # run out of registers at d = 128 (the K and V tiles are gathered through per-key pointers).
 WIDE_TILE = 64 * 64
+# K/V tiles in flight (software pipelining): 3, Triton's CUDA default, written out so the
+# launch does not depend on a default (``make gpu-report`` compiles exactly this).
+GPU_NUM_STAGES = 3
+
+
+def gpu_launch(block_m: int, block_n: int) -> dict[str, int]:
+    """``num_warps`` and ``num_stages`` of the varlen kernel for a ``block_m x block_n`` tile
+    (ignored by the interpreter)."""
+    return {"num_warps": 8 if block_m * block_n >= WIDE_TILE else 4, "num_stages": GPU_NUM_STAGES}
 
 # ---------------------------------------------------------------------------------------
 # NumPy inputs
@@ -284,6 +293,6 @@ def launch_varlen_prefill(
         HEAD_DIM_V=head_dim_v, HEAD_DIM_V_PAD=dot_tile(head_dim_v),
         BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_N=block_n,
         DOT_PRECISION=dot_precision(q.dtype),
-        num_warps=8 if block_m * block_n >= WIDE_TILE else 4,
+        **gpu_launch(block_m, block_n),
     )  # fmt: skip
     return out, lse

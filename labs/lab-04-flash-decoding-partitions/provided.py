@@ -47,6 +47,10 @@ CUDA_MAX_GRID_YZ = 65_535
 # kernel. Override them with the launchers' keyword arguments.
 GPU_TILES = {"block_n": 16, "block_p": 16}
 INTERPRETER_TILES = {"block_n": 16, "block_p": 16}
+# Launch options on a GPU (the interpreter ignores them), written out rather than left to
+# Triton's defaults (4 warps, 3 stages) so ``make gpu-report`` compiles exactly what runs.
+PARTITION_LAUNCH = {"num_warps": 4, "num_stages": 2}
+MERGE_LAUNCH = {"num_warps": 4, "num_stages": 3}
 
 
 class AttentionState(NamedTuple):
@@ -294,7 +298,7 @@ def split_kv_decode(partition_kernel: Any, merge_kernel: Any) -> Callable[..., A
             BLOCK_SIZE=plan.block_size, GROUP=plan.group, HEAD_DIM=head_dim,
             HEAD_DIM_V=head_dim_v, BLOCK_H=dot_tile(plan.group), BLOCK_D=dot_tile(head_dim),
             BLOCK_DV=dot_tile(head_dim_v), BLOCK_N=plan.tiles["block_n"],
-            DOT_PRECISION=dot_precision(q.dtype), LOG2E=LOG2E, num_warps=4, num_stages=2,
+            DOT_PRECISION=dot_precision(q.dtype), LOG2E=LOG2E, **PARTITION_LAUNCH,
         )
         _launch_merge(merge_kernel, plan.merge_grid, part_out, part_lse, out, lse,
                       plan.tiles["block_p"])
@@ -311,8 +315,7 @@ def _launch_merge(
         part_out, part_lse, out, lse, int(part_lse.shape[2]),
         *part_out.stride()[:3], *part_lse.stride()[:2], *out.stride()[:2], *lse.stride()[:2],
         HEAD_DIM_V=int(part_out.shape[3]), BLOCK_P=block_p,
-        BLOCK_DV=dot_tile(int(part_out.shape[3])), LOG2E=LOG2E,
-        num_warps=4,
+        BLOCK_DV=dot_tile(int(part_out.shape[3])), LOG2E=LOG2E, **MERGE_LAUNCH,
     )
 
 

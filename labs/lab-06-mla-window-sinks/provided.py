@@ -30,10 +30,14 @@ KV_KINDS = ("mha", "mqa", "gqa", "mla")
 WINDOW_GPU_TILES = {"block_n": 64}
 WINDOW_INTERPRETER_TILES = {"block_n": 16}
 WINDOW_GPU_LAUNCH = {"num_warps": 4, "num_stages": 2}
-# The MLA kernel puts up to block_h query heads in the rows of one tile (FlashMLA's
-# BLOCK_SIZE_M = 64); with fewer heads the tile has dot_tile(num_heads) rows. Its K/V tile is
-# one 576-wide latent row per token, so it takes fewer tokens per tile than the window kernel.
-MLA_GPU_TILES = {"block_h": 64, "block_n": 32}
+# The MLA kernel puts up to block_h query heads in the rows of one tile; with fewer heads the
+# tile has dot_tile(num_heads) rows. Its K/V tile is one 576-wide latent row per token, so it
+# takes fewer tokens per tile than the window kernel. On a GPU 32 heads per tile, not
+# FlashMLA's BLOCK_SIZE_M = 64: at 64 x 512 (d_c = 512) the fp32 accumulator plus the query
+# tile need more than 255 registers per thread with 8 warps, and ptxas spills on sm_90 (16 to
+# 356 bytes for block_n 16 or 32, 8 or 16 warps: `make gpu-report`, captured_outputs/
+# gpu-report.md); 32 x 512 compiles clean on sm_80/90/100. The interpreter keeps 64.
+MLA_GPU_TILES = {"block_h": 32, "block_n": 32}
 MLA_INTERPRETER_TILES = {"block_h": 64, "block_n": 16}
 MLA_GPU_LAUNCH = {"num_warps": 8, "num_stages": 2}
 
