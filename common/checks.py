@@ -15,6 +15,14 @@ import numpy as np
 from common.paged import blocks_needed
 
 
+def positive_int(name: str, value: Any, minimum: int = 1) -> int:
+    """``value`` as an int ``>= minimum`` (bools refused), else ``ValueError`` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < minimum:
+        what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise ValueError(f"{name} must be {what}, got {value!r}")
+    return int(value)
+
+
 def check_seq_len(seq_len: Any, name: str = "seq_len") -> int:
     """A non-negative integer, or ``ValueError`` naming ``name``."""
     if isinstance(seq_len, bool) or int(seq_len) != seq_len or seq_len < 0:
@@ -55,9 +63,13 @@ def check_heads(num_heads: int, head_dim: int, k_cache_shape: tuple[int, ...]) -
 
 def check_block_table(
     block_table: np.ndarray, seq_len: int, block_size: int, num_blocks: int,
-    name: str = "block_table",
+    name: str = "block_table", first: int = 0,
 ) -> None:
-    """The first ``ceil(seq_len / block_size)`` entries must name real physical blocks."""
+    """Entries ``first .. ceil(seq_len / block_size) - 1`` must name real physical blocks.
+
+    ``first > 0``: the blocks before it fell out of a sliding window and may be anything
+    (``-1``, a freed block), as vLLM's sliding-window manager frees them.
+    """
     block_table = np.asarray(block_table)
     if block_table.ndim != 1:
         raise ValueError(f"{name} must be 1-D [max_blocks], got shape {block_table.shape}")
@@ -67,14 +79,36 @@ def check_block_table(
             f"{name} has {len(block_table)} entries but seq_len={seq_len} needs {needed} "
             f"blocks of {block_size} tokens"
         )
-    used = block_table[:needed]
+    used = block_table[first:needed]
     bad = np.flatnonzero((used < 0) | (used >= num_blocks))
     if bad.size:
-        i = int(bad[0])
+        i = first + int(bad[0])
+        why = ("but the window reads it" if first else
+               "only entries past the last needed block may be padding")
         raise ValueError(
-            f"{name}[{i}] = {int(used[i])} is not a physical block (the cache has "
-            f"{num_blocks} blocks); only entries past the last needed block may be padding"
+            f"{name}[{i}] = {int(block_table[i])} is not a physical block (the cache has "
+            f"{num_blocks} blocks); {why}"
         )
+
+
+def check_decode_inputs(
+    q: Any, k_cache: Any, v_cache: Any, block_table: Any, seq_len: Any,
+    window: int | None = None,
+) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """``(q, block_table, seq_len, group)`` for one sequence's decode step: ``q`` is
+    ``[num_heads, head_dim]``, ``group = num_heads // num_kv_heads``. With a ``window``, only
+    the blocks from the one holding position ``seq_len - window`` on must be real."""
+    q = np.asarray(q)
+    if q.ndim != 2:
+        raise ValueError(f"q must be [num_heads, head_dim], got shape {q.shape}")
+    check_paged_cache(k_cache, v_cache)
+    group = check_heads(q.shape[0], q.shape[1], k_cache.shape)
+    seq_len = check_seq_len(seq_len)
+    block_table = np.asarray(block_table)
+    num_blocks, block_size = k_cache.shape[:2]
+    first = 0 if window is None else max(seq_len - window, 0) // block_size
+    check_block_table(block_table, seq_len, block_size, num_blocks, first=first)
+    return q, block_table, seq_len, group
 
 
 def check_paged_batch(

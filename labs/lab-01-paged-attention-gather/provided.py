@@ -14,12 +14,12 @@ import numpy as np
 
 from common.checks import (
     check_block_table,
-    check_heads,
     check_paged_batch,
     check_paged_cache,
     check_seq_len,
     host_max_seq_len,
 )
+from common.checks import check_decode_inputs as check_decode_inputs  # given: one sequence's inputs
 from common.triton_env import check_kernel_dtype
 
 # Tile sizes of paged_decode_triton (tokens per K/V tile), picked with
@@ -101,22 +101,6 @@ def check_gather_inputs(
     check_block_table(block_table, seq_len, block_size, num_blocks)
     return block_table, seq_len
 
-
-def check_decode_inputs(
-    q: Any, k_cache: np.ndarray, v_cache: np.ndarray, block_table: Any, seq_len: Any
-) -> tuple[np.ndarray, np.ndarray, int, int]:
-    """``(q, block_table, seq_len, group)`` for one decode step; ``group`` is
-    ``num_heads // num_kv_heads`` (query heads per KV head)."""
-    q = np.asarray(q)
-    if q.ndim != 2:
-        raise ValueError(f"q must be [num_heads, head_dim], got shape {q.shape}")
-    check_paged_cache(k_cache, v_cache)
-    group = check_heads(q.shape[0], q.shape[1], k_cache.shape)
-    seq_len = check_seq_len(seq_len)
-    block_table = np.asarray(block_table)
-    num_blocks, block_size = k_cache.shape[:2]
-    check_block_table(block_table, seq_len, block_size, num_blocks)
-    return q, block_table, seq_len, group
 
 
 def check_batch_inputs(

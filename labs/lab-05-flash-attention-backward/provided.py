@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from common.checks import positive_int as positive_int  # given: ValueError naming the argument
 from common.triton_env import (
     DEVICE,
     HAVE_TRITON,
@@ -37,11 +38,6 @@ from common.triton_env import (
 # ---------------------------------------------------------------------------------------
 
 
-def positive_int(name: str, value: Any) -> int:
-    """``value`` as an int ``>= 1``, else ``ValueError`` naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
 
 
 def _matrix(name: str, x: Any, rows: int | None = None, cols: int | None = None) -> np.ndarray:

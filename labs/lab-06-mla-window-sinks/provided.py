@@ -14,13 +14,11 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from common.checks import (
-    check_heads,
+    check_decode_inputs,
     check_paged_batch,
-    check_paged_cache,
-    check_seq_len,
     host_max_seq_len,
+    positive_int,
 )
-from common.paged import blocks_needed
 from common.triton_env import check_kernel_dtype
 
 KV_KINDS = ("mha", "mqa", "gqa", "mla")
@@ -79,10 +77,6 @@ MODELS: tuple[ModelKV, ...] = (
 # ---- kv_bytes_per_token ------------------------------------------------------------------
 
 
-def _positive_int(value: Any, name: str, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
 
 
 def check_kv_bytes_args(
@@ -100,11 +94,11 @@ def check_kv_bytes_args(
     kind = kind.lower()
     for name, value in (("num_layers", num_layers), ("head_dim", head_dim),
                         ("num_heads", num_heads), ("bytes_per_element", bytes_per_element)):
-        _positive_int(value, name)
+        positive_int(name, value)
     if kind == "gqa":
         if num_kv_heads is None:
             raise ValueError("num_kv_heads is required for kind='gqa'")
-        _positive_int(num_kv_heads, "num_kv_heads")
+        positive_int("num_kv_heads", num_kv_heads)
         if num_heads % num_kv_heads:
             raise ValueError(f"num_heads={num_heads} is not a multiple of "
                              f"num_kv_heads={num_kv_heads}")
@@ -117,8 +111,8 @@ def check_kv_bytes_args(
         if kv_lora_rank is None or rope_dim is None:
             raise ValueError("kind='mla' needs kv_lora_rank and rope_dim (the latent width "
                              f"and the decoupled RoPE width), got {kv_lora_rank!r}, {rope_dim!r}")
-        _positive_int(kv_lora_rank, "kv_lora_rank")
-        _positive_int(rope_dim, "rope_dim", minimum=0)
+        positive_int("kv_lora_rank", kv_lora_rank)
+        positive_int("rope_dim", rope_dim, minimum=0)
     return kind
 
 
@@ -168,7 +162,7 @@ def check_window(window: Any, allow_none: bool = False) -> int | None:
     """A window of ``>= 1`` tokens (``None`` when allowed: no window)."""
     if window is None and allow_none:
         return None
-    return _positive_int(window, "window")
+    return positive_int("window", window)
 
 
 def check_sinks(sinks: Any, num_heads: int) -> np.ndarray:
@@ -192,28 +186,7 @@ def check_window_decode_inputs(
     ``seq_len - window`` on. Entries before it may be anything (``-1``, a freed block), as in
     vLLM, whose sliding-window manager frees blocks that fell out of the window.
     """
-    q = np.asarray(q)
-    if q.ndim != 2:
-        raise ValueError(f"q must be [num_heads, head_dim], got shape {q.shape}")
-    check_paged_cache(k_cache, v_cache)
-    group = check_heads(q.shape[0], q.shape[1], k_cache.shape)
-    seq_len = check_seq_len(seq_len)
-    block_table = np.asarray(block_table)
-    num_blocks, block_size = k_cache.shape[:2]
-    if block_table.ndim != 1:
-        raise ValueError(f"block_table must be 1-D [max_blocks], got shape {block_table.shape}")
-    needed = blocks_needed(seq_len, block_size)
-    if len(block_table) < needed:
-        raise ValueError(f"block_table has {len(block_table)} entries but seq_len={seq_len} "
-                         f"needs {needed} blocks of {block_size} tokens")
-    first = 0 if window is None else max(seq_len - window, 0) // block_size
-    used = block_table[first:needed]
-    bad = np.flatnonzero((used < 0) | (used >= num_blocks))
-    if bad.size:
-        i = first + int(bad[0])
-        raise ValueError(f"block_table[{i}] = {int(block_table[i])} is not a physical block "
-                         f"(the cache has {num_blocks}) but the window reads it")
-    return q, block_table, seq_len, group
+    return check_decode_inputs(q, k_cache, v_cache, block_table, seq_len, window=window)
 
 
 # ---- Triton launchers ------------------------------------------------------------------------
