@@ -117,7 +117,12 @@ def test_the_pyproject_ranges_admit_every_pin():
 
 def test_requires_python_admits_exactly_the_supported_pythons_of_the_matrix():
     requires = PYPROJECT["project"]["requires-python"]
-    assert requires == ">=3.10"
+    low, high = check_setup.PYTHONS[0], check_setup.PYTHONS[-1]
+    major, minor = (int(x) for x in high.split("."))
+    assert requires == f">={low},<{major}.{minor + 1}", (
+        f"requires-python {requires!r} must admit exactly the Pythons the pins have wheels for "
+        f"({low} to {high})"
+    )
     classified = [
         c.rsplit(" ", 1)[-1]
         for c in PYPROJECT["project"]["classifiers"]

@@ -68,13 +68,16 @@ def student_section(labs: list[str]) -> str:
 ## Student copy: how to work on the labs and grade yourself
 
 This copy has everything except the solutions. In every lab you complete `starter.py`;
-`test_lab.py` is the specification and the grader. You need Python ≥ 3.10 and `make`.
+`test_lab.py` is the specification and the grader. You need Python 3.10–3.13 and `make`.
 
-1. **Set up once:** `make setup` creates `.venv` with the pinned CPU packages (torch's
-   CPU build, triton, numpy, pytest, hypothesis, matplotlib). The first time it downloads
-   several hundred MB and `.venv` takes about 2 GB of disk, so allow a few minutes; later
-   commands install nothing. No GPU is needed: Triton kernels run on the CPU through
-   Triton's interpreter.
+1. **Set up once:** `make setup` creates `.venv` with the pinned packages of
+   `requirements-cpu.txt` (torch 2.13.0, triton on Linux, numpy, pytest, hypothesis,
+   matplotlib); later commands install nothing. On Linux without a GPU, run
+   `make setup TORCH_INDEX=https://download.pytorch.org/whl/cpu`: PyPI's Linux torch is the
+   CUDA build (about 2.8 GB with its CUDA libraries). No GPU is needed: Triton kernels run
+   on the CPU through Triton's interpreter. triton publishes Linux wheels only: on a Mac or
+   Windows the numpy half of every lab runs and the Triton tests are reported "not run"
+   (see "Which laptop?" below for WSL2 and the dev container).
 2. **Work on a lab:** edit `labs/<lab>/starter.py` and run its tests, stopping at the first
    failure:
 

@@ -137,8 +137,6 @@ def gpu_tiles(head_dim: int) -> dict[str, int]:
     ``make gpu-report``, compiled, not run).
     """
     d_pad = dot_tile(head_dim)
-    if d_pad <= 64:
-        return {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 3}
     if d_pad <= 128:
         return {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 3}
     return {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 2}
