@@ -940,9 +940,10 @@ def test_make_release_on_the_real_course_gives_a_copy_written_for_a_student(tmp_
     for figures in out.glob("labs/*/figures.py"):
         assert "solution" not in figures.read_text(), figures
     assert default_impl(out) == "starter"  # LAB_IMPL unset: the starters, no FileNotFoundError
-    # The README and the Makefile are written for a student: nothing the release flags.
+    # Every document of the copy is written for a student: nothing the release flags.
     flagged = [line for line in proc.stdout.splitlines() if "not for a student:" in line]
-    assert not [line for line in flagged if ": README.md:" in line or ": Makefile:" in line]
+    assert not flagged, "wrap instructor-only text in not-in-the-student-copy markers:\n" + (
+        "\n".join(flagged))
     readme, makefile = (out / "README.md").read_text(), (out / "Makefile").read_text()
     assert readme.startswith("# ") and readme.split("\n## ", 2)[1].startswith("Student copy")
     for word in ("For instructors", "make release", "make autograder", "make mutants"):
