@@ -239,7 +239,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"   {lab}: {killed}/{len(outcomes)} mutants killed", flush=True)
         failed |= killed != len(outcomes)
     print(f"mutants: {total_killed}/{total} killed" + ("" if not failed else " -- FAILED"))
-    shutil.rmtree(root / SCRATCH, ignore_errors=True)
+    try:  # each run removed its own copies; another run may still be using the folder
+        (root / SCRATCH).rmdir()
+    except OSError:
+        pass
     return 1 if failed else 0
 
 
