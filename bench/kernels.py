@@ -42,6 +42,10 @@ PREFILL_TARGET = Target(
     "pct_of", 90, "prefill >= 90% of SDPA's FlashAttention backend, same run (course target)",
     ref="sdpa[flash]",
 )  # fmt: skip
+BACKWARD_TARGET = Target(
+    "pct_of", 80, "backward >= 80% of SDPA's FlashAttention backward, same run (course target)",
+    ref="sdpa[flash] backward",
+)  # fmt: skip
 VARLEN_FIXED = "varlen gqa32/8 8x2k from scratch d128"
 VARLEN_TARGET = Target(
     "pct_of_shape", 85, "mixed lengths >= 85% of fixed-length TFLOP/s, same total tokens "
@@ -184,8 +188,10 @@ KERNELS: tuple[KernelSpec, ...] = (
         workload=BackwardWorkload,
         what="FlashAttention backward (preprocess, dK/dV, dQ kernels), [B, H, L, d]",
         gpu=(
-            prefill(1, 16384, causal=False, note="lab 00's forward shape; no target"),
-            prefill(1, 16384, causal=True, note="lab 00's forward shape; no target"),
+            prefill(1, 16384, causal=False, note="lab 00's forward shape",
+                    targets=(BACKWARD_TARGET,)),
+            prefill(1, 16384, causal=True, note="lab 00's forward shape",
+                    targets=(BACKWARD_TARGET,)),
             prefill(4, 4096, causal=True, note="16k tokens in 4 sequences"),
             prefill(1, 16384, kv_heads=8, causal=True, note="GQA: dK, dV summed over the group"),
         ),
