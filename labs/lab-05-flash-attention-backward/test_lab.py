@@ -825,7 +825,9 @@ def relative_error(a, b) -> float:
 @pytest.mark.triton
 @pytest.mark.points(2)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("dtype_name, d", [("bfloat16", 128), ("float16", 128), ("float16", 64), ("bfloat16", 64)])
+@pytest.mark.parametrize(
+    "dtype_name, d", [("bfloat16", 128), ("float16", 128), ("float16", 64), ("bfloat16", 64)]
+)
 def test_triton_backward_on_a_gpu_matches_sdpas_backward_at_4k_tokens(dtype_name, d, causal):
     """B=2, 32 query heads over 8 KV heads, 4,096 tokens: gradients within the rounding of
     the input dtype of SDPA's backward computed in float32."""
