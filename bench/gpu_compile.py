@@ -372,6 +372,29 @@ def _lab(labs_root: str, lab: str, impl: str) -> Lab:
     return found
 
 
+def task_key(task: Task) -> dict:
+    """The cache key ``task`` would compile under (nothing is compiled): ``{"status": "ok",
+    "key": ...}``, or ``skip`` with the reason. The key names exactly what the report's row
+    was compiled from: the kernel's source, the specialisation, the options, arch, Triton."""
+    entry = GPU_KERNELS[task.entry]
+    try:
+        lab = _lab(task.labs_root, entry.lab, task.impl)
+        fn = kernel_of(lab, entry.lab, entry.kernel)
+        spec = launch_spec(entry, lab, fn, task.dtype, task.head_dim)
+    except SkipEntry as exc:
+        return {"status": "skip", "reason": str(exc)}
+    return {"status": "ok", "key": cache_key(fn, spec, task.arch)}
+
+
+def task_keys(tasks: Sequence[Task]) -> list[dict]:
+    """``task_key`` of every task, in one fresh process started with ``TRITON_INTERPRET=0``
+    (a kernel's cache key exists only outside the interpreter); seconds, no compile."""
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(1, mp_context=context) as pool:
+        with environment(TRITON_INTERPRET="0"):
+            return list(pool.map(task_key, tasks))
+
+
 def run_task(task: Task) -> dict:
     """One config in a worker: ``{"status": "ok" | "skip" | "error", ...}``. ``ok`` carries
     ``result`` (cached or fresh), ``cached`` and ``seconds`` (the compile's wall time)."""

@@ -9,7 +9,9 @@ it is in the default suite. The check of every kernel is marked `slow` and desel
 default (pyproject's addopts `-m "not slow"`): it compiles one config per kernel (bf16, the
 bench shapes' head dim), minutes with a cold cache. `make gpu-report` runs it after the
 report (warm cache, seconds); `make test-slow` or `pytest -m slow tests/test_gpu_report.py`
-runs it alone.
+runs it alone. In the default suite too: the committed captured_outputs/gpu-report.json must
+cover every config of this tree (same cache keys: kernel source, launch constants, Triton) and
+pass every sm_90 check; seconds, since keys are computed and nothing is compiled.
 """
 
 from __future__ import annotations
@@ -31,9 +33,11 @@ from bench.gpu_compile import (
     parse_resource_usage,
     run_tasks,
     specialize,
+    task_keys,
+    triton_version,
 )
 from bench.gpu_kernels import GPU_KERNELS, Launch, Ptr, strides
-from bench.gpu_report import LIMITS, check, occupancy, smem_usage
+from bench.gpu_report import GATE_ARCH, LIMITS, check, make_tasks, occupancy, parse_args, smem_usage
 from bench.kernels import by_name
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -266,3 +270,32 @@ def test_every_kernel_compiles_for_sm_90_without_spills_and_with_tensor_core_mma
     index: int, sm90_outcomes: list[dict]
 ):
     _assert_sm90_clean(SM90_TASKS[index], sm90_outcomes[index])
+
+
+CAPTURED = ROOT / "captured_outputs" / "gpu-report.json"
+
+
+@needs_compiler
+def test_the_captured_report_was_compiled_from_this_tree_and_every_sm_90_config_passes():
+    """The committed report is the evidence: every config `make gpu-report` would compile
+    today has a row in it whose key (kernel source, specialisation, options, arch, Triton)
+    matches, and every sm_90 row passes (no spills, shared memory within the per-block limit,
+    tensor-core MMAs for the dots). Seconds: cache keys are computed, nothing is compiled."""
+    import json
+
+    report = json.loads(CAPTURED.read_text())
+    made_with = report["provenance"]["triton"]
+    if made_with != triton_version():
+        pytest.skip(f"the report was compiled with triton {made_with}, this machine has "
+                    f"{triton_version()}: keys are not comparable (make gpu-report)")
+    rows = {r["key"]: r for r in report["rows"] if "key" in r}
+    tasks = make_tasks(parse_args([]))
+    stale = [t.label for t, k in zip(tasks, task_keys(tasks))
+             if k["status"] == "ok" and k["key"] not in rows]
+    assert not stale, (f"captured_outputs/gpu-report.json does not cover {len(stale)} configs of "
+                       f"this tree (a kernel or a launch constant changed): run make gpu-report; "
+                       f"first: {stale[:3]}")
+    failing = [f"{r['lab']} {r['kernel']} [{r['config']}] {r['dtype']} d{r['head_dim']}: "
+               f"{r['problems']}" for r in rows.values()
+               if r["arch"] == f"sm_{GATE_ARCH}" and r["problems"]]
+    assert not failing, "configs that fail the sm_90 checks: " + "; ".join(failing)
