@@ -17,9 +17,20 @@ The grader, one module per job, each importing only those above it:
     runner.py         one lab's pytest process under time and size limits (Options, Run)
     wire.py           what crosses to and from a sandboxed worker: frames, pickling rules
     procs.py          finding and killing every process the graded code started
-    sandbox.py        a lab's sandbox: scratch copy, uid block, zygote; locking the tree
+    uids.py           the user switch: a uid block per lab when running as root
+    scratch.py        a lab's scratch copy without the tests, its clean environment
+    zygote_client.py  the zygotes from the trusted side, the run's warm zygote
+    lab_script.py     the LabScript helper: a lab script run in its lab's sandbox
+    session.py        around a grading run: mode, uid blocks, locking the tree, sweeping
+    sandbox.py        a lab's sandbox: scratch copy, uid block, zygote
     worker.py         inside the sandbox: the zygote, the worker, lab scripts
-    proxy.py          in the test process: load_impl's proxy module, per-call limits
+    call_limits.py    in the test process: the deadline of a sandboxed call
+    remote_errors.py  in it: GradingError (timed out, crashed), the graded code's exceptions
+    lab_sandboxes.py  in it: the sandboxes of the process, one per lab
+    remote.py         in it: remote functions, objects and classes (what the tests see)
+    call_args.py      in it: a call's arguments pickled, writes copied back
+    client.py         in it: one lab's worker: calls, deadlines, restarts
+    proxy.py          in it: the plugin, load_impl's proxy module
     counting.py       a lab's points when its tests cannot be imported (stub, static scan)
     lab.py            grading one lab (crashes, re-runs, hangs) and every lab
     report.py         the terminal table, the reasons, the per-test details

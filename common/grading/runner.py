@@ -20,16 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from common.grading.discovery import GRADED_PATTERNS, PROJECT_ROOT
-from common.grading.sandbox import (
-    ENV_ENABLE,
-    ENV_UIDS,
-    ENV_ZYGOTE,
-    LabSandbox,
-    Mode,
-    SandboxError,
-    kill_block,
-)
+from common.grading.sandbox import ENV_ENABLE, ENV_ZYGOTE, LabSandbox
 from common.grading.time_limits import hard_stop_grace
+from common.grading.uids import ENV_UIDS, Mode, SandboxError, kill_block
 
 try:
     import resource
@@ -68,7 +61,7 @@ class Options:
     python: str = sys.executable
     sandbox: bool = True  # the graded code runs in a sandboxed worker (common.grading.proxy)
     uid_blocks: dict[str, tuple[int, int]] = field(default_factory=dict)  # lab -> its uids
-    mother: Any = None  # the run's warm zygote (common.grading.sandbox.Mother), if any
+    mother: Any = None  # the run's warm zygote (common.grading.zygote_client.Mother), if any
 
 
 @dataclass

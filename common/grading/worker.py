@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from common.grading import procs, wire
-from common.grading.sandbox import PREIMPORTABLE, lab_imports
+from common.grading.scratch import PREIMPORTABLE, lab_imports
 
 FILE_SIZE_LIMIT = 256 * 2**20
 NPROC_LIMIT = 512
@@ -67,7 +67,7 @@ COMMON_STDLIB = ("heapq", "bisect", "dataclasses", "itertools", "functools", "co
 def preimport(modules: list[str], full_stdlib: bool) -> None:
     """What the workers will import, imported once here (forks share it): ``modules`` (the
     installed packages and ``common`` modules the labs' files name, see
-    :func:`common.grading.sandbox.lab_imports`) and some standard library (all of it when
+    :func:`common.grading.scratch.lab_imports`) and some standard library (all of it when
     the sandbox uid cannot read the interpreter's files)."""
     stdlib = set(getattr(sys, "stdlib_module_names", ())) - SKIP_STDLIB
     names = list(COMMON_STDLIB) + (sorted(stdlib) if full_stdlib else [])
