@@ -14,8 +14,10 @@ The grader, one module per job, each importing only those above it:
     messages.py       inside it: an exception as one readable message
     stub.py           inside it: load_impl answering a stub (counting only)
     pytest_points.py  the plugin inside it: one JSON line per event
-    runner.py         one lab's pytest process under time and size limits (Options, Run)
-    wire.py           what crosses to and from a sandboxed worker: frames, pickling rules
+    frames.py         what crosses to and from a sandboxed worker: frames with deadlines
+    wire_values.py    what crosses: tensors, dtypes, devices, read-only arrays, encoded
+    wire.py           what crosses: the pickling rules, the allow-list for results
+    leaves.py         what crosses: the arguments a call writes into
     procs.py          finding and killing every process the graded code started
     uids.py           the user switch: a uid block per lab when running as root
     scratch.py        a lab's scratch copy without the tests, its clean environment
@@ -23,7 +25,12 @@ The grader, one module per job, each importing only those above it:
     lab_script.py     the LabScript helper: a lab script run in its lab's sandbox
     session.py        around a grading run: mode, uid blocks, locking the tree, sweeping
     sandbox.py        a lab's sandbox: scratch copy, uid block, zygote
-    worker.py         inside the sandbox: the zygote, the worker, lab scripts
+    runner.py         one lab's pytest process under time and size limits (Options, Run)
+    confine.py        inside the sandbox: a forked child enters it (uid, limits)
+    preimport.py      inside the sandbox: what a zygote imports before it forks
+    worker_wire.py    inside the sandbox: the worker's side of the wire
+    worker.py         inside the sandbox: the worker, lab scripts
+    zygote.py         inside the sandbox: the zygote (forks workers and lab scripts)
     call_limits.py    in the test process: the deadline of a sandboxed call
     remote_errors.py  in it: GradingError (timed out, crashed), the graded code's exceptions
     lab_sandboxes.py  in it: the sandboxes of the process, one per lab

@@ -11,7 +11,7 @@ import io
 import pickle
 from typing import Any
 
-from common.grading import wire
+from common.grading import leaves, wire, wire_values
 from common.grading.remote import RemoteFunction, RemoteMethod, RemoteObject
 
 
@@ -42,20 +42,20 @@ def apply_changes(args: tuple, kwargs: dict, changes: list) -> None:
     """Copy what the worker wrote into its copies of the arguments into the caller's."""
     for path, value, grad in changes or []:
         try:
-            dst = wire.find_leaf(args, kwargs, tuple(path))
+            dst = leaves.find_leaf(args, kwargs, tuple(path))
         except (LookupError, TypeError):
             continue
         if value is not None:
             _copy_into(dst, value)
-        if grad is not None and wire.is_plain_tensor(dst):
+        if grad is not None and wire_values.is_plain_tensor(dst):
             dst.grad = grad
 
 
 def _copy_into(dst: Any, src: Any) -> None:
-    if wire.is_plain_tensor(dst):
+    if wire_values.is_plain_tensor(dst):
         import torch
 
-        if wire.is_plain_tensor(src) and src.shape == dst.shape:
+        if wire_values.is_plain_tensor(src) and src.shape == dst.shape:
             with torch.no_grad():
                 dst.copy_(src)
         return

@@ -18,7 +18,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from common.grading import wire
+from common.grading import frames, wire
 from common.grading.call_args import apply_changes, dumps_args
 from common.grading.call_limits import current_deadline
 from common.grading.lab_sandboxes import replace_sandbox
@@ -57,7 +57,7 @@ class Client:
         self.released.clear()
         try:
             self.proc = self.box.spawn_worker(self.generation, max(deadline, time.monotonic() + 5))
-        except (OSError, EOFError, TimeoutError, wire.FrameError, KeyError):
+        except (OSError, EOFError, TimeoutError, frames.FrameError, KeyError):
             self.box = replace_sandbox(self.box)  # the zygote is gone: a new one, once
             self.proc = self.box.spawn_worker(self.generation, time.monotonic() + 60)
         reply = self._receive(deadline, what, importing=True)
@@ -115,7 +115,7 @@ class Client:
                               ) from None
         self.released.clear()
         try:
-            wire.send_frame(self.proc.sock, payload)
+            frames.send_frame(self.proc.sock, payload)
         except OSError:
             self._crashed(what)
         reply = self._receive(deadline, what)
@@ -133,10 +133,10 @@ class Client:
         __tracebackhide__ = True
         proc = self.proc
         try:
-            data, _ = wire.recv_frame(proc.sock, deadline, alone=True)
+            data, _ = frames.recv_frame(proc.sock, deadline, alone=True)
         except TimeoutError:
             self._timed_out(what, importing)
-        except (EOFError, OSError, wire.FrameError):
+        except (EOFError, OSError, frames.FrameError):
             self._crashed(what, importing)
         except BaseException:  # the test's own limit, an interrupt: the worker is out of step
             self._discard(wait=False)
@@ -167,7 +167,7 @@ class Client:
         proc = self.proc
         try:
             code = self.box.exit_code(proc.pid) if proc is not None else None
-        except (OSError, EOFError, wire.FrameError):
+        except (OSError, EOFError, frames.FrameError):
             code = None
         self._discard(wait=False, alive=code is None)
         doing = f"while importing {self.impl}.py" if importing else f"in {what}"

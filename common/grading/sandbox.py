@@ -17,7 +17,7 @@ For each lab the trusted test process (``common.grading.proxy``) sets up a
   included (:mod:`common.grading.procs`). Without root (a student's laptop) the same
   process split runs without the switch: the graded code cannot patch the grader's
   process, but it runs with the grader's own permissions;
-- a **zygote** (:mod:`common.grading.worker`) that imported torch once and forks workers
+- a **zygote** (:mod:`common.grading.zygote`) that imported torch once and forks workers
   and lab scripts on request (:mod:`common.grading.zygote_client` talks to it).
 
 A grading run sets all this up around its labs in :mod:`common.grading.session`.
@@ -103,7 +103,7 @@ class LabSandbox:
         else:
             with open(self.zygote_log, "wb") as log:
                 self.zygote = subprocess.Popen(
-                    [sys.executable, "-m", "common.grading.worker", json.dumps(config)],
+                    [sys.executable, "-m", "common.grading.zygote", json.dumps(config)],
                     cwd=self.scratch, env=env, pass_fds=[listener.fileno()],
                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                     start_new_session=True,

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common.grading import procs, wire
+from common.grading import frames, procs
 from common.grading.scratch import ENV_DIR, _chown_tree, sandbox_env
 
 ZYGOTE_START_TIMEOUT = 300.0  # importing torch on a loaded machine; not the student's time
@@ -49,7 +49,7 @@ class ZygoteClient:
         with self.lock:
             self.last_id += 1
             rid = self.last_id
-            wire.send_frame(self.sock, json.dumps(dict(message, id=rid)).encode(), fds)
+            frames.send_frame(self.sock, json.dumps(dict(message, id=rid)).encode(), fds)
         return rid
 
     def result(self, rid: int, deadline: float | None = None) -> dict[str, Any]:
@@ -64,7 +64,7 @@ class ZygoteClient:
         return self.result(self.send(message, fds), deadline)
 
     def receive(self, deadline: float | None = None) -> dict[str, Any]:
-        data, _ = wire.recv_frame(self.sock, deadline, max_size=1 << 24)
+        data, _ = frames.recv_frame(self.sock, deadline, max_size=1 << 24)
         return json.loads(data)
 
     def close(self) -> None:
@@ -100,7 +100,7 @@ class Mother:
                   "uids": None, "gid": None, "modules": modules}
         with open(self.private / "mother.log", "wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "common.grading.worker", json.dumps(config)],
+                [sys.executable, "-m", "common.grading.zygote", json.dumps(config)],
                 cwd=self.scratch, env=sandbox_env(self.scratch, "starter"),
                 pass_fds=[listener.fileno()], stdin=subprocess.DEVNULL, stdout=log,
                 stderr=subprocess.STDOUT, start_new_session=True,
@@ -121,7 +121,7 @@ class Mother:
             if self.client.request({"op": "wait", "pid": pid},
                                    deadline=time.monotonic() + 10).get("code") is None:
                 self.client.request({"op": "kill", "pid": pid}, deadline=time.monotonic() + 60)
-        except (OSError, EOFError, TimeoutError, KeyError, wire.FrameError):
+        except (OSError, EOFError, TimeoutError, KeyError, frames.FrameError):
             pass
 
     def close(self) -> None:
