@@ -13,6 +13,7 @@ The grader, one module per job, each importing only those above it:
     time_limits.py    inside a lab's pytest process: the per-test limit (@given too), watchdog
     messages.py       inside it: an exception as one readable message
     stub.py           inside it: load_impl answering a stub (counting only)
+    collection.py     inside it: skip reasons, fast hypothesis, deselected tests
     pytest_points.py  the plugin inside it: one JSON line per event
     frames.py         what crosses to and from a sandboxed worker: frames with deadlines
     wire_values.py    what crosses: tensors, dtypes, devices, read-only arrays, encoded
@@ -25,7 +26,8 @@ The grader, one module per job, each importing only those above it:
     lab_script.py     the LabScript helper: a lab script run in its lab's sandbox
     session.py        around a grading run: mode, uid blocks, locking the tree, sweeping
     sandbox.py        a lab's sandbox: scratch copy, uid block, zygote
-    runner.py         one lab's pytest process under time and size limits (Options, Run)
+    lab_run.py        what one lab's pytest process did (Run), why it stopped
+    runner.py         one lab's pytest process under time and size limits (Options)
     confine.py        inside the sandbox: a forked child enters it (uid, limits)
     preimport.py      inside the sandbox: what a zygote imports before it forks
     worker_wire.py    inside the sandbox: the worker's side of the wire
@@ -42,9 +44,11 @@ The grader, one module per job, each importing only those above it:
     lab.py            grading one lab (crashes, re-runs, hangs) and every lab
     report.py         the terminal table, the reasons, the per-test details
     gradescope.py     results.json: built, validated, written atomically
+    arguments.py      the command line's options, --weight
     cli.py            the command line (``python -m common.grading``)
 
-The student release uses ``leaks.py`` (solution code, recognised as code) and
-``student_copy.py`` (the copy's README and Makefile, written for a student). See
-``common/README.md``.
+The student release uses ``release_files.py`` (the project's files, solution files by
+name), ``leaks.py`` (solution code, recognised as code) and ``student_copy.py`` (the copy's
+README and Makefile, written for a student); the autograder ``submission.py`` (which
+submitted file is which lab's). See ``common/README.md``.
 """
