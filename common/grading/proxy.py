@@ -1,6 +1,6 @@
 """The trusted side of grading: ``load_impl`` returns a proxy of the graded module.
 
-Under the grader (``COURSE_SANDBOX=1``, set by :mod:`common.grading.grader`), the tests run
+Under the grader (``COURSE_SANDBOX=1``, set by :mod:`common.grading.runner`), the tests run
 in a trusted pytest process and never import the student's code. ``load_impl(__file__)``
 returns a :class:`ProxyModule` instead: every public function of ``starter.py`` becomes a
 :class:`RemoteFunction` whose call is sent to a worker process in the lab's sandbox
@@ -31,7 +31,8 @@ nothing else of the lab is lost.
 
 ``peak_memory`` and ``host_syncs`` of :mod:`common.testing` call
 ``fn.__instrumented_call__``: the measurement is taken in the worker, around the call.
-``LabScript`` honours ``COURSE_SCRIPT_PREFIX``, set here, so lab scripts run sandboxed too.
+``LabScript`` honours ``COURSE_SCRIPT_PREFIX``, set in this process (by
+:mod:`common.grading.lab_sandboxes`), so lab scripts run sandboxed too.
 
 The module is also a pytest plugin (``-p common.grading.proxy``, loaded by the grader): it
 starts each lab's sandbox when the session starts, gives each test's calls the test's
