@@ -29,7 +29,8 @@ zip with a top-level folder works too):
 
 The folder form wins over the file-name form; the shallowest path wins among several.
 A lab with no file is graded from its untouched starter (0 points). Nothing else of the
-submission is used (tests, common/ and helpers always come from the autograder).
+submission is used (tests, common/ and helpers always come from the autograder). Finding
+and placing the files is :mod:`common.grading.submission`.
 
 ``AUTOGRADER_ROOT`` (default ``/autograder``) moves the whole layout, so the run can be
 simulated in a temporary folder; ``AUTOGRADER_PYTHON`` picks the interpreter.
@@ -39,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import shutil
 import stat
 import sys
@@ -52,15 +52,13 @@ from pathlib import Path
 from common.grading.discovery import discover_labs
 from common.grading.gradescope import DEFAULT_HIDDEN_VISIBILITY, gradescope_results, write_json
 from common.grading.lab import grade
-from common.grading.release import (
-    HIDDEN_TESTS,
-    PROJECT_ROOT,
-    ReleaseError,
-    build_release,
-    is_solution_file,
-)
+from common.grading.release import HIDDEN_TESTS, PROJECT_ROOT, ReleaseError, build_release
+from common.grading.release_files import is_solution_file
 from common.grading.report import plain_summary
 from common.grading.runner import Options
+from common.grading.submission import find_submission_files, lab_of, place_submission
+
+__all__ = ["build_zip", "find_submission_files", "lab_of", "main", "place_submission", "run"]
 
 SETUP_SH = """#!/usr/bin/env bash
 # Gradescope runs this once, as root, when it builds the autograder image. It installs the
@@ -152,82 +150,6 @@ def build_zip(root: Path, out: Path) -> list[str]:
 
 
 # ---- grading a submission ------------------------------------------------------------------
-
-
-def _lab_by_number(number: str, labs: list[str]) -> str | None:
-    found = [lab for lab in labs if re.match(rf"lab-0*{int(number)}(-|$)", lab)]
-    return found[0] if len(found) == 1 else None
-
-
-def lab_of(path: Path, labs: list[str]) -> tuple[str | None, int]:
-    """Which lab a submitted file is for, and how sure (0 folder form, 1 file name)."""
-    if path.name == "starter.py":
-        folder = path.parent.name
-        if folder in labs:
-            return folder, 0
-        m = re.match(r"^lab[-_]?(\d+)(?:[-_].*)?$", folder, re.IGNORECASE)
-        return (_lab_by_number(m.group(1), labs) if m else None), 0
-    m = re.match(r"^lab[-_]?(\d+)(?![\d])", path.stem, re.IGNORECASE)
-    return (_lab_by_number(m.group(1), labs) if m else None), 1
-
-
-def _own_file(path: Path, submission: Path) -> bool:
-    """A regular file inside the submission: a link (to a hidden test, say) never counts."""
-    return (
-        not path.is_symlink() and path.is_file() and path.resolve().is_relative_to(submission)
-    )
-
-
-def find_submission_files(submission: Path, labs: list[str]) -> tuple[dict[str, Path], list[str]]:
-    """``{lab: submitted file}``, and the files that look like starters but were not used."""
-    chosen: dict[str, tuple[tuple[int, int, str], Path]] = {}
-    ignored = []
-    real = submission.resolve()
-    files = (
-        sorted(p for p in submission.rglob("*.py") if _own_file(p, real))
-        if submission.is_dir()
-        else []
-    )
-    for path in files:
-        rel = path.relative_to(submission)
-        if any(part.startswith((".", "__")) for part in rel.parts):
-            continue
-        lab, form = lab_of(path, labs)
-        if lab is None:
-            if "starter" in path.name.lower() or path.name.lower().startswith("lab"):
-                ignored.append(str(rel))  # meant as a lab's file, probably: say so
-            continue
-        rank = (form, len(rel.parts), str(rel))
-        if lab not in chosen or rank < chosen[lab][0]:
-            if lab in chosen:
-                ignored.append(str(chosen[lab][1].relative_to(submission)))
-            chosen[lab] = (rank, path)
-        else:
-            ignored.append(str(rel))
-    return {lab: path for lab, (_, path) in chosen.items()}, ignored
-
-
-def place_submission(submission: Path, source: Path) -> list[str]:
-    """Copy the submitted starters into ``source/labs``; returns lines for the report."""
-    labs = [lab.name for lab in discover_labs(source)]
-    found, ignored = find_submission_files(submission, labs)
-    lines = ["Submitted files:"]
-    for lab in labs:
-        if lab in found:
-            target = source / "labs" / lab / "starter.py"
-            target.unlink(missing_ok=True)  # never write through a link
-            with open(found[lab], "rb") as fin, open(target, "wb") as fout:
-                shutil.copyfileobj(fin, fout)
-            lines.append(f"  {lab}: {found[lab].relative_to(submission)}")
-        else:
-            lines.append(f"  {lab}: no file for this lab, graded the untouched starter")
-    if ignored:
-        lines.append("  not used: " + ", ".join(sorted(ignored)[:20]))
-        lines.append(
-            "  (name a lab's file labs/<lab>/starter.py or lab<NN>_starter.py, e.g. "
-            f"labs/{labs[0] if labs else 'lab-00-...'}/starter.py or lab00_starter.py)"
-        )
-    return lines
 
 
 def parallel_jobs(labs: int) -> int:

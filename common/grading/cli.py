@@ -27,6 +27,8 @@ proxy and the student's module runs in a sandboxed worker (:mod:`common.grading.
 :mod:`common.grading.sandbox`): as another uid when the grader runs as root, else as a
 separate process of the same user (the report says which). ``--no-sandbox`` runs it in the
 test process, as plain pytest does.
+
+The options are :mod:`common.grading.arguments`.
 """
 
 from __future__ import annotations
@@ -36,13 +38,9 @@ import os
 import sys
 from pathlib import Path
 
-from common.grading.discovery import PROJECT_ROOT, discover_labs, select_labs
-from common.grading.gradescope import (
-    DEFAULT_HIDDEN_VISIBILITY,
-    GRADESCOPE_VISIBILITY,
-    gradescope_results,
-    write_json,
-)
+from common.grading.arguments import parse_args, parse_weights
+from common.grading.discovery import discover_labs, select_labs
+from common.grading.gradescope import gradescope_results, write_json
 from common.grading.lab import grade
 from common.grading.report import (
     Table,
@@ -54,130 +52,10 @@ from common.grading.report import (
     problem_lines,
 )
 from common.grading.results import Report
-from common.grading.runner import (
-    DEFAULT_LAB_TIMEOUT,
-    DEFAULT_MAX_RESTARTS,
-    DEFAULT_TEST_TIMEOUT,
-    Options,
-)
+from common.grading.runner import Options
 from common.loader import ALLOWED_IMPLS, lab_impl
 
-
-def _env_float(name: str, default: float) -> float:
-    try:
-        return float(os.environ.get(name, default))
-    except ValueError:
-        return default
-
-
-def _add_limits(p: argparse.ArgumentParser) -> None:
-    lab, test = DEFAULT_LAB_TIMEOUT, DEFAULT_TEST_TIMEOUT
-    p.add_argument(
-        "--lab-timeout",
-        type=float,
-        default=_env_float("GRADE_LAB_TIMEOUT", lab),
-        help=f"wall-clock seconds per lab (default {lab:g}, env GRADE_LAB_TIMEOUT)",
-    )
-    p.add_argument(
-        "--test-timeout",
-        type=float,
-        default=_env_float("GRADE_TEST_TIMEOUT", test),
-        help=f"seconds per test (default {test:g}, env GRADE_TEST_TIMEOUT)",
-    )
-    p.add_argument(
-        "--max-restarts",
-        type=int,
-        default=DEFAULT_MAX_RESTARTS,
-        help=f"re-runs of a lab after a crash (default {DEFAULT_MAX_RESTARTS})",
-    )
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m common.grading",
-        description="Grade the labs (LAB_IMPL=starter by default): a score table and a "
-        "Gradescope results.json.",
-    )
-    p.add_argument(
-        "--lab",
-        action="append",
-        default=[],
-        metavar="NN",
-        help="a lab number (01) or folder name; repeat or comma-separate; default all",
-    )
-    p.add_argument(
-        "--impl",
-        choices=ALLOWED_IMPLS,
-        default=None,
-        help="what to grade (default: $LAB_IMPL, else starter)",
-    )
-    p.add_argument("--root", type=Path, default=PROJECT_ROOT, help="project root (has labs/)")
-    p.add_argument(
-        "--results",
-        type=Path,
-        default=None,
-        help="where to write results.json (default: ROOT/results.json)",
-    )
-    _add_limits(p)
-    p.add_argument(
-        "-j",
-        "--jobs",
-        type=int,
-        default=int(_env_float("GRADE_JOBS", 1)),
-        help="labs graded at once (default 1, env GRADE_JOBS)",
-    )
-    p.add_argument(
-        "--details",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="list every test with its message (default: on for a single lab)",
-    )
-    p.add_argument(
-        "--fail-under",
-        type=float,
-        default=None,
-        metavar="PERCENT",
-        help="exit with status 1 when the score is below PERCENT of possible",
-    )
-    p.add_argument(
-        "--sandbox",
-        action=argparse.BooleanOptionalAction,
-        default=os.environ.get("GRADE_SANDBOX", "1").strip() not in ("0", "no", "off"),
-        help="run the graded code in a sandboxed worker (default; env GRADE_SANDBOX=0 to "
-        "turn off)",
-    )
-    p.add_argument(
-        "--weight",
-        action="append",
-        default=[],
-        metavar="NN=FACTOR",
-        help="multiply the points of a lab's tests (repeat; env GRADE_WEIGHTS=04=2,05=0.5)",
-    )
-    p.add_argument(
-        "--hidden-visibility",
-        choices=sorted(GRADESCOPE_VISIBILITY),
-        default=os.environ.get("GRADE_HIDDEN_VISIBILITY", DEFAULT_HIDDEN_VISIBILITY),
-        help="Gradescope visibility of test_hidden*.py tests (default after_published)",
-    )
-    p.add_argument("-q", "--quiet", action="store_true", help="print only the total")
-    return p.parse_args(argv)
-
-
-def parse_weights(specs: list[str], labs: list[Path]) -> dict[str, float]:
-    """``["04=2", "lab-05=0.5"]`` -> ``{lab folder name: factor}``; ``ValueError`` if bad."""
-    weights: dict[str, float] = {}
-    for spec in (s.strip() for w in specs for s in w.split(",")):
-        if not spec:
-            continue
-        name, eq, factor = spec.partition("=")
-        if not eq:
-            raise ValueError(f"--weight {spec!r}: write LAB=FACTOR, e.g. 04=2")
-        value = float(factor)
-        if not value >= 0:
-            raise ValueError(f"--weight {spec!r}: the factor must be >= 0")
-        for lab in select_labs(labs, [name]):
-            weights[lab.name] = value
-    return weights
+__all__ = ["main", "parse_args", "parse_weights"]
 
 
 def _choose(args: argparse.Namespace) -> tuple[str, Path, list[Path]]:
@@ -215,6 +93,26 @@ def main(argv: list[str] | None = None) -> int:
     )
     results_path = (args.results or root / "results.json").resolve()
     show_details = args.details if args.details is not None else len(labs) == 1
+    report = _grade_and_show(args, opts, labs, weights, results_path, show_details)
+    write_json(
+        results_path,
+        gradescope_results(report, plain_summary(report), hidden_visibility=args.hidden_visibility),
+    )
+    pct = _print_score(report, results_path)
+    if impl == "starter" and report.earned < report.possible and not (args.quiet or show_details):
+        one = " LAB=NN" if len(labs) > 1 else ""
+        print(
+            f"Each failing test says what is wrong: `make grade{one}` lists them, or run "
+            f"`LAB_IMPL=starter {_display(Path(sys.executable))} -m pytest labs/<lab> -x -q`."
+        )
+    return 1 if args.fail_under is not None and pct < args.fail_under else 0
+
+
+def _grade_and_show(args: argparse.Namespace, opts: Options, labs: list[Path],
+                    weights: dict[str, float], results_path: Path, show_details: bool
+                    ) -> Report:
+    """Grade ``labs``, printing the table (row by row as labs finish, when one at a time),
+    what was not run, the details and the problems."""
     color = sys.stdout.isatty() and "NO_COLOR" not in os.environ
     table = Table([lab.name for lab in labs], color=color)
     live = args.jobs <= 1 and not args.quiet
@@ -224,8 +122,8 @@ def main(argv: list[str] | None = None) -> int:
             print(text, flush=True)
 
     say(
-        f"Grading {impl}.py of {len(labs)} lab(s): at most {opts.test_timeout:g} s per test, "
-        f"{opts.lab_timeout:g} s per lab\n"
+        f"Grading {opts.impl}.py of {len(labs)} lab(s): at most {opts.test_timeout:g} s per "
+        f"test, {opts.lab_timeout:g} s per lab\n"
     )
     say(table.header())
     report = grade(
@@ -251,18 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     notes = problem_lines(report)
     if notes:
         say(notes)
-    write_json(
-        results_path,
-        gradescope_results(report, plain_summary(report), hidden_visibility=args.hidden_visibility),
-    )
-    pct = _print_score(report, results_path)
-    if impl == "starter" and report.earned < report.possible and not (args.quiet or show_details):
-        one = " LAB=NN" if len(labs) > 1 else ""
-        print(
-            f"Each failing test says what is wrong: `make grade{one}` lists them, or run "
-            f"`LAB_IMPL=starter {_display(Path(sys.executable))} -m pytest labs/<lab> -x -q`."
-        )
-    return 1 if args.fail_under is not None and pct < args.fail_under else 0
+    return report
 
 
 def _print_score(report: Report, results_path: Path) -> float:

@@ -23,7 +23,7 @@ from common.grading.counting import count_tests
 from common.grading.messages import summarize_collect_error
 from common.grading.results import LabResult, Report, TestResult
 from common.grading.runner import Options, Run, run_pytest
-from common.grading.sandbox import grading_session
+from common.grading.session import grading_session
 
 
 @dataclass
@@ -178,7 +178,7 @@ def grade(
     """Grade ``labs`` (``jobs`` at a time); ``on_done(LabResult)`` is called as each ends.
 
     With ``opts.sandbox`` the graded code runs in sandboxed workers
-    (:func:`common.grading.sandbox.grading_session`: a uid block per lab when running as
+    (:func:`common.grading.session.grading_session`: a uid block per lab when running as
     root, the source tree and ``results_file``'s folder locked meanwhile; ``top_level``:
     every process left below this one is killed at the end). ``weights`` multiply the
     points of a lab's tests (``{lab folder name: factor}``, default 1).

@@ -49,7 +49,7 @@ def describe_exception(excinfo: pytest.ExceptionInfo, lab_dir: Path, test_file: 
             "return their result, never exit"
         )
     text = clip(tidy(text), max_lines=8)
-    # a sandboxed worker's exception says where it was raised (common.grading.proxy)
+    # a sandboxed worker's exception says where it was raised (common.grading.remote_errors)
     where = getattr(exc, "__graded_where__", None) or _where(exc.__traceback__, lab_dir, test_file)
     if where and not isinstance(exc, AssertionError):
         text += f"\n  (raised at {where})"

@@ -30,6 +30,7 @@ writes ``{"event": "timeout", "nodeid", "seconds"}``.
 no shrinking (a failing property fails in about the time a passing one takes, printing
 the example it failed on), no example database (nothing read or written between runs, so
 the grade does not depend on earlier runs), whatever ``@settings`` the test carries.
+(Those two, and ``--points-deselect``, are :mod:`common.grading.collection`.)
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from typing import Any
 import pytest
 
 from common.grading import time_limits
+from common.grading.collection import drop_deselected, fast_hypothesis, static_skip_reason
 from common.grading.messages import (
     describe_exception,
     raised_in_graded_code,
@@ -142,55 +144,21 @@ def pytest_collection_modifyitems(
                 "nodeid": item.nodeid,
                 "name": item.name,
                 "points": points_of(item),
-                "skip": _static_skip_reason(item),
+                "skip": static_skip_reason(item),
             }
         )
     _emit("collected", tests=tests)
     if config.getoption("points_fast_hypothesis"):
         for item in items:
-            _fast_hypothesis(item)
+            fast_hypothesis(item)
 
-    deselect_file = config.getoption("points_deselect")
-    if deselect_file:
-        unwanted = set(Path(deselect_file).read_text(encoding="utf-8").splitlines())
-        keep = [i for i in items if i.nodeid not in unwanted]
-        dropped = [i for i in items if i.nodeid in unwanted]
-        if dropped:
-            config.hook.pytest_deselected(items=dropped)
-            items[:] = keep
-
-
-def _fast_hypothesis(item: pytest.Item) -> None:
-    """Stop ``item``'s ``@given`` test at its first failing example, with no database.
-
-    Hypothesis reads the settings of a ``@given`` test from this attribute when the test
-    runs, so this overrides the profile and the test's own ``@settings`` alike.
-    """
-    test = getattr(item, "obj", None)
-    current = getattr(test, "_hypothesis_internal_use_settings", None)
-    if current is None:
-        return
-    from hypothesis import Phase, settings
-
-    phases = [p for p in current.phases if p in (Phase.explicit, Phase.generate, Phase.target)]
-    test._hypothesis_internal_use_settings = settings(current, phases=phases, database=None)
+    drop_deselected(config, items)
 
 
 def points_of(item: pytest.Item) -> float:
     """The points a test is worth: its ``points(n)`` marker, default 1 (as conftest.py)."""
     marker = item.get_closest_marker("points")
     return float(marker.args[0]) if marker and marker.args else 1.0
-
-
-def _static_skip_reason(item: pytest.Item) -> str | None:
-    """Why ``item`` will be skipped on this machine (skip/skipif markers), else None."""
-    try:
-        from _pytest.skipping import evaluate_skip_marks
-
-        skipped = evaluate_skip_marks(item)
-    except Exception:  # noqa: BLE001 - a private API; without it we simply do not know
-        return None
-    return skipped.reason if skipped is not None else None
 
 
 # ---- running ------------------------------------------------------------------------------

@@ -5,7 +5,7 @@
 
 What is copied: the files git knows (tracked, plus untracked ones that ``.gitignore`` does
 not exclude), or, outside a git checkout, every file; never ``.git``, virtual environments,
-caches, ``results.json`` or build output.
+caches, ``results.json`` or build output (:mod:`common.grading.release_files`).
 
 What is left out, and checked afterwards in the output folder:
 - every ``solution.py`` (and ``solution_*.py``, ``*_solution.py``, ``solutions/``);
@@ -32,13 +32,13 @@ from __future__ import annotations
 import argparse
 import re
 import shutil
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.grading import leaks
 from common.grading.discovery import PROJECT_ROOT
+from common.grading.release_files import _inside, _read, candidate_files, is_solution_file
 from common.grading.student_copy import (
     MARKER,
     coherence_problems,
@@ -46,16 +46,8 @@ from common.grading.student_copy import (
     student_readme,
 )
 
-EXCLUDED_DIRS = {
-    ".git", ".hg", ".venv", ".venv-vllm", "venv", "__pycache__", ".pytest_cache",
-    ".hypothesis", ".ruff_cache", ".mypy_cache", ".ipynb_checkpoints", "build", "dist",
-    "node_modules", "solutions", ".mutants-scratch",
-}  # fmt: skip
-EXCLUDED_FILES = {"results.json", "results.json.tmp", ".DS_Store"}
-EXCLUDED_SUFFIXES = (".pyc", ".pyo", ".egg-info")
 HIDDEN_TESTS = "instructor-only hidden tests"  # dropped from the release, kept by the autograder
 MUTANTS = ("tests", "mutants")
-SOLUTION_NAME = re.compile(r"^(solution([_.-].*)?|.*_solution)\.py$")
 LOADS_SOLUTION = re.compile(r"""(load_impl\([^)]*["']solution["']|\bimport\s+solution\b|"""
                             r"""from\s+\.?solution\s+import|["']solution\.py["'])""")  # fmt: skip
 # A real starter gives away some helpers verbatim (a third of the solution's function
@@ -72,57 +64,6 @@ class Plan:
     files: list[Path]  # relative to the root, to copy
     dropped: dict[Path, str] = field(default_factory=dict)  # relative path -> why
     warnings: list[str] = field(default_factory=list)
-
-
-# ---- which files ---------------------------------------------------------------------------
-
-
-def is_excluded(rel: Path) -> bool:
-    parts = rel.parts
-    if any(p in EXCLUDED_DIRS or p.endswith(".egg-info") or p.startswith(".venv") for p in parts):
-        return True
-    return rel.name in EXCLUDED_FILES or rel.name.endswith(EXCLUDED_SUFFIXES)
-
-
-def is_solution_file(rel: Path) -> bool:
-    return bool(SOLUTION_NAME.match(rel.name)) or "solutions" in rel.parts
-
-
-def candidate_files(root: Path, skip: Path | None = None) -> list[Path]:
-    """The project's files (relative paths), as git sees them where possible."""
-    names: list[str] | None = None
-    if (root / ".git").exists() and shutil.which("git"):
-        proc = subprocess.run(
-            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-            cwd=root,
-            capture_output=True,
-        )
-        if proc.returncode == 0:
-            names = [n for n in proc.stdout.decode().split("\0") if n]
-    if names is None:
-        names = [str(p.relative_to(root)) for p in root.rglob("*")]
-    files = []
-    for name in sorted(set(names)):
-        rel = Path(name)
-        path = root / rel
-        if not path.is_file() or path.is_symlink() or is_excluded(rel):
-            continue
-        if skip is not None and _inside(path, skip):
-            continue
-        files.append(rel)
-    return files
-
-
-def _inside(path: Path, folder: Path) -> bool:
-    try:
-        path.resolve().relative_to(folder.resolve())
-        return True
-    except ValueError:
-        return False
-
-
-def _read(path: Path) -> str:
-    return path.read_text(encoding="utf-8", errors="replace")
 
 
 # ---- the plan --------------------------------------------------------------------------------

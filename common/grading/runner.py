@@ -3,7 +3,8 @@
 The process writes its events (``common.grading.pytest_points``) to a file line by line, its
 output goes to a file (megabytes of prints cannot block it), it runs in its own process
 group (a kill reaches its children) with no core files and a cap on the size of any file
-it writes, and it is killed when it outlives its limit.
+it writes, and it is killed when it outlives its limit. What it did is a
+:class:`~common.grading.lab_run.Run`.
 """
 
 from __future__ import annotations
@@ -20,16 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from common.grading.discovery import GRADED_PATTERNS, PROJECT_ROOT
-from common.grading.sandbox import (
-    ENV_ENABLE,
-    ENV_UIDS,
-    ENV_ZYGOTE,
-    LabSandbox,
-    Mode,
-    SandboxError,
-    kill_block,
-)
+from common.grading.lab_run import FILE_SIZE_LIMIT, Run
+from common.grading.sandbox import ENV_ENABLE, ENV_ZYGOTE, LabSandbox
 from common.grading.time_limits import hard_stop_grace
+from common.grading.uids import ENV_UIDS, Mode, SandboxError, kill_block
 
 try:
     import resource
@@ -42,21 +37,9 @@ except ImportError:  # not on Windows: no file-size cap there
 DEFAULT_LAB_TIMEOUT = 180.0
 DEFAULT_TEST_TIMEOUT = 30.0
 DEFAULT_MAX_RESTARTS = 5
-FILE_SIZE_LIMIT = 256 * 2**20
 OUTPUT_TAIL_BYTES = 20_000
 POLL_SECONDS = 0.5
 RESTART_ALLOWANCE = 15.0  # seconds: starting pytest again (torch, triton) on a busy machine
-
-SIGNAL_HINTS = {
-    "SIGSEGV": "segmentation fault: the code touched memory it does not own",
-    "SIGBUS": "bus error: the code touched memory it does not own",
-    "SIGABRT": "aborted",
-    "SIGFPE": "arithmetic fault",
-    "SIGILL": "illegal instruction",
-    "SIGKILL": "killed, perhaps for using too much memory",
-    "SIGXFSZ": f"wrote more than {FILE_SIZE_LIMIT >> 20} MB of output: printing in a loop?",
-}
-
 
 @dataclass
 class Options:
@@ -68,63 +51,7 @@ class Options:
     python: str = sys.executable
     sandbox: bool = True  # the graded code runs in a sandboxed worker (common.grading.proxy)
     uid_blocks: dict[str, tuple[int, int]] = field(default_factory=dict)  # lab -> its uids
-    mother: Any = None  # the run's warm zygote (common.grading.sandbox.Mother), if any
-
-
-@dataclass
-class Run:
-    events: list[dict]
-    returncode: int | None
-    timed_out: bool
-    limit: float  # the lab's time limit, as the report states it
-    output_tail: str
-    elapsed: float
-    allowance: float = 0.0  # seconds added to the limit for tests stopped at the per-test limit
-
-    def of(self, kind: str) -> list[dict]:
-        return [e for e in self.events if e.get("event") == kind]
-
-    @property
-    def finished(self) -> bool:
-        return bool(self.of("finish"))
-
-    @property
-    def collected(self) -> list[dict] | None:
-        found = self.of("collected")
-        return found[0]["tests"] if found else None
-
-    @property
-    def results(self) -> dict[str, dict]:
-        return {e["nodeid"]: e for e in self.of("result")}
-
-    @property
-    def unfinished(self) -> str | None:
-        """The test that was running when the process stopped, if any."""
-        done = self.results
-        running = [e["nodeid"] for e in self.of("start") if e["nodeid"] not in done]
-        return running[-1] if running else None
-
-    def exit_reason(self) -> str:
-        """Why the process stopped before the end, in words."""
-        if self.timed_out:
-            return f"timed out after {self.limit:g} s (the lab's time limit)"
-        hard_stops = self.of("timeout")
-        if hard_stops:
-            return f"timed out after {hard_stops[-1]['seconds']:g} s (the per-test limit)"
-        rc = self.returncode if self.returncode is not None else -1
-        if rc < 0:
-            try:
-                name = signal.Signals(-rc).name
-            except ValueError:
-                name = f"signal {-rc}"
-            hint = SIGNAL_HINTS.get(name)
-            return f"crashed with signal {name}" + (f" ({hint})" if hint else "")
-        if self.finished:
-            status = self.of("finish")[0]["exitstatus"]
-            if "KeyboardInterrupt" in self.output_tail:
-                return "the test session was interrupted (KeyboardInterrupt raised by the code)"
-            return f"the test session stopped early (pytest exit status {status})"
-        return f"the interpreter exited with code {rc}"
+    mother: Any = None  # the run's warm zygote (common.grading.zygote_client.Mother), if any
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

@@ -1,14 +1,12 @@
 """What crosses between the grader's trusted test process and the sandboxed worker.
 
-Both sides import this module (the worker its copy in the scratch tree). It holds:
-
-- **framing**: length-prefixed frames on a socket, optionally carrying file descriptors,
-  read with a deadline (a worker that stops half-way through a frame cannot hang the
-  trusted side);
-- **the pickling rules**. Arguments go to the worker as ordinary pickles (the worker trusts
+Both sides import this module (the worker its copy in the scratch tree). It holds the
+pickling rules; the frames that carry the pickles are :mod:`common.grading.frames`, the
+encodings of tensors :mod:`common.grading.wire_values`, the arguments a call writes into
+:mod:`common.grading.leaves`. Arguments go to the worker as ordinary pickles (the worker trusts
   the test process). Results come back through :class:`SafeUnpickler`, which builds only
   an allow-list of types: plain Python data, numpy arrays and scalars, torch CPU tensors
-  (re-encoded here, never through ``torch.load``), and the data types (NamedTuples,
+  (re-encoded, never through ``torch.load``), and the data types (NamedTuples,
   dataclasses, enums, exceptions) of a lab's ``provided.py`` and of ``common``, resolved
   to the *trusted* process's own copies. Anything else the worker would return (an object
   of a class the student defined, a generator, a function) stays in the worker and comes
@@ -25,219 +23,21 @@ import fractions
 import io
 import pickle
 import re
-import select
-import socket
-import struct
 import sys
-import time
 from typing import Any
 
-HEADER = struct.Struct("!Q")
-MAX_FRAME = 1 << 30  # 1 GiB: far above any lab's arrays, far below a memory bomb
-MAX_FDS = 8
+from common.grading import wire_values
+from common.grading.wire_values import (
+    _device,
+    _dtype,
+    _readonly,
+    _size,
+    _torch,
+    encode_tensor,
+    is_plain_tensor,
+)
+
 PROTOCOL = 5
-
-
-class FrameError(Exception):
-    """The peer sent something that is not a frame (too large, or cut short)."""
-
-
-# ---- framing ---------------------------------------------------------------------------------
-
-
-def send_frame(sock: socket.socket, payload: bytes, fds: list[int] | tuple[int, ...] = ()) -> None:
-    """One frame: an 8-byte length, then the payload; ``fds`` ride with the length."""
-    header = HEADER.pack(len(payload))
-    if fds:
-        sent = socket.send_fds(sock, [header], list(fds))
-        if sent < len(header):
-            sock.sendall(header[sent:])
-    elif len(payload) < 1 << 20:  # one system call for the usual small frame
-        sock.sendall(header + payload)
-        return
-    else:
-        sock.sendall(header)
-    if payload:
-        sock.sendall(payload)
-
-
-def _remaining(deadline: float | None) -> float | None:
-    if deadline is None:
-        return None
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise TimeoutError("deadline passed")
-    return left
-
-
-def _wait_readable(sock: socket.socket, deadline: float | None) -> None:
-    while True:
-        left = _remaining(deadline)
-        ready, _, _ = select.select([sock], [], [], left)
-        if ready:
-            return
-
-
-def recv_frame(
-    sock: socket.socket, deadline: float | None = None, max_size: int = MAX_FRAME,
-    max_fds: int = 0, alone: bool = False,
-) -> tuple[bytes, list[int]]:
-    """Read one frame before ``deadline`` (``time.monotonic()``); ``TimeoutError`` after it,
-    ``EOFError`` when the peer closed, ``FrameError`` for a frame larger than ``max_size``.
-    ``alone``: the peer never sends a frame before this one is read (a worker's strict
-    request and reply), so the frame may be read in one go."""
-    if alone and not max_fds:
-        return _recv_plain(sock, deadline, max_size), []
-    fds: list[int] = []
-    header = b""
-    while len(header) < HEADER.size:
-        _wait_readable(sock, deadline)
-        if max_fds and not header:
-            chunk, got, _, _ = socket.recv_fds(sock, HEADER.size, max_fds)
-            fds.extend(got)
-        else:
-            chunk = sock.recv(HEADER.size - len(header))
-        if not chunk:
-            for fd in fds:
-                _close(fd)
-            raise EOFError("the peer closed the connection")
-        header += chunk
-    (size,) = HEADER.unpack(header)
-    if size > max_size:
-        for fd in fds:
-            _close(fd)
-        raise FrameError(f"a frame of {size} bytes is larger than the {max_size}-byte limit")
-    buf = bytearray(size)
-    view = memoryview(buf)
-    got_bytes = 0
-    while got_bytes < size:
-        _wait_readable(sock, deadline)
-        n = sock.recv_into(view[got_bytes:], size - got_bytes)
-        if n == 0:
-            raise EOFError("the peer closed the connection in the middle of a frame")
-        got_bytes += n
-    return bytes(buf), fds
-
-
-def _recv_plain(sock: socket.socket, deadline: float | None, max_size: int) -> bytes:
-    """:func:`recv_frame` without descriptors: a frame usually arrives in one read."""
-    data = bytearray()
-    size = None
-    while size is None or len(data) < HEADER.size + size:
-        _wait_readable(sock, deadline)
-        want = 1 << 16 if size is None else HEADER.size + size - len(data)
-        chunk = sock.recv(want)
-        if not chunk:
-            raise EOFError("the peer closed the connection")
-        data += chunk
-        if size is None and len(data) >= HEADER.size:
-            (size,) = HEADER.unpack_from(data)
-            if size > max_size:
-                raise FrameError(f"a frame of {size} bytes is larger than the {max_size}-byte "
-                                 "limit")
-    if len(data) > HEADER.size + size:
-        raise FrameError("the peer sent more than one frame at once")
-    return bytes(data[HEADER.size:])
-
-
-def _close(fd: int) -> None:
-    import os
-
-    try:
-        os.close(fd)
-    except OSError:
-        pass
-
-
-# ---- torch values: encoded here so that no torch.load ever runs on the trusted side ----------
-
-_TORCH_VIEW_AS = {"bfloat16": "int16", "float8_e4m3fn": "uint8", "float8_e5m2": "uint8",
-                  "float8_e4m3fnuz": "uint8", "float8_e5m2fnuz": "uint8"}
-
-
-def _torch() -> Any:
-    return sys.modules.get("torch")
-
-
-def is_plain_tensor(obj: Any) -> bool:
-    torch = _torch()
-    if torch is None:
-        return False
-    return type(obj) in (torch.Tensor, torch.nn.Parameter)
-
-
-def encode_tensor(t: Any) -> tuple:
-    """``(rebuild, args)`` for a CPU tensor, keeping its strides (a strided view stays one)."""
-    torch = _torch()
-    requires_grad = bool(t.requires_grad) and t.is_leaf  # a leaf the receiver differentiates
-    t = t.detach()
-    if t.device.type != "cpu":
-        t = t.cpu()
-    name = str(t.dtype).replace("torch.", "")
-    size, stride = tuple(t.shape), tuple(t.stride())
-    span = 0 if t.numel() == 0 else 1 + sum((n - 1) * s for n, s in zip(size, stride))
-    flat = torch.as_strided(t, (span,), (1,), t.storage_offset())
-    if name in _TORCH_VIEW_AS:
-        flat = flat.view(getattr(torch, _TORCH_VIEW_AS[name]))
-    data = flat.numpy().copy()
-    return (_tensor, (data, name, size, stride, requires_grad))
-
-
-def _tensor(data: Any, dtype: str, size: tuple, stride: tuple, requires_grad: bool) -> Any:
-    """Rebuild a tensor from :func:`encode_tensor` (validated: the worker is not trusted)."""
-    import numpy as np
-    import torch
-
-    target = getattr(torch, str(dtype), None)
-    if not isinstance(target, torch.dtype) or type(data) is not np.ndarray or data.ndim != 1:
-        raise ValueError(f"not a tensor encoding: dtype {dtype!r}")
-    size, stride = tuple(int(n) for n in size), tuple(int(s) for s in stride)
-    if len(size) != len(stride) or min((*size, *stride, 0)) < 0:
-        raise ValueError("bad tensor size/stride")
-    span = 0 if 0 in size else 1 + sum((n - 1) * s for n, s in zip(size, stride))
-    if span > data.shape[0]:
-        raise ValueError("tensor strides reach past its data")
-    flat = torch.from_numpy(np.ascontiguousarray(data))
-    if str(dtype) in _TORCH_VIEW_AS:
-        flat = flat.view(target)
-    elif flat.dtype != target:
-        raise ValueError(f"tensor data of dtype {flat.dtype} declared as {dtype}")
-    out = torch.as_strided(flat, size, stride, 0)
-    if requires_grad and out.is_floating_point():
-        out.requires_grad_(True)
-    return out
-
-
-def _dtype(name: str) -> Any:
-    import torch
-
-    value = getattr(torch, str(name), None)
-    if not isinstance(value, torch.dtype):
-        raise ValueError(f"not a torch dtype: {name!r}")
-    return value
-
-
-def _device(name: str) -> Any:
-    import torch
-
-    return torch.device(str(name))
-
-
-def _size(dims: tuple) -> Any:
-    import torch
-
-    return torch.Size(int(d) for d in dims)
-
-
-def _readonly(array: Any) -> Any:
-    """A read-only numpy array stays read-only on the other side (a test may pass one to
-    catch a function that writes into its input)."""
-    import numpy as np
-
-    if type(array) is not np.ndarray:
-        raise ValueError("not an array")
-    array.flags.writeable = False
-    return array
 
 
 def _global(module: str, qualname: str) -> Any:
@@ -276,8 +76,6 @@ def reduce_special(obj: Any, strict: bool = True) -> Any:
     return NotImplemented
 
 
-# ---- what may be built on the trusted side -----------------------------------------------------
-
 _BUILTIN_DATA = {
     "int", "float", "complex", "str", "bytes", "bytearray", "list", "tuple", "dict", "set",
     "frozenset", "slice", "range", "bool", "object", "Ellipsis", "NotImplemented",
@@ -292,8 +90,10 @@ _STDLIB_GLOBALS = {
     ("collections", "OrderedDict"), ("collections", "deque"), ("collections", "defaultdict"),
     ("collections", "Counter"), ("fractions", "Fraction"), ("decimal", "Decimal"),
 }
-_WIRE = __name__
-_WIRE_GLOBALS = {"_tensor", "_dtype", "_device", "_size", "_readonly", "_global"}
+_WIRE_GLOBALS = {  # the rebuild functions of our encodings
+    *((wire_values.__name__, n) for n in ("_tensor", "_dtype", "_device", "_size", "_readonly")),
+    (__name__, "_global"),
+}
 PROVIDED_MODULE = re.compile(r"^lab_\w+\.provided$")
 
 
@@ -343,8 +143,8 @@ def _library_global(module: str, qualname: str, modules: dict[str, Any]) -> Any:
         return _walk(modules[module], qualname)
     if (module, qualname) in _STDLIB_GLOBALS:
         return _walk(__import__(module), qualname)
-    if module == _WIRE and qualname in _WIRE_GLOBALS:
-        return globals()[qualname]
+    if (module, qualname) in _WIRE_GLOBALS:
+        return getattr(sys.modules[module], qualname)
     if module.startswith("numpy.dtypes") and module in modules and "numpy" in modules:
         candidate = _walk(modules[module], qualname)
         if isinstance(candidate, type) and issubclass(candidate, modules["numpy"].dtype):
@@ -438,58 +238,3 @@ class SafeUnpickler(pickle.Unpickler):
 
 def loads_untrusted(data: bytes, on_handle: Any) -> Any:
     return SafeUnpickler(data, on_handle).load()
-
-
-# ---- arguments written in place -----------------------------------------------------------------
-
-
-def _is_leaf(obj: Any) -> bool:
-    numpy = sys.modules.get("numpy")
-    if numpy is not None and type(obj) is numpy.ndarray:
-        return obj.dtype != object
-    return is_plain_tensor(obj)
-
-
-def _walk_leaves(obj: Any, path: tuple, depth: int, max_depth: int):
-    if _is_leaf(obj):
-        yield path, obj
-    elif depth >= max_depth:
-        return
-    elif type(obj) in (list, tuple) or (isinstance(obj, tuple) and hasattr(obj, "_fields")):
-        for i, item in enumerate(obj):
-            yield from _walk_leaves(item, (*path, i), depth + 1, max_depth)
-    elif type(obj) is dict:
-        for key, item in obj.items():
-            if isinstance(key, str | int):
-                yield from _walk_leaves(item, (*path, key), depth + 1, max_depth)
-
-
-def iter_leaves(args: tuple, kwargs: dict, max_depth: int = 3):
-    """``(path, array)`` for every numpy array and tensor among the arguments, looking into
-    lists, tuples (NamedTuples too) and dicts; both sides walk in the same order."""
-    for i, arg in enumerate(args):
-        if type(arg) not in _SCALARS:
-            yield from _walk_leaves(arg, ("a", i), 0, max_depth)
-    for key, arg in kwargs.items():
-        if type(arg) not in _SCALARS:
-            yield from _walk_leaves(arg, ("k", key), 0, max_depth)
-
-
-_SCALARS = frozenset((type(None), bool, int, float, complex, str, bytes))
-
-
-def find_leaf(args: tuple, kwargs: dict, path: tuple) -> Any:
-    obj: Any = args if path[0] == "a" else kwargs
-    for step in path[1:]:
-        obj = obj[step]
-    return obj
-
-
-def leaf_bytes(leaf: Any) -> bytes:
-    if is_plain_tensor(leaf):
-        return encode_tensor(leaf)[1][0].tobytes()
-    return leaf.tobytes()
-
-
-def leaf_grad(leaf: Any) -> Any:
-    return leaf.grad if is_plain_tensor(leaf) else None
