@@ -133,10 +133,13 @@ def gpu_tiles(head_dim: int) -> dict[str, int]:
     ``block_m`` rows; ``num_stages`` K/V tiles are in flight (software pipelining). At
     d = 128, 8 warps hold the 128 x 128 float32 accumulator in 64 registers per thread
     (128 with 4 warps); at d = 256 the tiles shrink and 2 stages fit in shared memory. At
-    d = 64, 8 warps too: with 4 the causal kernel spills on sm_80 (255 registers, 60 bytes;
-    ``make gpu-report``, compiled, not run).
+    d = 64, 8 warps and 2 stages: with 4 warps the causal kernel spills on sm_80 (255
+    registers, 60 bytes), with 3 stages on sm_100 (8 bytes; ``make gpu-report`` with the
+    pinned triton 3.7.1, compiled, not run).
     """
     d_pad = dot_tile(head_dim)
+    if d_pad <= 64:
+        return {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 2}
     if d_pad <= 128:
         return {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 3}
     return {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 2}
