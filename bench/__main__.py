@@ -121,47 +121,26 @@ def run(args: argparse.Namespace, chosen: list[KernelSpec], command: str) -> int
     shape_mode = "tiny" if (not real or args.tiny) else ("quick" if args.quick else "gpu")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype] if real else torch.float32
     dtype_name = str(dtype).removeprefix("torch.")
-    log = lambda s: print(s, file=sys.stderr, flush=True)
     info = provenance.collect(command)
-
-    print(f"attention-labs bench · {info['date']} · commit {info['commit']}")
-    print(
-        f"device: {info['gpu']} · driver {info['driver']} · CUDA {info['cuda']} · "
-        f"torch {info['torch']} · triton {info['triton']}"
-    )
-    print(f"shapes: {shape_mode} · dtype {dtype_name} · labs' {args.impl}.py")
-    if not real:
-        print(report.BANNER)
+    _print_header(info, shape_mode, dtype_name, args.impl, real)
     torch.manual_seed(0)
     timer = Timer(device, args.warmup_ms, args.rep_ms)
     print(f"timer: {timer.method}")
     t0 = time.perf_counter()
-    log(">> measuring the roofs (copy bandwidth, GEMM)")
+    _log(">> measuring the roofs (copy bandwidth, GEMM)")
     roofs = measure(device, timer, quick=args.quick or args.tiny)
     runner = Runner(
         device=device, dtype=dtype, timer=timer, roofs=roofs, impl=args.impl,
-        labs_root=args.labs_root, baselines=not args.no_baselines, shape_mode=shape_mode, log=log,
+        labs_root=args.labs_root, baselines=not args.no_baselines, shape_mode=shape_mode, log=_log,
     )  # fmt: skip
-    per_kernel: list[tuple[KernelSpec, list[Any], str]] = []
-    for spec in chosen:
-        log(f">> {spec.label}")
-        results, why = runner.run(spec)
-        if why:
-            log(f"   skipped: {why}")
-        per_kernel.append((spec, results, why))
-
+    per_kernel = _run_kernels(runner, chosen)
     all_results = [res for _, results, _ in per_kernel for res in results]
     verdicts = [
         report.evaluate(t, res, all_results, roofs)
         for res in all_results
         for t in res.shape.targets
     ]
-    print()
-    print(report.format_table(per_kernel, verdicts, roofs, dtype_name))
-    print("Targets (README.md, \"Benchmarks\"; evaluated on a GPU only):")
-    print(report.headline_markdown(verdicts, real) if verdicts else "(no target shapes ran)")
-    if runner.cuda_broken:
-        print(f"\nA CUDA error stopped the run early: {runner.cuda_broken}")
+    _print_results(per_kernel, verdicts, roofs, dtype_name, real, runner.cuda_broken)
     elapsed = time.perf_counter() - t0
 
     if not args.no_files:
@@ -175,26 +154,85 @@ def run(args: argparse.Namespace, chosen: list[KernelSpec], command: str) -> int
             "seconds": round(elapsed, 1),
         }
         report.write_json(args.json, record(info, settings, roofs, per_kernel, verdicts, real))
-        title = f"{info['gpu']} · {dtype_name} · commit {str(info['commit'])[:12]}"
-        if not real:
-            title = "interpreter: not timings (CPU wall clock, tiny shapes) · " + title
-        report.plot_roofline(args.plot, per_kernel, roofs, title)
+        _plot(args.plot, per_kernel, roofs, info, dtype_name, real)
         print(f"\nwrote {_rel(args.json)} and {_rel(args.plot)}")
     if not real:
         print(report.BANNER)
     print(f"({elapsed:.1f} s)")
+    return 1 if args.strict and _strict_failed(all_results) else 0
 
-    if args.strict:
-        bad = [
-            f"{row.kernel} {row.shape}: {row.status} {row.reason}"
-            for res in all_results
-            for row in res.rows
-            if row.kind == "kernel" and row.status in ("failed", "wrong")
-        ]
-        if bad:
-            print("strict: lab kernels failed or wrong:\n  " + "\n  ".join(bad), file=sys.stderr)
-            return 1
-    return 0
+
+def _log(message: str) -> None:
+    """Progress goes to stderr, so stdout holds only the report."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def _print_header(
+    info: dict[str, Any], shape_mode: str, dtype_name: str, impl: str, real: bool
+) -> None:
+    print(f"attention-labs bench · {info['date']} · commit {info['commit']}")
+    print(
+        f"device: {info['gpu']} · driver {info['driver']} · CUDA {info['cuda']} · "
+        f"torch {info['torch']} · triton {info['triton']}"
+    )
+    print(f"shapes: {shape_mode} · dtype {dtype_name} · labs' {impl}.py")
+    if not real:
+        print(report.BANNER)
+
+
+def _run_kernels(runner: Any, chosen: list[KernelSpec]) -> list[tuple[KernelSpec, list[Any], str]]:
+    """Each chosen kernel's results and, if it was skipped, why."""
+    per_kernel: list[tuple[KernelSpec, list[Any], str]] = []
+    for spec in chosen:
+        _log(f">> {spec.label}")
+        results, why = runner.run(spec)
+        if why:
+            _log(f"   skipped: {why}")
+        per_kernel.append((spec, results, why))
+    return per_kernel
+
+
+def _print_results(
+    per_kernel: list[tuple[KernelSpec, list[Any], str]],
+    verdicts: list[dict[str, Any]],
+    roofs: Any,
+    dtype_name: str,
+    real: bool,
+    cuda_broken: Any,
+) -> None:
+    print()
+    print(report.format_table(per_kernel, verdicts, roofs, dtype_name))
+    print("Targets (README.md, \"Benchmarks\"; evaluated on a GPU only):")
+    print(report.headline_markdown(verdicts, real) if verdicts else "(no target shapes ran)")
+    if cuda_broken:
+        print(f"\nA CUDA error stopped the run early: {cuda_broken}")
+
+
+def _plot(
+    path: pathlib.Path,
+    per_kernel: list[tuple[KernelSpec, list[Any], str]],
+    roofs: Any,
+    info: dict[str, Any],
+    dtype_name: str,
+    real: bool,
+) -> None:
+    title = f"{info['gpu']} · {dtype_name} · commit {str(info['commit'])[:12]}"
+    if not real:
+        title = "interpreter: not timings (CPU wall clock, tiny shapes) · " + title
+    report.plot_roofline(path, per_kernel, roofs, title)
+
+
+def _strict_failed(all_results: list[Any]) -> bool:
+    """``--strict``: print the lab kernels that failed or were wrong; True if any."""
+    bad = [
+        f"{row.kernel} {row.shape}: {row.status} {row.reason}"
+        for res in all_results
+        for row in res.rows
+        if row.kind == "kernel" and row.status in ("failed", "wrong")
+    ]
+    if bad:
+        print("strict: lab kernels failed or wrong:\n  " + "\n  ".join(bad), file=sys.stderr)
+    return bool(bad)
 
 
 def record(

@@ -459,56 +459,73 @@ class VarlenWorkload(_PagedWorkload):
     def baselines(self) -> list[Baseline]:
         s = self.shape
         gqa = {"enable_gqa": True} if self.gqa else {}
-        per_seq = [
+        per_seq = self._per_sequence_sdpa_inputs()
+        if s.uniform:
+            scores = s.heads * sum(q * n for q, n in zip(s.q_lens, s.seq_lens))
+            return self._uniform_baselines(per_seq, gqa, scores)
+        biggest = s.heads * max(q * n for q, n in zip(s.q_lens, s.seq_lens))
+        return self._per_sequence_baselines(per_seq, gqa, biggest)
+
+    def _per_sequence_sdpa_inputs(self) -> list[tuple[Any, ...]]:
+        """Per sequence: ``(q, k, v, mask kwargs, start position)``, q/k/v ``[1, H, n, d]``."""
+        s = self.shape
+        return [
             (q[None].transpose(1, 2), k.transpose(0, 1)[None].contiguous(),
              v.transpose(0, 1)[None].contiguous(), self._mask_kwargs(s.q_lens[b], s.seq_lens[b]),
              s.seq_lens[b] - s.q_lens[b])
             for b, (q, k, v) in enumerate(self.sequence(b) for b in range(s.batch))
         ]  # fmt: skip
-        scores = s.heads * sum(q * n for q, n in zip(s.q_lens, s.seq_lens))
-        biggest = s.heads * max(q * n for q, n in zip(s.q_lens, s.seq_lens))
+
+    def _uniform_baselines(
+        self, per_seq: list[tuple[Any, ...]], gqa: dict[str, bool], scores: int
+    ) -> list[Baseline]:
+        """Equal lengths: one batched call, ``[B, H, q_len, d]`` against ``[B, KVH, n, d]``."""
+        s = self.shape
         total, h, d = self.q.shape
+        q_len, n = s.q_lens[0], s.seq_lens[0]
+        qd = self.q.view(s.batch, q_len, h, d).transpose(1, 2)
+        kd = torch.cat([p[1] for p in per_seq])
+        vd = torch.cat([p[2] for p in per_seq])
+        kw = per_seq[0][3]
+        canon = lambda o: o.transpose(1, 2).reshape(total, h, -1)
+        out = self._sdpa_baselines(
+            lambda: F.scaled_dot_product_attention(qd, kd, vd, **kw, **gqa),
+            canon,
+            scores,
+            " batched",
+            "gather excluded",
+        )
+        if 1 < q_len < n:
+            from torch.nn.attention.bias import causal_lower_right
 
-        if s.uniform:  # one batched call: [B, H, q_len, d] against [B, KVH, n, d]
-            q_len, n = s.q_lens[0], s.seq_lens[0]
-            qd = self.q.view(s.batch, q_len, h, d).transpose(1, 2)
-            kd = torch.cat([p[1] for p in per_seq])
-            vd = torch.cat([p[2] for p in per_seq])
-            kw = per_seq[0][3]
-            canon = lambda o: o.transpose(1, 2).reshape(total, h, -1)
-            out = self._sdpa_baselines(
-                lambda: F.scaled_dot_product_attention(qd, kd, vd, **kw, **gqa),
-                canon,
-                scores,
-                " batched",
-                "gather excluded",
-            )
-            if 1 < q_len < n:
-                from torch.nn.attention.bias import causal_lower_right
-
-                bias = causal_lower_right(q_len, n)
-                out.append(
-                    Baseline(
-                        "sdpa causal_lower_right (CausalBias)",
-                        lambda: F.scaled_dot_product_attention(qd, kd, vd, attn_mask=bias, **gqa),
-                        canon,
-                        "sdpa",
-                        note="gather excluded; torch picks flash, else efficient, else a mask",
-                    )
-                )
-            positions = torch.arange(n - q_len, n, device=self.device)
+            bias = causal_lower_right(q_len, n)
             out.append(
                 Baseline(
-                    "torch eager (matmul, fp32 softmax, matmul)",
-                    lambda: torch_attention(qd, kd, vd, self.scale, positions=positions),
+                    "sdpa causal_lower_right (CausalBias)",
+                    lambda: F.scaled_dot_product_attention(qd, kd, vd, attn_mask=bias, **gqa),
                     canon,
-                    "torch",
-                    skip=self._math_guard(scores),
+                    "sdpa",
+                    note="gather excluded; torch picks flash, else efficient, else a mask",
                 )
             )
-            return out
+        positions = torch.arange(n - q_len, n, device=self.device)
+        out.append(
+            Baseline(
+                "torch eager (matmul, fp32 softmax, matmul)",
+                lambda: torch_attention(qd, kd, vd, self.scale, positions=positions),
+                canon,
+                "torch",
+                skip=self._math_guard(scores),
+            )
+        )
+        return out
 
-        # Mixed lengths: one call per sequence (what a user without a varlen kernel does).
+    def _per_sequence_baselines(
+        self, per_seq: list[tuple[Any, ...]], gqa: dict[str, bool], biggest: int
+    ) -> list[Baseline]:
+        """Mixed lengths: one call per sequence (what a user without a varlen kernel does)."""
+        batch = self.shape.batch
+
         def loop() -> list[torch.Tensor]:
             return [
                 F.scaled_dot_product_attention(q, k, v, **kw, **gqa) for q, k, v, kw, _ in per_seq
@@ -519,7 +536,7 @@ class VarlenWorkload(_PagedWorkload):
             loop,
             canon_loop,
             biggest,
-            f" x{s.batch} calls",
+            f" x{batch} calls",
             "one call per sequence; gather excluded",
         )
         positions = [torch.arange(p, p + q.shape[2], device=self.device) for q, *_, p in per_seq]
@@ -532,7 +549,7 @@ class VarlenWorkload(_PagedWorkload):
 
         out.append(
             Baseline(
-                f"torch eager x{s.batch} calls",
+                f"torch eager x{batch} calls",
                 eager_loop,
                 canon_loop,
                 "torch",
@@ -541,7 +558,6 @@ class VarlenWorkload(_PagedWorkload):
             )
         )
         return out
-
 
 # ---- lab 05: the FlashAttention backward ---------------------------------------------------
 

@@ -89,14 +89,7 @@ def build_paged_kv(
             :func:`random_kv_shared_prefix`) reuses that physical block, as prefix caching
             does: several tables then name the same physical block.
     """
-    if block_size < 1:
-        raise ValueError(f"block_size must be >= 1, got {block_size}")
-    if len(ks) != len(vs):
-        raise ValueError(f"ks and vs must have the same length, got {len(ks)} and {len(vs)}")
-    if padding not in ("minus_one", "poisoned"):
-        raise ValueError(f"padding must be 'minus_one' or 'poisoned', got {padding!r}")
-    if padding == "poisoned" and extra_blocks < 1:
-        raise ValueError("padding='poisoned' needs extra_blocks >= 1")
+    _check_build_args(ks, vs, block_size, padding, extra_blocks)
     rng = np.random.default_rng(rng)
     ks = [np.asarray(k) for k in ks]
     vs = [np.asarray(v) for v in vs]
@@ -118,9 +111,37 @@ def build_paged_kv(
     pad = -1 if padding == "minus_one" else int(unused[0])
     block_tables = np.full((len(ks), max(max_blocks, 1)), pad, dtype=np.int32)
 
+    cache = PagedKV(k_cache, v_cache, block_tables, seq_lens, block_size, unused)
+    _scatter(cache, ks, vs, physical, owner)
+    return cache
+
+
+def _check_build_args(
+    ks: list[np.ndarray], vs: list[np.ndarray], block_size: int, padding: str, extra_blocks: int
+) -> None:
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    if len(ks) != len(vs):
+        raise ValueError(f"ks and vs must have the same length, got {len(ks)} and {len(vs)}")
+    if padding not in ("minus_one", "poisoned"):
+        raise ValueError(f"padding must be 'minus_one' or 'poisoned', got {padding!r}")
+    if padding == "poisoned" and extra_blocks < 1:
+        raise ValueError("padding='poisoned' needs extra_blocks >= 1")
+
+
+def _scatter(
+    cache: PagedKV,
+    ks: list[np.ndarray],
+    vs: list[np.ndarray],
+    physical: np.ndarray,
+    owner: dict[tuple[int, int], tuple[int, int]],
+) -> None:
+    """Fill ``cache``'s tables and blocks: logical blocks take ``physical`` blocks in order,
+    except shared ones (``owner``), which reuse the earlier sequence's physical block."""
+    block_size, block_tables = cache.block_size, cache.block_tables
     cursor = 0
     for b, (k, v) in enumerate(zip(ks, vs)):
-        for logical in range(per_seq[b]):
+        for logical in range(blocks_needed(len(k), block_size)):
             if (b, logical) in owner:  # the same full block as an earlier sequence's
                 block_tables[b, logical] = block_tables[owner[b, logical]]
                 continue
@@ -129,9 +150,8 @@ def build_paged_kv(
             block_tables[b, logical] = block
             lo = logical * block_size
             hi = min(lo + block_size, len(k))
-            k_cache[block, : hi - lo] = k[lo:hi]
-            v_cache[block, : hi - lo] = v[lo:hi]
-    return PagedKV(k_cache, v_cache, block_tables, seq_lens, block_size, unused)
+            cache.k_cache[block, : hi - lo] = k[lo:hi]
+            cache.v_cache[block, : hi - lo] = v[lo:hi]
 
 
 def _shared_blocks(

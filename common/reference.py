@@ -70,26 +70,15 @@ def reference_attention(
         ``lse = -inf`` and output 0. With sinks, ``l`` includes ``exp(sink)`` (a row that
         attends nothing then has output 0 and ``lse = sink``).
     """
-    q, k, v = to_float64(q), to_float64(k), to_float64(v)
-    single_head = q.ndim == 2
-    if single_head:
-        q, k, v = q[:, None, :], k[:, None, :], v[:, None, :]
-    if q.ndim != 3 or k.ndim != 3 or v.ndim != 3:
-        raise ValueError(f"q, k, v must be [L, heads, dim]; got {q.shape}, {k.shape}, {v.shape}")
-    Lq, H, d = q.shape
-    Lk, KVH, dk = k.shape
-    if dk != d or v.shape[:2] != (Lk, KVH):
-        raise ValueError(f"shapes do not agree: q {q.shape}, k {k.shape}, v {v.shape}")
-    kv_head_for(0, H, KVH)  # validates the head counts
+    (q, k, v), single_head = _with_head_axis("q, k, v", q, k, v)
+    _check_qkv(q, k, v)
+    (Lq, H, d), (Lk, KVH, _) = q.shape, k.shape
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
 
     heads = kv_head_for(np.arange(H), H, KVH)
-    k_per_q = k[:, heads, :]  # [Lk, H, d]
-    v_per_q = v[:, heads, :]  # [Lk, H, dv]
+    k_per_q, v_per_q = k[:, heads, :], v[:, heads, :]  # [Lk, H, d], [Lk, H, dv]
     scores = np.einsum("qhd,khd->hqk", q, k_per_q) * scale  # [H, Lq, Lk]
-    allowed = np.ones_like(scores, dtype=bool)
-    if mask is not None:
-        allowed = np.broadcast_to(np.asarray(mask, dtype=bool), scores.shape)
+    allowed = _allowed(mask, scores.shape)
     if window is not None:
         allowed = allowed & window_mask(Lq, Lk, window)
     scores = np.where(allowed, scores, -np.inf)
@@ -107,6 +96,33 @@ def reference_attention(
     if single_head:
         return out[:, 0, :], lse[:, 0]
     return out, lse
+
+
+def _with_head_axis(names: str, *arrays: Any) -> tuple[list[np.ndarray], bool]:
+    """The arrays in float64 as ``[L, heads, dim]`` (2-D inputs gain a one-head axis), and
+    whether they were 2-D."""
+    arrays = [to_float64(a) for a in arrays]
+    single_head = arrays[0].ndim == 2
+    if single_head:
+        arrays = [a[:, None, :] for a in arrays]
+    if any(a.ndim != 3 for a in arrays):
+        shapes = ", ".join(str(a.shape) for a in arrays)
+        raise ValueError(f"{names} must be [L, heads, dim]; got {shapes}")
+    return arrays, single_head
+
+
+def _check_qkv(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
+    """q ``[Lq, H, d]``, k ``[Lk, KVH, d]``, v ``[Lk, KVH, dv]`` with ``KVH`` dividing ``H``."""
+    if k.shape[2] != q.shape[2] or v.shape[:2] != k.shape[:2]:
+        raise ValueError(f"shapes do not agree: q {q.shape}, k {k.shape}, v {v.shape}")
+    kv_head_for(0, q.shape[1], k.shape[1])  # validates the head counts
+
+
+def _allowed(mask: Any, shape: tuple[int, ...]) -> np.ndarray:
+    """``mask`` broadcast to ``shape`` (all True when ``None``): True means "may attend"."""
+    if mask is None:
+        return np.ones(shape, dtype=bool)
+    return np.broadcast_to(np.asarray(mask, dtype=bool), shape)
 
 
 def window_mask(num_queries: int, num_keys: int, window: int) -> np.ndarray:
@@ -161,29 +177,18 @@ def reference_attention_backward(
         ``(dq, dk, dv)`` shaped like ``q``, ``k``, ``v``. A row that may attend nothing
         contributes nothing.
     """
-    q, k, v, do = to_float64(q), to_float64(k), to_float64(v), to_float64(do)
-    single_head = q.ndim == 2
-    if single_head:
-        q, k, v, do = q[:, None, :], k[:, None, :], v[:, None, :], do[:, None, :]
-    if q.ndim != 3 or k.ndim != 3 or v.ndim != 3 or do.ndim != 3:
-        raise ValueError(
-            f"q, k, v, do must be [L, heads, dim]; got {q.shape}, {k.shape}, {v.shape}, {do.shape}"
-        )
+    (q, k, v, do), single_head = _with_head_axis("q, k, v, do", q, k, v, do)
     Lq, H, d = q.shape
-    Lk, KVH, dk_ = k.shape
-    if dk_ != d or v.shape[:2] != (Lk, KVH):
-        raise ValueError(f"shapes do not agree: q {q.shape}, k {k.shape}, v {v.shape}")
+    Lk, KVH, _ = k.shape
     if do.shape != (Lq, H, v.shape[2]):
         raise ValueError(f"do has shape {do.shape}, expected {(Lq, H, v.shape[2])}")
-    kv_head_for(0, H, KVH)  # validates the head counts
+    _check_qkv(q, k, v)
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
 
     heads = kv_head_for(np.arange(H), H, KVH)
     k_per_q, v_per_q = k[:, heads, :], v[:, heads, :]  # [Lk, H, d], [Lk, H, dv]
     scores = np.einsum("qhd,khd->hqk", q, k_per_q) * scale  # [H, Lq, Lk]
-    allowed = np.ones_like(scores, dtype=bool)
-    if mask is not None:
-        allowed = np.broadcast_to(np.asarray(mask, dtype=bool), scores.shape)
+    allowed = _allowed(mask, scores.shape)
     scores = np.where(allowed, scores, -np.inf)
     m = np.where(allowed.any(axis=-1), scores.max(axis=-1, initial=-np.inf), 0.0)
     e = np.where(allowed, np.exp(scores - m[..., None]), 0.0)

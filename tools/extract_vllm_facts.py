@@ -306,8 +306,8 @@ def _reason_templates(
 
 
 def backend_facts(src: Source, enum_paths: dict[str, str], name: str) -> dict:
-    path = enum_paths[name]
-    module, cls_name = path.rsplit(".", 1)
+    """What ``name``'s class (and the classes it inherits from) says, each fact cited."""
+    module, cls_name = enum_paths[name].rsplit(".", 1)
     chain = src.mro(module, cls_name)
     mod0, cls0 = chain[0]
     facts: dict = {
@@ -318,97 +318,119 @@ def backend_facts(src: Source, enum_paths: dict[str, str], name: str) -> dict:
         "cite": {},
         "rules": {},
     }
-
-    def cite(key, module, cls, node):
-        member = node.name if isinstance(node, ast.FunctionDef) else key
-        facts["cite"][key] = src.cite(module, node, f"{cls.name}.{member}")
-
+    reader = _FactReader(src, chain, facts)
     for key, attr in (
         ("dtypes", "supported_dtypes"),
         ("kv_cache_dtypes", "supported_kv_cache_dtypes"),
     ):
-        module, cls, node = _member(chain, attr)
+        module, cls, node = reader.member(attr)
         facts[key] = _literal_list(node.value)
         facts["cite"][key] = src.cite(module, node, f"{cls.name}.{attr}")
+    _head_size_facts(reader)
+    _block_size_facts(reader, name)
+    reader.rule_if_overridden("supports_kv_cache_dtype")
+    module, cls, fn = reader.member("supports_compute_capability")
+    facts["compute_capability"] = _capability_rule(_returns(fn)[-1].value)
+    reader.cite("compute_capability", module, cls, fn)
+    for key, method in FLAGS.items():
+        _flag_fact(reader, key, method)
+    _combination_facts(reader)
+    return facts
 
-    module, cls, fn = _member(chain, "get_supported_head_sizes")
-    facts["head_sizes"] = _literal_list(_returns(fn)[-1].value)
-    cite("head_sizes", module, cls, fn)
-    module, cls, fn = _member(chain, "supports_head_size")
-    if cls.name != "AttentionBackend":
-        facts["rules"]["supports_head_size"] = {
-            "source": ast.unparse(fn.body[-1]) if len(fn.body) == 1 else ast.unparse(fn),
-            "cite": src.cite(module, fn, f"{cls.name}.supports_head_size"),
+
+class _FactReader:
+    """Reads members along one backend's class chain into its ``facts`` dict."""
+
+    def __init__(self, src: Source, chain: list, facts: dict) -> None:
+        self.src, self.chain, self.facts = src, chain, facts
+
+    def member(self, attr: str) -> tuple[str, ast.ClassDef, ast.AST]:
+        return _member(self.chain, attr)
+
+    def cite(self, key: str, module: str, cls: ast.ClassDef, node: ast.AST) -> None:
+        member = node.name if isinstance(node, ast.FunctionDef) else key
+        self.facts["cite"][key] = self.src.cite(module, node, f"{cls.name}.{member}")
+
+    def rule(
+        self, method: str, module: str, cls: ast.ClassDef, fn: ast.FunctionDef,
+        source: str | None = None, **extra: str,
+    ) -> None:
+        """Record ``method`` as a rule: its source (default: all of ``fn``), its citation."""
+        self.facts["rules"][method] = {
+            "source": source if source is not None else ast.unparse(fn),
+            "cite": self.src.cite(module, fn, f"{cls.name}.{method}"),
+            **extra,
         }
 
-    module, cls, fn = _member(chain, "get_supported_kernel_block_sizes")
+    def rule_if_overridden(self, method: str) -> None:
+        """A rule for ``method`` unless the backend keeps ``AttentionBackend``'s default."""
+        module, cls, fn = self.member(method)
+        if cls.name != "AttentionBackend":
+            self.rule(method, module, cls, fn)
+
+
+def _head_size_facts(reader: _FactReader) -> None:
+    module, cls, fn = reader.member("get_supported_head_sizes")
+    reader.facts["head_sizes"] = _literal_list(_returns(fn)[-1].value)
+    reader.cite("head_sizes", module, cls, fn)
+    module, cls, fn = reader.member("supports_head_size")
+    if cls.name != "AttentionBackend":
+        source = ast.unparse(fn.body[-1]) if len(fn.body) == 1 else ast.unparse(fn)
+        reader.rule("supports_head_size", module, cls, fn, source=source)
+
+
+def _block_size_facts(reader: _FactReader, name: str) -> None:
+    module, cls, fn = reader.member("get_supported_kernel_block_sizes")
     rets = _returns(fn)
     default = rets[DEFAULT_BLOCK_RETURN.get(name, -1)]
-    facts["kernel_block_sizes"] = _literal_list(default.value)
-    cite("kernel_block_sizes", module, cls, fn)
+    reader.facts["kernel_block_sizes"] = _literal_list(default.value)
+    reader.cite("kernel_block_sizes", module, cls, fn)
     if len(rets) > 1:
-        facts["rules"]["get_supported_kernel_block_sizes"] = {
-            "source": ast.unparse(fn),
-            "cite": src.cite(module, fn, f"{cls.name}.get_supported_kernel_block_sizes"),
-            "note": f"the listed value is the usual return (line {default.lineno}); the other "
+        reader.rule(
+            "get_supported_kernel_block_sizes", module, cls, fn,
+            note=f"the listed value is the usual return (line {default.lineno}); the other "
             "returns are special cases, implemented by the lab's selector where they change a "
             "verdict",
-        }
-    module, cls, fn = _member(chain, "supports_block_size")
-    if cls.name != "AttentionBackend":
-        facts["rules"]["supports_block_size"] = {
-            "source": ast.unparse(fn),
-            "cite": src.cite(module, fn, f"{cls.name}.supports_block_size"),
-        }
+        )  # fmt: skip
+    reader.rule_if_overridden("supports_block_size")
 
-    module, cls, fn = _member(chain, "supports_kv_cache_dtype")
-    if cls.name != "AttentionBackend":
-        facts["rules"]["supports_kv_cache_dtype"] = {
-            "source": ast.unparse(fn),
-            "cite": src.cite(module, fn, f"{cls.name}.supports_kv_cache_dtype"),
-        }
 
-    module, cls, fn = _member(chain, "supports_compute_capability")
-    facts["compute_capability"] = _capability_rule(_returns(fn)[-1].value)
-    cite("compute_capability", module, cls, fn)
+def _flag_fact(reader: _FactReader, key: str, method: str) -> None:
+    """A flag such as ``is_mla``: a constant ``return`` is a fact, anything else a rule."""
+    module, cls, fn = reader.member(method)
+    body = [
+        s for s in fn.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))
+    ]
+    if (
+        len(body) == 1
+        and isinstance(body[0], ast.Return)
+        and isinstance(body[0].value, ast.Constant)
+    ):
+        reader.facts[key] = bool(body[0].value.value)
+    else:
+        reader.facts[key] = "rule"
+        reader.rule(method, module, cls, fn)
+    reader.cite(key, module, cls, fn)
 
-    for key, method in FLAGS.items():
-        module, cls, fn = _member(chain, method)
-        body = [
-            s
-            for s in fn.body
-            if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))
-        ]
-        if (
-            len(body) == 1
-            and isinstance(body[0], ast.Return)
-            and isinstance(body[0].value, ast.Constant)
-        ):
-            facts[key] = bool(body[0].value.value)
-        else:
-            facts[key] = "rule"
-            facts["rules"][method] = {
-                "source": ast.unparse(fn),
-                "cite": src.cite(module, fn, f"{cls.name}.{method}"),
-            }
-        cite(key, module, cls, fn)
 
-    module, cls, fn = _member(chain, "supports_combination")
+def _combination_facts(reader: _FactReader) -> None:
+    """``supports_combination``'s reasons, then its parent's when it calls ``super()``."""
+    src, chain, facts = reader.src, reader.chain, reader.facts
+    module, cls, fn = reader.member("supports_combination")
     facts["combination_reasons"] = _reason_templates(src, module, fn)
-    if facts["combination_reasons"] or cls.name != "AttentionBackend":
-        facts["cite"]["combination_reasons"] = src.cite(
-            module, fn, f"{cls.name}.supports_combination"
-        )
-        uses_super = "super().supports_combination" in ast.unparse(fn)
-        if uses_super:
-            parent = _member(
-                chain[[c.name for _, c in chain].index(cls.name) + 1 :], "supports_combination"
-            )
-            facts["combination_reasons_then"] = _reason_templates(src, parent[0], parent[2])
-            facts["cite"]["combination_reasons_then"] = src.cite(
-                parent[0], parent[2], f"{parent[1].name}.supports_combination"
-            )
-    return facts
+    if not facts["combination_reasons"] and cls.name == "AttentionBackend":
+        return
+    facts["cite"]["combination_reasons"] = src.cite(
+        module, fn, f"{cls.name}.supports_combination"
+    )
+    if "super().supports_combination" not in ast.unparse(fn):
+        return
+    parent_chain = chain[[c.name for _, c in chain].index(cls.name) + 1 :]
+    p_module, p_cls, p_fn = _member(parent_chain, "supports_combination")
+    facts["combination_reasons_then"] = _reason_templates(src, p_module, p_fn)
+    facts["cite"]["combination_reasons_then"] = src.cite(
+        p_module, p_fn, f"{p_cls.name}.supports_combination"
+    )
 
 
 def enum_paths(src: Source) -> tuple[dict[str, str], ast.ClassDef]:

@@ -542,13 +542,7 @@ def select_backend(config: Any, capability: Any, override: str | None = None) ->
     cfg, cap = normalize_config(config), parse_capability(capability)
     name = _override_name(override) if override is not None else None
     if name is not None:
-        reasons = validate_configuration(name, cfg, cap)
-        if reasons:
-            raise ValueError(
-                f"Selected backend AttentionBackendEnum.{name} is not valid for this "
-                f"configuration. Reason: {reasons}"
-            )
-        return Selection(backend=name, rejected={}, valid=[name])
+        return _select_override(name, cfg, cap)
 
     order = backend_priorities(cap, cfg["use_mla"], cfg)
     rejected: dict[str, list[str]] = {}
@@ -560,14 +554,30 @@ def select_backend(config: Any, capability: Any, override: str | None = None) ->
         else:
             valid.append(backend)
     if not valid:
-        reasons_str = ", ".join(f"{b}: [{', '.join(r)}]" for b, r in rejected.items())
-        raise ValueError(
-            f"No valid attention backend found for cuda with {provided.config_repr(cfg)}. "
-            f"Reasons: {{{reasons_str}}}."
-        )
+        raise _no_valid_backend(cfg, rejected)
     chosen = valid[0]
     return Selection(backend=chosen, rejected=rejected, valid=valid,
                      warning=_block_size_warning(cfg, order, rejected, chosen))
+
+
+def _select_override(name: str, cfg: dict, cap: tuple[int, int]) -> Selection:
+    """cuda.py:442-446: the user's backend is chosen if valid; never a fallback."""
+    reasons = validate_configuration(name, cfg, cap)
+    if reasons:
+        raise ValueError(
+            f"Selected backend AttentionBackendEnum.{name} is not valid for this "
+            f"configuration. Reason: {reasons}"
+        )
+    return Selection(backend=name, rejected={}, valid=[name])
+
+
+def _no_valid_backend(cfg: dict, rejected: dict[str, list[str]]) -> ValueError:
+    """cuda.py:458-475: every reason of every backend, joined as vLLM joins them."""
+    reasons_str = ", ".join(f"{b}: [{', '.join(r)}]" for b, r in rejected.items())
+    return ValueError(
+        f"No valid attention backend found for cuda with {provided.config_repr(cfg)}. "
+        f"Reasons: {{{reasons_str}}}."
+    )
 
 
 def _block_size_warning(cfg: dict, order: list[str], rejected: dict[str, list[str]],

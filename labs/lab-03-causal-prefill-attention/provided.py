@@ -224,6 +224,33 @@ def varlen_grid(num_tokens: int, num_seqs: int, num_kv_heads: int, block_q: int)
     return (num_tokens // block_q + num_seqs, num_kv_heads)
 
 
+def _check_launch_inputs(
+    q: Any,
+    k_cache: Any,
+    v_cache: Any,
+    block_tables: Any,
+    query_start_loc: Any,
+    seq_lens: Any,
+    max_seq_len: int | None,
+) -> int:
+    """The launcher's checks (shapes, dtypes, metadata); returns the head ratio ``group``."""
+    group = check_varlen_shapes(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens)
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        check_kernel_dtype(t, name)
+    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+        raise ValueError(
+            f"q, k_cache, v_cache must share a dtype, got {q.dtype}, {k_cache.dtype}, "
+            f"{v_cache.dtype}"
+        )
+    num_blocks, page_size = int(v_cache.shape[0]), int(v_cache.shape[1])
+    if max_seq_len is None:  # the debug path: one copy to the host, every value checked
+        host = metadata_on_host(block_tables, query_start_loc, seq_lens)
+        check_varlen_metadata(int(q.shape[0]), num_blocks, page_size, *host)
+    else:  # the serving path: trust the device metadata, check what the host knows
+        host_max_seq_len(seq_lens, block_tables, page_size, max_seq_len)
+    return group
+
+
 def launch_varlen_prefill(
     kernel: Any,
     q: Any,
@@ -258,21 +285,11 @@ def launch_varlen_prefill(
     """
     import torch
 
-    group = check_varlen_shapes(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens)
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-        check_kernel_dtype(t, name)
-    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
-        raise ValueError(
-            f"q, k_cache, v_cache must share a dtype, got {q.dtype}, {k_cache.dtype}, "
-            f"{v_cache.dtype}"
-        )
+    group = _check_launch_inputs(
+        q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, max_seq_len
+    )
     num_tokens, num_heads, head_dim = (int(s) for s in q.shape)
-    num_blocks, page_size, num_kv_heads, head_dim_v = (int(s) for s in v_cache.shape)
-    if max_seq_len is None:  # the debug path: one copy to the host, every value checked
-        host = metadata_on_host(block_tables, query_start_loc, seq_lens)
-        check_varlen_metadata(num_tokens, num_blocks, page_size, *host)
-    else:  # the serving path: trust the device metadata, check what the host knows
-        host_max_seq_len(seq_lens, block_tables, page_size, max_seq_len)
+    _, page_size, num_kv_heads, head_dim_v = (int(s) for s in v_cache.shape)
     block_m, block_q, block_n = gqa_tiles(q, group, block_m, block_n)
 
     out = torch.empty((num_tokens, num_heads, head_dim_v), dtype=q.dtype, device=q.device)
@@ -288,11 +305,9 @@ def launch_varlen_prefill(
         log2e_scale(scale), int(seq_lens.shape[0]),
         *q.stride(), *k_cache.stride(), *v_cache.stride(), metadata[0].stride(0),
         *out.stride(), *lse.stride(),
-        GROUP=group, PAGE_SIZE=page_size,
+        GROUP=group, PAGE_SIZE=page_size, BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_N=block_n,
         HEAD_DIM=head_dim, HEAD_DIM_PAD=dot_tile(head_dim),
         HEAD_DIM_V=head_dim_v, HEAD_DIM_V_PAD=dot_tile(head_dim_v),
-        BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_N=block_n,
-        DOT_PRECISION=dot_precision(q.dtype),
-        **gpu_launch(block_m, block_n),
+        DOT_PRECISION=dot_precision(q.dtype), **gpu_launch(block_m, block_n),
     )  # fmt: skip
     return out, lse

@@ -278,7 +278,7 @@ def split_kv_decode(partition_kernel: Any, merge_kernel: Any) -> Callable[..., A
 
         plan = plan_split_kv(q, k_cache, v_cache, block_tables, seq_lens, partition_size,
                              scale, num_segments, block_n, max_seq_len)
-        batch, num_heads, head_dim = (int(s) for s in q.shape)
+        batch, num_heads = int(q.shape[0]), int(q.shape[1])
         head_dim_v = int(v_cache.shape[3])
         q, k_cache, v_cache = (_last_dim_contiguous(t) for t in (q, k_cache, v_cache))
         tables, lens = (t.to(device=q.device, dtype=torch.int32).contiguous()
@@ -289,22 +289,31 @@ def split_kv_decode(partition_kernel: Any, merge_kernel: Any) -> Callable[..., A
         lse = _buffer((batch, num_heads), torch.float32, q)
         if batch == 0:
             return out, lse
-        partition_kernel[plan.partition_grid](
-            q, k_cache, v_cache, tables, lens, part_out, part_lse,
-            log2e_scale(plan.scale), plan.splits,
-            *q.stride()[:2], *k_cache.stride()[:3], *v_cache.stride()[:3], tables.stride()[0],
-            *part_out.stride()[:3], *part_lse.stride()[:2],
-            PARTITION_SIZE=plan.partition_size, NUM_SEGMENTS=plan.num_segments,
-            BLOCK_SIZE=plan.block_size, GROUP=plan.group, HEAD_DIM=head_dim,
-            HEAD_DIM_V=head_dim_v, BLOCK_H=dot_tile(plan.group), BLOCK_D=dot_tile(head_dim),
-            BLOCK_DV=dot_tile(head_dim_v), BLOCK_N=plan.tiles["block_n"],
-            DOT_PRECISION=dot_precision(q.dtype), LOG2E=LOG2E, **PARTITION_LAUNCH,
-        )
+        _launch_partitions(partition_kernel, plan, q, k_cache, v_cache, tables, lens,
+                           part_out, part_lse)
         _launch_merge(merge_kernel, plan.merge_grid, part_out, part_lse, out, lse,
                       plan.tiles["block_p"])
         return out, lse
 
     return split_kv_decode_triton
+
+
+def _launch_partitions(
+    partition_kernel: Any, plan: Any, q: Any, k_cache: Any, v_cache: Any, tables: Any,
+    lens: Any, part_out: Any, part_lse: Any,
+) -> None:
+    head_dim, head_dim_v = int(q.shape[2]), int(v_cache.shape[3])
+    partition_kernel[plan.partition_grid](
+        q, k_cache, v_cache, tables, lens, part_out, part_lse,
+        log2e_scale(plan.scale), plan.splits,
+        *q.stride()[:2], *k_cache.stride()[:3], *v_cache.stride()[:3], tables.stride()[0],
+        *part_out.stride()[:3], *part_lse.stride()[:2],
+        PARTITION_SIZE=plan.partition_size, NUM_SEGMENTS=plan.num_segments,
+        BLOCK_SIZE=plan.block_size, GROUP=plan.group, HEAD_DIM=head_dim,
+        HEAD_DIM_V=head_dim_v, BLOCK_H=dot_tile(plan.group), BLOCK_D=dot_tile(head_dim),
+        BLOCK_DV=dot_tile(head_dim_v), BLOCK_N=plan.tiles["block_n"],
+        DOT_PRECISION=dot_precision(q.dtype), LOG2E=LOG2E, **PARTITION_LAUNCH,
+    )
 
 
 def _launch_merge(
