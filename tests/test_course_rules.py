@@ -118,3 +118,25 @@ def test_starter_and_solution_expose_the_same_public_names_and_signatures(lab):
     )
     differ = {n: (starter[n], solution[n]) for n in starter if starter[n] != solution[n]}
     assert not differ, f"{lab.name}: (starter, solution) signatures differ: {differ}"
+
+
+@pytest.mark.slow
+def test_an_untouched_starter_earns_no_points(tmp_path):
+    """A test that an untouched starter passes grades given code, not the student's: it must
+    be worth points(0). Runs every lab's tests on the starters in one pytest process."""
+    log = tmp_path / "points.jsonl"
+    env = dict(os.environ, LAB_IMPL="starter")
+    subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
+         "common.grading.pytest_points", f"--points-log={log}", "--points-fast-hypothesis",
+         "-m", "not gpu", *[str(lab) for lab in LABS]],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    points = {t["nodeid"]: t["points"] for e in events if e["event"] == "collected"
+              for t in e["tests"]}  # fmt: skip
+    free = [f"{e['nodeid']} ({points.get(e['nodeid'])} points)" for e in events
+            if e["event"] == "result" and e["outcome"] == "passed" and points.get(e["nodeid"])]
+    assert points, "no test was collected"
+    assert not free, ("an untouched starter passes these graded tests (mark them points(0), or "
+                      "make them exercise the student's code):\n  " + "\n  ".join(free))
