@@ -75,10 +75,16 @@ def _tools_available() -> bool:
     return all((bin_dir / tool).is_file() for tool in ("ptxas", "cuobjdump"))
 
 
-needs_compiler = pytest.mark.skipif(
+_skip_without_compiler = pytest.mark.skipif(
     not _tools_available(),
     reason="triton (with its bundled ptxas and cuobjdump) is not installed here",
 )
+
+
+def needs_compiler(test):
+    """Skipped without triton's compiler; marked `triton` too, so that where triton cannot be
+    installed (macOS, Windows) the test is "not run", like every Triton test."""
+    return pytest.mark.triton(_skip_without_compiler(test))
 
 
 def _result(**overrides: int) -> dict:
