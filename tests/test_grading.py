@@ -953,6 +953,7 @@ def test_make_release_on_the_real_course_gives_a_copy_written_for_a_student(tmp_
     dry = subprocess.run(
         ["make", "-n", "test", "test-lab", "grade", "LAB=00", f"PY={sys.executable}"],
         cwd=out,
+        env={k: v for k, v in os.environ.items() if k != "LAB_IMPL"},  # the copy's defaults
         capture_output=True,
         text=True,
         timeout=60,
