@@ -17,6 +17,9 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent.parent))  # the repository root, for `common`
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+# No "Software: matplotlib x.y" text chunk in the PNG: a rerun writes the same bytes.
+PNG_METADATA = {"Software": None}
 import numpy as np  # noqa: E402
 from matplotlib.patches import FancyArrowPatch, Rectangle  # noqa: E402
 
@@ -111,7 +114,7 @@ def draw_block_table() -> pathlib.Path:
             "references. Padding entries (-1) are never followed.", fontsize=9)
     OUT.mkdir(exist_ok=True)
     path = OUT / "block_table.png"
-    fig.savefig(path, dpi=130, bbox_inches="tight")
+    fig.savefig(path, dpi=130, bbox_inches="tight", metadata=PNG_METADATA)
     plt.close(fig)
     return path
 
@@ -174,7 +177,7 @@ def draw_running_state() -> pathlib.Path:
     OUT.mkdir(exist_ok=True)
     path = OUT / "running_state.png"
     fig.tight_layout()
-    fig.savefig(path, dpi=130)
+    fig.savefig(path, dpi=130, metadata=PNG_METADATA)
     plt.close(fig)
     return path
 

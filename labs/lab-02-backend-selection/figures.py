@@ -18,6 +18,9 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+# No "Software: matplotlib x.y" text chunk in the PNG: a rerun writes the same bytes.
+PNG_METADATA = {"Software": None}
 from matplotlib.colors import to_rgba  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # the repository root
@@ -40,7 +43,7 @@ def _save_grid(fig, ax, name: str) -> pathlib.Path:
         spine.set_visible(False)
     fig.tight_layout()
     path = OUT / name
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, metadata=PNG_METADATA)
     plt.close(fig)
     return path
 
@@ -135,7 +138,7 @@ def sdpa_deviation_figure() -> pathlib.Path:
     ax.legend(fontsize=8)
     fig.tight_layout()
     path = OUT / "sdpa_deviation.png"
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, metadata=PNG_METADATA)
     plt.close(fig)
     print_backend_agreement(q, k, v)
     return path

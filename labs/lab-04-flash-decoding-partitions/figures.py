@@ -22,6 +22,9 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+# No "Software: matplotlib x.y" text chunk in the PNG: a rerun writes the same bytes.
+PNG_METADATA = {"Software": None}
 import numpy as np  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -99,7 +102,7 @@ def merge_tree() -> None:
             ha="center", va="top", fontsize=10)
     ax.text(0.01, 0.8, "edge label: exp(m_child - m_parent),\nthe rescale applied to the "
             "child's\nl and acc before adding", fontsize=8, color="0.3", va="center")
-    fig.savefig(OUT / "merge_tree.png", dpi=110)
+    fig.savefig(OUT / "merge_tree.png", dpi=110, metadata=PNG_METADATA)
     plt.close(fig)
 
 
@@ -131,7 +134,7 @@ def ring_schedule(world: int = 4) -> None:
             spine.set_visible(False)
     fig.suptitle("Ring attention: Q shards stay, K/V shards move one device per step")
     fig.tight_layout()
-    fig.savefig(OUT / "ring_schedule.png", dpi=110)
+    fig.savefig(OUT / "ring_schedule.png", dpi=110, metadata=PNG_METADATA)
     plt.close(fig)
 
 
@@ -162,7 +165,7 @@ def sm_occupancy() -> None:
     ax.set_title(f"Decode at batch 1, {seq_len // 1024}k context: the grid without a split "
                  "is smaller than the GPU")
     fig.tight_layout()
-    fig.savefig(OUT / "sm_occupancy.png", dpi=110)
+    fig.savefig(OUT / "sm_occupancy.png", dpi=110, metadata=PNG_METADATA)
     plt.close(fig)
 
 
@@ -196,7 +199,7 @@ def partitions_vs_segments() -> None:
         ax.legend(fontsize=8, loc="upper left")
         ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(OUT / "partitions_vs_segments.png", dpi=110)
+    fig.savefig(OUT / "partitions_vs_segments.png", dpi=110, metadata=PNG_METADATA)
     plt.close(fig)
 
 

@@ -20,6 +20,9 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent.parent))  # the repository root, for `common`
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+# No "Software: matplotlib x.y" text chunk in the PNG: a rerun writes the same bytes.
+PNG_METADATA = {"Software": None}
 import numpy as np  # noqa: E402
 from matplotlib.patches import FancyArrowPatch, Rectangle  # noqa: E402
 
@@ -155,7 +158,7 @@ def draw_prefix_sharing() -> pathlib.Path:
     draw_panel(axes[1], second, "2. A finished; B forked into B2; B's first write copied block 3")
     fig.tight_layout()
     path = OUT / "prefix_sharing.png"
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, metadata=PNG_METADATA)
     plt.close(fig)
     return path
 
@@ -203,7 +206,7 @@ def draw_utilisation(paged, contiguous) -> pathlib.Path:
     ax.legend(fontsize=8, loc="upper right")
     fig.tight_layout()
     path = OUT / "utilisation.png"
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, metadata=PNG_METADATA)
     plt.close(fig)
     return path
 
