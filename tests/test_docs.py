@@ -1,0 +1,251 @@
+"""The course's documents follow the course's rules (not graded; run with the suite):
+
+- every glossary term a README uses is linked to ``GLOSSARY.md`` at least once, and every
+  link to ``GLOSSARY.md#slug`` names a heading that exists;
+- every lab README follows the template stated in the top README ("Conventions every lab
+  shares"): the lesson headings in order, a figure, a Misconceptions table whose tests
+  exist, a reading list with arXiv ids, then ``## Reference``; the lesson part stays short;
+- every ``figures.py`` saves its PNGs without the matplotlib version in them, so
+  ``make figures`` on the pinned stack rewrites no committed figure.
+
+How a term is matched (the rules ``GLOSSARY.md`` states): its heading and the spellings in
+the ``<!-- match: ... -->`` comment under it, as whole words (``-`` counts as part of a
+word, so "flash-decoding" does not use "decode"), with an optional plural ``s``/``es``;
+case-insensitive, except that a spelling written in capitals (``SM``, ``MMA``, ``FLOP``)
+matches only in capitals, so the ``sm`` of ``sm_90`` is not the term SM. Fenced code
+blocks, code spans, HTML comments, link targets, image alt text and bare URLs are not
+prose and do not count as a use.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import re
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+GLOSSARY = ROOT / "GLOSSARY.md"
+LAB_READMES = sorted((ROOT / "labs").glob("lab-*/README.md"))
+READMES = [ROOT / "README.md", *LAB_READMES]
+
+# The lab README template: these level-2 headings, in this order (other level-2 headings
+# may sit between them). A heading matches when it equals the name or starts with the name
+# followed by ":" (e.g. "## Worked example: 2 tiles of 4 numbers").
+TEMPLATE = [
+    "Run it",
+    "The idea in plain words",
+    "Worked example",
+    "What you build (Contract)",
+    "Misconceptions",
+    "Say it out loud",
+    "Reading list",
+    "Reference",
+]
+LESSON_WORDS = 2500  # words before "## Reference", code blocks and HTML comments excluded
+
+FENCE = re.compile(r"^\s*(```|~~~).*?^\s*\1[^\n]*$", re.MULTILINE | re.DOTALL)
+COMMENT = re.compile(r"<!--.*?-->", re.DOTALL)
+CODE_SPAN = re.compile(r"(`+)(?!`).*?(?<!`)\1(?!`)", re.DOTALL)
+IMAGE = re.compile(r"!\[[^\]]*\]\([^)]*\)")
+LINK = re.compile(r"\[((?:[^\[\]]|\[[^\]]*\])*)\]\(([^)\s]*)(?:\s+\"[^\"]*\")?\)")
+URL = re.compile(r"https?://\S+")
+
+
+def github_slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lowercase, punctuation other than '-' and '_' dropped,
+    spaces to '-' (code spans keep their text)."""
+    text = heading.strip().lower().replace("`", "")
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def glossary_terms() -> dict[str, list[str]]:
+    """slug -> the spellings that count as a use of the term (heading first)."""
+    terms: dict[str, list[str]] = {}
+    slug = None
+    for line in GLOSSARY.read_text(encoding="utf-8").splitlines():
+        if line.startswith("### "):
+            heading = line[4:].strip()
+            slug = github_slug(heading)
+            terms[slug] = [heading]
+        elif slug and (m := re.match(r"<!--\s*match:\s*(.*?)\s*-->", line)):
+            terms[slug] += [s.strip() for s in m.group(1).split(",") if s.strip()]
+    return terms
+
+
+def _blank(match: re.Match[str]) -> str:
+    return " " + "\n" * match.group(0).count("\n")  # keeps line numbers
+
+
+def prose(markdown: str) -> str:
+    """What a reader reads as words: no code, comments, link targets, images or URLs."""
+    text = FENCE.sub(_blank, markdown)
+    text = COMMENT.sub(_blank, text)
+    text = CODE_SPAN.sub(_blank, text)
+    text = IMAGE.sub(_blank, text)
+    text = LINK.sub(lambda m: m.group(1) + "\n" * m.group(2).count("\n"), text)
+    return URL.sub(" ", text)
+
+
+def term_pattern(spelling: str) -> re.Pattern[str]:
+    words = r"\s+".join(re.escape(w) for w in spelling.split())
+    flags = 0 if re.search(r"[A-Z]", spelling) and spelling == spelling.upper() else re.I
+    return re.compile(rf"(?<![\w-]){words}(?:s|es)?(?![\w-])", flags)
+
+
+def glossary_links(path: pathlib.Path) -> list[tuple[str, str]]:
+    """(target as written, slug) of every link from ``path`` to the glossary."""
+    text = COMMENT.sub(" ", FENCE.sub(" ", path.read_text(encoding="utf-8")))
+    out = []
+    for _, target in LINK.findall(CODE_SPAN.sub(" ", text)):
+        file, _, slug = target.partition("#")
+        if file.endswith("GLOSSARY.md"):
+            out.append((target, slug))
+    return out
+
+
+@pytest.mark.parametrize("readme", READMES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_glossary_term_a_readme_uses_is_linked(readme):
+    terms = glossary_terms()
+    text = prose(readme.read_text(encoding="utf-8"))
+    linked = {slug for _, slug in glossary_links(readme)}
+    unlinked = []
+    for slug, spellings in terms.items():
+        if slug in linked:
+            continue
+        for spelling in spellings:
+            if m := term_pattern(spelling).search(text):
+                line = text.count("\n", 0, m.start()) + 1
+                unlinked.append(f"{spellings[0]!r} (as {m.group(0)!r}, line {line}) -> #{slug}")
+                break
+    where = "GLOSSARY.md" if readme.parent == ROOT else "../../GLOSSARY.md"
+    assert not unlinked, (
+        f"{readme.relative_to(ROOT)} uses glossary terms it never links; link each once, "
+        f"on first use, as [term]({where}#slug):\n  " + "\n  ".join(unlinked)
+    )
+
+
+def test_every_glossary_link_names_an_existing_heading():
+    slugs = set(glossary_terms()) | {
+        github_slug(line.lstrip("#")) for line in GLOSSARY.read_text().splitlines()
+        if line.startswith("#")
+    }
+    documents = [p for p in ROOT.rglob("*.md") if not {".venv", "build", "node_modules"} & set(
+        p.relative_to(ROOT).parts)]
+    broken = []
+    for doc in documents:
+        for target, slug in glossary_links(doc):
+            file = target.partition("#")[0]
+            if (doc.parent / file).resolve() != GLOSSARY.resolve():
+                broken.append(f"{doc.relative_to(ROOT)}: {target} is not the root GLOSSARY.md")
+            elif slug and slug not in slugs:
+                broken.append(f"{doc.relative_to(ROOT)}: {target} names no heading")
+    assert not broken, "\n".join(broken)
+
+
+def test_glossary_headings_are_unique():
+    headings = [line for line in GLOSSARY.read_text().splitlines() if line.startswith("### ")]
+    slugs = [github_slug(h[4:]) for h in headings]
+    assert len(slugs) == len(set(slugs)), sorted(s for s in slugs if slugs.count(s) > 1)
+
+
+def level2_headings(markdown: str) -> list[tuple[int, str]]:
+    """(offset, text) of every ``## `` heading outside code blocks."""
+    blanked = FENCE.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), markdown)
+    return [(m.start(), m.group(1).strip()) for m in re.finditer(r"^## (.+)$", blanked, re.M)]
+
+
+def _is(heading: str, name: str) -> bool:
+    return heading == name or heading.startswith(name + ":")
+
+
+def _section(markdown: str, name: str) -> str:
+    heads = level2_headings(markdown)
+    for i, (start, heading) in enumerate(heads):
+        if _is(heading, name):
+            end = heads[i + 1][0] if i + 1 < len(heads) else len(markdown)
+            return markdown[start:end]
+    return ""
+
+
+def lesson_words(markdown: str) -> int:
+    heads = [start for start, h in level2_headings(markdown) if _is(h, "Reference")]
+    lesson = markdown[: heads[0]] if heads else markdown
+    return len(COMMENT.sub(" ", FENCE.sub(" ", lesson)).split())
+
+
+@pytest.mark.parametrize("readme", LAB_READMES, ids=lambda p: p.parent.name)
+def test_lab_readme_follows_the_template(readme):
+    markdown = readme.read_text(encoding="utf-8")
+    headings = [h for _, h in level2_headings(markdown)]
+    found = [next((h for h in headings if _is(h, name)), None) for name in TEMPLATE]
+    missing = [name for name, h in zip(TEMPLATE, found) if h is None]
+    assert not missing, (
+        f"{readme.parent.name}/README.md lacks the template's headings {missing} "
+        f"(required, in order: {TEMPLATE})"
+    )
+    order = [headings.index(h) for h in found]
+    assert order == sorted(order), (
+        f"{readme.parent.name}/README.md: the template's headings are out of order; "
+        f"required order {TEMPLATE}, found {[headings[i] for i in sorted(order)]}"
+    )
+    words = lesson_words(markdown)
+    assert words <= LESSON_WORDS, (
+        f"{readme.parent.name}/README.md: the lesson (everything before ## Reference) has "
+        f"{words} words; keep it under {LESSON_WORDS} by moving detail into ## Reference"
+    )
+    lesson = markdown[: markdown.index("\n## Reference")]
+    assert re.search(r"!\[[^\]]*\]\([^)]*\.(png|svg)\)", lesson), (
+        f"{readme.parent.name}/README.md: the lesson shows no figure"
+    )
+
+
+@pytest.mark.parametrize("readme", LAB_READMES, ids=lambda p: p.parent.name)
+def test_every_misconception_is_named_by_a_test_that_exists(readme):
+    section = _section(readme.read_text(encoding="utf-8"), "Misconceptions")
+    rows = [r for r in section.splitlines()
+            if r.startswith("|") and not re.match(r"\|[\s|:-]+\|?$", r)]
+    assert len(rows) >= 2, (
+        f"{readme.parent.name}/README.md: ## Misconceptions needs a table "
+        "| misconception | the test that names it |"
+    )
+    tests = set()
+    for file in readme.parent.glob("test_*.py"):
+        tests |= set(re.findall(r"^\s*(?:async\s+)?def (test_\w+)", file.read_text(), re.M))
+        tests |= set(re.findall(r"^class (Test\w+)", file.read_text(), re.M))
+    unnamed, unknown = [], []
+    for row in rows[1:]:  # the first row is the header
+        names = re.findall(r"`((?:test_|Test)\w+)`", row)
+        if not names:
+            unnamed.append(row[:80])
+        unknown += [n for n in names if n not in tests]
+    lab = readme.parent.name
+    assert not unnamed, f"{lab}: misconceptions no test names:\n" + "\n".join(unnamed)
+    assert not unknown, f"{lab}: the Misconceptions table names tests that do not exist: {unknown}"
+
+
+@pytest.mark.parametrize("readme", LAB_READMES, ids=lambda p: p.parent.name)
+def test_reading_list_cites_papers_by_arxiv_id(readme):
+    section = _section(readme.read_text(encoding="utf-8"), "Reading list")
+    assert re.search(r"arXiv[: ]\s*\d{4}\.\d{4,5}|arxiv\.org/abs/\d{4}\.\d{4,5}", section), (
+        f"{readme.parent.name}/README.md: ## Reading list cites no paper by arXiv id"
+    )
+    assert re.search(r"\]\(https?://", section), (
+        f"{readme.parent.name}/README.md: ## Reading list links nothing"
+    )
+
+
+@pytest.mark.parametrize("figures", sorted((ROOT / "labs").glob("lab-*/figures.py")),
+                         ids=lambda p: p.parent.name)
+def test_figures_are_saved_reproducibly(figures):
+    """PNG bytes must not depend on the matplotlib version: no Software text chunk."""
+    source = figures.read_text(encoding="utf-8")
+    calls = re.findall(r"\.savefig\((.*)\)", source)
+    bad = [c for c in calls if "metadata" not in c]
+    assert not bad, (
+        f"{figures.parent.name}/figures.py: savefig without metadata={{'Software': None}}: {bad}"
+    )
+    assert 'matplotlib.use("Agg")' in source or "matplotlib.use('Agg')" in source, (
+        f"{figures.parent.name}/figures.py does not select the Agg backend"
+    )
