@@ -249,3 +249,30 @@ def test_figures_are_saved_reproducibly(figures):
     assert 'matplotlib.use("Agg")' in source or "matplotlib.use('Agg')" in source, (
         f"{figures.parent.name}/figures.py does not select the Agg backend"
     )
+
+
+def _anchors(path: pathlib.Path) -> set[str]:
+    """The slugs of every heading in ``path`` (GitHub numbers repeats: slug-1, slug-2, ...)."""
+    blanked = FENCE.sub(" ", path.read_text(encoding="utf-8"))
+    seen: dict[str, int] = {}
+    out = set()
+    for heading in re.findall(r"^#{1,6} (.+?)\s*#*$", blanked, re.M):
+        slug = github_slug(LINK.sub(lambda m: m.group(1), heading))
+        out.add(slug if slug not in seen else f"{slug}-{seen[slug]}")
+        seen[slug] = seen.get(slug, 0) + 1
+    return out
+
+
+@pytest.mark.parametrize("readme", READMES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_link_to_a_heading_resolves(readme):
+    """Sections move between the lesson and the reference: a link must still land."""
+    text = COMMENT.sub(" ", FENCE.sub(" ", readme.read_text(encoding="utf-8")))
+    broken = []
+    for _, target in LINK.findall(CODE_SPAN.sub(" ", text)):
+        file, hash_, slug = target.partition("#")
+        if not hash_ or "://" in file or file.endswith("GLOSSARY.md"):
+            continue
+        doc = (readme.parent / file).resolve() if file else readme
+        if doc.suffix == ".md" and doc.is_file() and slug not in _anchors(doc):
+            broken.append(target)
+    assert not broken, f"{readme.relative_to(ROOT)}: links to headings that do not exist: {broken}"
