@@ -12,13 +12,15 @@ How a term is matched (the rules ``GLOSSARY.md`` states): its heading and the sp
 the ``<!-- match: ... -->`` comment under it, as whole words (``-`` counts as part of a
 word, so "flash-decoding" does not use "decode"), with an optional plural ``s``/``es``;
 case-insensitive, except that a spelling written in capitals (``SM``, ``MMA``, ``FLOP``)
-matches only in capitals, so the ``sm`` of ``sm_90`` is not the term SM. Fenced code
-blocks, code spans, HTML comments, link targets, image alt text and bare URLs are not
-prose and do not count as a use.
+matches only in capitals, so the ``sm`` of ``sm_90`` is not the term SM. A match inside a
+longer match of another term belongs to that term ("chunked prefill" is a use of Chunked
+prefill, not of Prefill). Fenced code blocks, code spans, HTML comments, link text and
+targets, image alt text and bare URLs are not prose and do not count as a use.
 """
 
 from __future__ import annotations
 
+import bisect
 import pathlib
 import re
 
@@ -105,20 +107,42 @@ def glossary_links(path: pathlib.Path) -> list[tuple[str, str]]:
     return out
 
 
+def term_uses(markdown: str) -> dict[str, tuple[str, int]]:
+    """slug -> (the words, the line) of the first use of that glossary term in ``markdown``.
+
+    Link text is not prose here (a link cannot hold another link), and a match inside a
+    longer match of another term is that term's use: "chunked prefill" uses Chunked
+    prefill, not Prefill."""
+    text = prose(LINK.sub(_blank, markdown))
+    matches = sorted(
+        (m.start(), m.end(), slug)
+        for slug, spellings in glossary_terms().items()
+        for spelling in spellings
+        for m in term_pattern(spelling).finditer(text)
+    )
+    starts = [start for start, _, _ in matches]
+    first: dict[str, tuple[str, int]] = {}
+    for start, end, slug in matches:
+        if slug in first:
+            continue
+        lo, hi = bisect.bisect_left(starts, start - 80), bisect.bisect_right(starts, start)
+        nearby = matches[lo:hi]
+        if any(s <= start and end <= e and e - s > end - start and other != slug
+               for s, e, other in nearby):
+            continue
+        first[slug] = (" ".join(text[start:end].split()), text.count("\n", 0, start) + 1)
+    return first
+
+
 @pytest.mark.parametrize("readme", READMES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_glossary_term_a_readme_uses_is_linked(readme):
     terms = glossary_terms()
-    text = prose(readme.read_text(encoding="utf-8"))
     linked = {slug for _, slug in glossary_links(readme)}
-    unlinked = []
-    for slug, spellings in terms.items():
-        if slug in linked:
-            continue
-        for spelling in spellings:
-            if m := term_pattern(spelling).search(text):
-                line = text.count("\n", 0, m.start()) + 1
-                unlinked.append(f"{spellings[0]!r} (as {m.group(0)!r}, line {line}) -> #{slug}")
-                break
+    unlinked = [
+        f"{terms[slug][0]!r} (as {words!r}, line {line}) -> #{slug}"
+        for slug, (words, line) in term_uses(readme.read_text(encoding="utf-8")).items()
+        if slug not in linked
+    ]
     where = "GLOSSARY.md" if readme.parent == ROOT else "../../GLOSSARY.md"
     assert not unlinked, (
         f"{readme.relative_to(ROOT)} uses glossary terms it never links; link each once, "
