@@ -8,26 +8,30 @@
 - every ``figures.py`` saves its PNGs without the matplotlib version in them, so
   ``make figures`` on the pinned stack rewrites no committed figure.
 
-How a term is matched (the rules ``GLOSSARY.md`` states): its heading and the spellings in
-the ``<!-- match: ... -->`` comment under it, as whole words (``-`` counts as part of a
-word, so "flash-decoding" does not use "decode"), with an optional plural ``s``/``es``;
-case-insensitive, except that a spelling written in capitals (``SM``, ``MMA``, ``FLOP``)
-matches only in capitals, so the ``sm`` of ``sm_90`` is not the term SM. A match inside a
-longer match of another term belongs to that term ("chunked prefill" is a use of Chunked
-prefill, not of Prefill). Fenced code blocks, code spans, HTML comments, link text and
-targets, image alt text and bare URLs are not prose and do not count as a use.
+How a term is matched is written in ``tools/glossary.py`` (``python -m tools.glossary
+--fix FILE.md`` links every unlinked term at its first use).
 """
 
 from __future__ import annotations
 
-import bisect
 import pathlib
 import re
 
 import pytest
 
+from tools.glossary import (
+    CODE_SPAN,
+    COMMENT,
+    FENCE,
+    GLOSSARY,
+    LINK,
+    github_slug,
+    glossary_links,
+    glossary_terms,
+    term_uses,
+)
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-GLOSSARY = ROOT / "GLOSSARY.md"
 LAB_READMES = sorted((ROOT / "labs").glob("lab-*/README.md"))
 READMES = [ROOT / "README.md", *LAB_READMES]
 
@@ -45,94 +49,6 @@ TEMPLATE = [
     "Reference",
 ]
 LESSON_WORDS = 2500  # words before "## Reference", code blocks and HTML comments excluded
-
-FENCE = re.compile(r"^\s*(```|~~~).*?^\s*\1[^\n]*$", re.MULTILINE | re.DOTALL)
-COMMENT = re.compile(r"<!--.*?-->", re.DOTALL)
-CODE_SPAN = re.compile(r"(`+)(?!`).*?(?<!`)\1(?!`)", re.DOTALL)
-IMAGE = re.compile(r"!\[[^\]]*\]\([^)]*\)")
-LINK = re.compile(r"\[((?:[^\[\]]|\[[^\]]*\])*)\]\(([^)\s]*)(?:\s+\"[^\"]*\")?\)")
-URL = re.compile(r"https?://\S+")
-
-
-def github_slug(heading: str) -> str:
-    """GitHub's anchor for a heading: lowercase, punctuation other than '-' and '_' dropped,
-    spaces to '-' (code spans keep their text)."""
-    text = heading.strip().lower().replace("`", "")
-    text = re.sub(r"[^\w\- ]", "", text)
-    return text.replace(" ", "-")
-
-
-def glossary_terms() -> dict[str, list[str]]:
-    """slug -> the spellings that count as a use of the term (heading first)."""
-    terms: dict[str, list[str]] = {}
-    slug = None
-    for line in GLOSSARY.read_text(encoding="utf-8").splitlines():
-        if line.startswith("### "):
-            heading = line[4:].strip()
-            slug = github_slug(heading)
-            terms[slug] = [heading]
-        elif slug and (m := re.match(r"<!--\s*match:\s*(.*?)\s*-->", line)):
-            terms[slug] += [s.strip() for s in m.group(1).split(",") if s.strip()]
-    return terms
-
-
-def _blank(match: re.Match[str]) -> str:
-    return " " + "\n" * match.group(0).count("\n")  # keeps line numbers
-
-
-def prose(markdown: str) -> str:
-    """What a reader reads as words: no code, comments, link targets, images or URLs."""
-    text = FENCE.sub(_blank, markdown)
-    text = COMMENT.sub(_blank, text)
-    text = CODE_SPAN.sub(_blank, text)
-    text = IMAGE.sub(_blank, text)
-    text = LINK.sub(lambda m: m.group(1) + "\n" * m.group(2).count("\n"), text)
-    return URL.sub(" ", text)
-
-
-def term_pattern(spelling: str) -> re.Pattern[str]:
-    words = r"\s+".join(re.escape(w) for w in spelling.split())
-    flags = 0 if re.search(r"[A-Z]", spelling) and spelling == spelling.upper() else re.I
-    return re.compile(rf"(?<![\w-]){words}(?:s|es)?(?![\w-])", flags)
-
-
-def glossary_links(path: pathlib.Path) -> list[tuple[str, str]]:
-    """(target as written, slug) of every link from ``path`` to the glossary."""
-    text = COMMENT.sub(" ", FENCE.sub(" ", path.read_text(encoding="utf-8")))
-    out = []
-    for _, target in LINK.findall(CODE_SPAN.sub(" ", text)):
-        file, _, slug = target.partition("#")
-        if file.endswith("GLOSSARY.md"):
-            out.append((target, slug))
-    return out
-
-
-def term_uses(markdown: str) -> dict[str, tuple[str, int]]:
-    """slug -> (the words, the line) of the first use of that glossary term in ``markdown``.
-
-    Link text is not prose here (a link cannot hold another link), and a match inside a
-    longer match of another term is that term's use: "chunked prefill" uses Chunked
-    prefill, not Prefill."""
-    text = prose(LINK.sub(_blank, markdown))
-    matches = sorted(
-        (m.start(), m.end(), slug)
-        for slug, spellings in glossary_terms().items()
-        for spelling in spellings
-        for m in term_pattern(spelling).finditer(text)
-    )
-    starts = [start for start, _, _ in matches]
-    first: dict[str, tuple[str, int]] = {}
-    for start, end, slug in matches:
-        if slug in first:
-            continue
-        lo, hi = bisect.bisect_left(starts, start - 80), bisect.bisect_right(starts, start)
-        nearby = matches[lo:hi]
-        if any(s <= start and end <= e and e - s > end - start and other != slug
-               for s, e, other in nearby):
-            continue
-        first[slug] = (" ".join(text[start:end].split()), text.count("\n", 0, start) + 1)
-    return first
-
 
 @pytest.mark.parametrize("readme", READMES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_glossary_term_a_readme_uses_is_linked(readme):
