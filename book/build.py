@@ -12,7 +12,7 @@ Steps (nothing is written outside ``build/``):
    a ``title`` on every link into the glossary;
 3. copy the learner's traces from ``build/traces/`` (``make trace``) next to the reference
    traces, or an empty one per lab so a page always finds its script;
-4. run ``mkdocs build`` (config: ``book/mkdocs.yml``) into ``build/book/``.
+4. run MkDocs' build (config: ``book/mkdocs.yml``) into ``build/book/``.
 
 The site works from ``file://`` (no directory URLs, Material's offline plugin for search)
 and with ``python -m http.server -d build/book``.
@@ -21,12 +21,11 @@ and with ``python -m http.server -d build/book``.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import pathlib
 import re
 import shutil
-import subprocess
-import sys
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 BOOK = REPO / "book"
@@ -206,11 +205,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.starter_traces:
         install_starter_traces(src / "docs" / "viz" / "traces", args.starter_traces)
     config = write_config(src, out, labs)
-    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "DISABLE_MKDOCS_2_WARNING": "true"}
-    cmd = [sys.executable, "-m", "mkdocs", "build", "--clean", "-q", "-f", str(config)]
-    result = subprocess.run(cmd, cwd=src, env=env, check=False)
-    if result.returncode:
-        return result.returncode
+    from mkdocs.commands.build import build as mkdocs_build
+    from mkdocs.config import load_config
+
+    logging.getLogger("mkdocs").setLevel(logging.WARNING)
+    cwd = os.getcwd()
+    try:
+        os.chdir(src)  # the snippets' base_path is relative to where mkdocs runs
+        mkdocs_build(load_config(str(config)))
+    finally:
+        os.chdir(cwd)
     print(f">> the book is in {os.path.relpath(out, REPO)}/: open "
           f"{os.path.relpath(out / 'index.html', REPO)} or run "
           f"'python -m http.server -d {os.path.relpath(out, REPO)}'")

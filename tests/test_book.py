@@ -1,0 +1,305 @@
+"""The web book in a real browser: `make book`'s site, driven by headless Chromium.
+
+Each page loads from the file system with no console error and no request off the machine;
+the controls step the animations and the numbers shown at a step are the trace's; a trace
+from a starter that forgets to rescale ``acc`` is shown differing at the right step; every
+page weighs under 200 KB gzipped. Screenshots (wide and narrow) are kept under
+``build/book-screenshots/`` with ``weights.json``, the pages' gzipped weights.
+
+Needs Debian's ``chromium`` (installed here with apt-get when the tests run as root and it
+is missing) and the pins of ``requirements-book.txt`` (``make test`` installs them).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import urllib.parse
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+SHOTS = ROOT / "build" / "book-screenshots"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+VIZ = ("flash-attention-tiling", "paged-attention-blocks", "kv-cache-evolution", "split-kv-merge")
+PAGE_BUDGET = 200 * 1024  # bytes, gzipped
+ACC_LINE = "            acc = alpha[:, None] * acc + p @ v[k0:k1]"
+
+sys.path.insert(0, str(ROOT))
+from book.build import main as build_main  # noqa: E402
+from book.traces import main as traces_main  # noqa: E402
+from book.traces import read_script  # noqa: E402
+
+
+def chromium_path() -> str | None:
+    """Debian's Chromium, installed with apt-get where missing and possible."""
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found or os.environ.get("BOOK_NO_INSTALL"):
+        return found
+    if hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("apt-get"):
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "chromium"]):
+            subprocess.run(cmd, env=env, capture_output=True, timeout=900, check=False)
+    return shutil.which("chromium")
+
+
+def reference(lab: str) -> dict:
+    return read_script(ROOT / "book" / "viz" / "traces" / f"lab{lab}-reference.js")
+
+
+@pytest.fixture(scope="module")
+def book(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """The book, built as `make book` builds it, with a wrong lab-00 starter's trace."""
+    pytest.importorskip("mkdocs", reason="the book's tools are not installed: `make test` "
+                        "installs requirements-book.txt")
+    pytest.importorskip("material", reason="mkdocs-material is not installed "
+                        "(requirements-book.txt)")
+    tmp = tmp_path_factory.mktemp("book")
+    traces = tmp / "traces"
+    solution = ROOT / "labs" / "lab-00-online-softmax" / "solution.py"
+    if solution.is_file():  # the instructor's tree: a starter that forgets to rescale acc
+        lab = tmp / "lab-00-online-softmax"
+        shutil.copytree(solution.parent, lab, ignore=shutil.ignore_patterns("__pycache__"))
+        code = solution.read_text()
+        assert ACC_LINE in code, "the planted mistake no longer applies to lab 00's solution"
+        wrong = code.replace(ACC_LINE, "            acc = acc + p @ v[k0:k1]")
+        (lab / "starter.py").write_text(wrong)
+        (lab / "solution.py").unlink()
+        assert traces_main(["--impl", "starter", "--lab", "00", "--lab-dir", str(lab),
+                            "--out", str(traces)]) == 0
+    out = ROOT / "build" / "book-test"
+    assert build_main(["--out", str(out), "--src", str(tmp / "src"),
+                       "--starter-traces", str(traces)]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def browser():
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed: "
+                                   "`make test` installs requirements-book.txt")
+    path = chromium_path()
+    if path is None:
+        pytest.skip("no chromium: install Debian's package (apt-get install chromium) to run "
+                    "the book's browser tests")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=path, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+class Page:
+    """A page of the book, with what it logged and every request it made."""
+
+    def __init__(self, browser, book: pathlib.Path, rel: str, width: int = 1280, **ctx) -> None:
+        self.context = browser.new_context(viewport={"width": width, "height": 900}, **ctx)
+        self.page = self.context.new_page()
+        self.errors: list[str] = []
+        self.requests: list[str] = []
+        self.page.on("console", lambda m: m.type == "error" and self.errors.append(m.text))
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.on("request", lambda r: self.requests.append(r.url))
+        self.page.goto((book / rel).as_uri())
+        self.page.wait_for_load_state("load")
+
+    def value(self, selector: str):
+        return json.loads(self.page.get_attribute(selector, "data-value"))
+
+    def step(self, viz: str) -> int:
+        return int(self.page.get_attribute(f"#{viz}", "data-step"))
+
+    def close(self) -> None:
+        self.context.close()
+
+
+@pytest.fixture
+def open_page(browser, book):
+    pages: list[Page] = []
+
+    def opener(rel: str, **kw) -> Page:
+        pages.append(Page(browser, book, rel, **kw))
+        return pages[-1]
+    yield opener
+    for p in pages:
+        p.close()
+
+
+def test_the_book_holds_every_lab_the_glossary_search_and_the_visualisations(book):
+    assert (book / "index.html").is_file()
+    for readme in (ROOT / "labs").glob("*/README.md"):
+        assert (book / "labs" / readme.parent.name / "index.html").is_file(), readme
+        for fig in (readme.parent / "figures").glob("*.png"):
+            if f"figures/{fig.name}" in readme.read_text():
+                assert (book / "labs" / readme.parent.name / "figures" / fig.name).is_file(), fig
+    for name in VIZ:
+        assert (book / "viz" / f"{name}.html").is_file()
+    assert (book / "search" / "search_index.js").is_file(), "file:// search needs this index"
+    if (ROOT / "GLOSSARY.md").is_file():
+        assert (book / "GLOSSARY.html").is_file()
+        lesson = book / "labs" / "lab-00-online-softmax" / "index.html"
+        assert "<abbr title=" in lesson.read_text(), "glossary terms need hover definitions"
+
+
+@pytest.mark.parametrize("rel", [f"viz/{n}.html" for n in VIZ] + [
+    "index.html", "viz/index.html", "labs/lab-00-online-softmax/index.html"])
+def test_every_page_loads_with_no_console_error_and_no_network(open_page, rel):
+    p = open_page(rel)
+    p.page.wait_for_timeout(150)
+    assert p.errors == [], f"{rel}: console errors {p.errors}"
+    remote = [u for u in p.requests if not u.startswith(("file:", "data:", "about:", "blob:"))]
+    assert remote == [], f"{rel} reaches the network: {remote}"
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    name = rel.replace("/", "_").removesuffix(".html")
+    p.page.screenshot(path=str(SHOTS / f"{name}.png"))
+    if rel.startswith("viz/") and rel != "viz/index.html":
+        files = {pathlib.Path(urllib.parse.unquote(urllib.parse.urlparse(u).path))
+                 for u in p.requests if u.startswith("file:")}
+        index = {f for f in files if f.name == "search_index.js"}  # the whole site's, shared
+        weight = sum(len(gzip.compress(f.read_bytes(), 9)) for f in files - index)
+        weights = json.loads((SHOTS / "weights.json").read_text()) if (
+            SHOTS / "weights.json").is_file() else {}
+        weights[rel] = weight
+        weights["search/search_index.js (shared by every page)"] = sum(
+            len(gzip.compress(f.read_bytes(), 9)) for f in index)
+        (SHOTS / "weights.json").write_text(json.dumps(weights, indent=1, sort_keys=True))
+        assert weight < PAGE_BUDGET, f"{rel} weighs {weight} bytes gzipped (budget {PAGE_BUDGET})"
+
+
+@pytest.mark.parametrize("name", VIZ)
+def test_every_visualisation_fits_a_narrow_screen(open_page, name):
+    p = open_page(f"viz/{name}.html", width=390)
+    overflow = p.page.evaluate("""() => [...document.querySelectorAll('.viz')].map(
+        v => v.scrollWidth - v.clientWidth)""")
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    p.page.locator(".viz").first.screenshot(path=str(SHOTS / f"viz_{name}-narrow.png"))
+    assert overflow and max(overflow) <= 1, f"{name} is wider than a phone: {overflow}"
+    wraps = "() => getComputedStyle(document.querySelector('.viz-main')).flexWrap"
+    assert p.page.evaluate(wraps) == "wrap"
+
+
+def test_flash_attention_steps_show_lab_00s_numbers(open_page):
+    ref = reference("00")
+    p = open_page("viz/flash-attention-tiling.html")
+    assert p.step("fa-viz") == 0
+    for _ in range(5):
+        p.page.click("#fa-viz [data-action=step]")
+    assert p.step("fa-viz") == 5
+    row = ref["steps"][5]["rows"]
+    for n in range(len(row)):
+        assert p.value(f"#fa-m-{n}") == row[n]["m"]
+        assert p.value(f"#fa-l-{n}") == row[n]["l"]
+        assert p.value(f"#fa-acc-{n}") == row[n]["acc"]
+    assert p.value("#fa-hbm") == ref["steps"][5]["hbm"]
+    assert p.value("#fa-flops") == ref["steps"][5]["flops"]
+    p.page.focus("#fa-viz")
+    p.page.keyboard.press("ArrowRight")
+    assert p.step("fa-viz") == 6
+    p.page.keyboard.press("ArrowLeft")
+    p.page.keyboard.press("ArrowLeft")
+    assert p.step("fa-viz") == 4
+    p.page.keyboard.press("End")
+    assert p.step("fa-viz") == len(ref["steps"]) - 1
+    p.page.keyboard.press("Home")
+    assert p.step("fa-viz") == 0
+    p.page.keyboard.press("+")
+    p.page.keyboard.press("+")
+    p.page.keyboard.press(" ")
+    assert p.page.get_attribute("#fa-viz", "data-playing") == "true"
+    p.page.wait_for_function("() => Number(document.querySelector('#fa-viz').dataset.step) >= 1",
+                             timeout=5000)
+    p.page.keyboard.press(" ")
+    assert p.page.get_attribute("#fa-viz", "data-playing") == "false"
+    p.page.click("#fa-mode-standard")
+    assert p.step("fa-viz") == 0
+    assert p.value("#fa-hbm") == ref["standard"][0]["hbm_total"]
+    p.page.keyboard.press("End")
+    assert p.value("#fa-hbm") == ref["standard"][-1]["hbm_total"]
+    assert ref["standard"][-1]["hbm_total"] > ref["steps"][-1]["hbm"]
+
+
+def first_step_whose_max_grew(ref: dict) -> tuple[int, int]:
+    """(step, row) of the first tile after a Q tile's first where a row's running max grew:
+    where a starter that does not rescale acc goes wrong first."""
+    for n, st in enumerate(ref["steps"]):
+        for r in st["rows"]:
+            if st["kt"] > 0 and r["alpha"] < 1:
+                return n, r["i"]
+    raise AssertionError("the inputs never raise a row's max: the trace shows no rescale")
+
+
+def test_a_starter_that_does_not_rescale_acc_differs_at_the_tile_where_the_max_grew(open_page):
+    if not (ROOT / "labs" / "lab-00-online-softmax" / "solution.py").is_file():
+        pytest.skip("the wrong starter is planted in a copy of solution.py (instructor's tree)")
+    step, row = first_step_whose_max_grew(reference("00"))
+    p = open_page("viz/flash-attention-tiling.html")
+    panel = "#starter-00"
+    assert p.page.get_attribute(panel, "data-state") == "differs"
+    assert int(p.page.get_attribute(panel, "data-first-diff")) == step
+    assert "acc" in p.page.inner_text(panel)
+    p.page.click(f"{panel} [data-action=goto-diff]")
+    assert p.step("fa-viz") == step
+    assert p.page.get_attribute("#fa-state tr.differs", "data-row") == str(row)
+    assert p.page.locator("#fa-yours-acc-0").count() == 1
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    shot = SHOTS / "viz_flash-attention-tiling-wrong-starter.png"
+    p.page.locator("#fa-viz").screenshot(path=str(shot))
+
+
+def test_split_kv_merge_orders_show_lab_04s_states_and_one_answer(open_page):
+    ref = reference("04")
+    p = open_page("viz/split-kv-merge.html")
+    p.page.click("#split-order-sequential")
+    for j, mg in enumerate(ref["orders"]["sequential"]["merges"]):
+        p.page.click("#split-viz [data-action=step]")
+        assert p.value(f"#split-m-{j}") == mg["state"]["m"]
+        assert p.value(f"#split-l-{j}") == mg["state"]["l"]
+    p.page.click("#split-viz [data-action=end]")
+    for name, order in ref["orders"].items():
+        assert p.value(f"#split-out-{name}") == order["out"]
+        assert p.value(f"#split-lse-{name}") == order["lse"]
+
+
+def test_paged_blocks_show_lab_07s_tables_and_lab_01s_slots(open_page):
+    ref, ref01 = reference("07"), reference("01")
+    p = open_page("viz/paged-attention-blocks.html")
+    cow = next(n for n, ev in enumerate(ref["events"]) if ev.get("copies"))
+    p.page.focus("#paged-viz")
+    for _ in range(cow):
+        p.page.keyboard.press("ArrowRight")
+    assert p.step("paged-viz") == cow
+    assert p.value("#paged-free") == ref["events"][cow]["free_blocks"]
+    assert p.value("#paged-copies") == len(ref["events"][cow]["copies"])
+    assert p.page.locator("#paged-cow").count() == 1
+    p.page.focus("#slots-viz")
+    p.page.keyboard.press("End")
+    last = ref01["steps"][-1]
+    assert p.page.get_attribute("#slots-caption", "data-slot") == str(last["slot"])
+    p.page.focus("#stream-viz")
+    p.page.keyboard.press("ArrowRight")
+    assert p.value("#stream-used-paged") == ref["paged"]["used"][1]
+    assert p.value("#stream-used-contiguous") == ref["contiguous"]["used"][1]
+
+
+def test_kv_cache_presets_show_lab_06s_bytes_per_token(open_page):
+    ref = reference("06")
+    p = open_page("viz/kv-cache-evolution.html")
+    for i, preset in enumerate(ref["presets"]):
+        p.page.select_option("#kv-preset", str(i))
+        assert p.value("#kv-preset-bytes") == preset["bytes_per_token"]
+    p.page.focus("#kv-context")
+    p.page.keyboard.press("ArrowRight")
+    assert "65,536 tokens" in p.page.inner_text("#kv-context-label")
+
+
+def test_reduced_motion_turns_the_transitions_off(open_page):
+    p = open_page("viz/flash-attention-tiling.html", reduced_motion="reduce")
+    assert "reduced-motion" in p.page.get_attribute("#fa-viz", "class")
+    duration = p.page.evaluate(
+        "() => getComputedStyle(document.querySelector('#fa-viz .viz-svg rect'))"
+        ".transitionDuration")
+    assert duration == "0s"
