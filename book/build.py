@@ -37,6 +37,9 @@ VISUALISATIONS = (  # (page file in book/pages/, title)
     ("paged-attention-blocks.md", "PagedAttention blocks"),
     ("kv-cache-evolution.md", "KV cache: MHA to MLA"),
     ("split-kv-merge.md", "Split-KV merge"),
+    ("ring-attention-rotation.md", "Ring attention"),
+    ("gpu-memory-hierarchy.md", "GPU memory hierarchy"),
+    ("sliding-window-receptive-field.md", "Sliding-window receptive field"),
 )
 TRACE_LABS = ("00", "01", "04", "07")
 LINK = re.compile(r"(!?)\[((?:[^\[\]]|\[[^\]]*\])*)\]\(([^()\s]+(?:\([^()]*\))?[^()\s]*)"

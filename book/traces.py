@@ -273,6 +273,49 @@ def diff_lab04(mine: dict, ref: dict) -> dict | None:
     return None
 
 
+RING = {"devices": 4, "shard": 3, "d": 4, "dv": 2, "seed": 3}
+
+
+def trace_ring(impl: Any) -> dict:
+    """Ring attention on 4 simulated devices: at step t device p holds K/V shard
+    (p - t) mod P and folds it in with ring_step; per step, each device's (m, l) per query
+    row, and whether the visiting shard was all masked (causal). Ends with finalize, checked
+    against ring_attention."""
+    p = RING
+    rng = np.random.default_rng(p["seed"])
+    P, n = p["devices"], p["shard"]
+    q = [rng.normal(size=(n, 1, p["d"])) for _ in range(P)]
+    k = [rng.normal(size=(n, 1, p["d"])) for _ in range(P)]
+    v = [rng.normal(size=(n, 1, p["dv"])) for _ in range(P)]
+    errors: list[str] = []
+    runs = {}
+    for causal in (False, True):
+        states = [impl.empty_state((n, 1), p["dv"]) for _ in range(P)]
+        steps = []
+        for t in range(P):
+            devices = []
+            for dev in range(P):
+                src = (dev - t) % P
+                states[dev] = _call(errors, impl.ring_step, states[dev], q[dev], k[src], v[src],
+                                    dev * n, src * n, causal)
+                masked = causal and src > dev  # every key of the shard is after every query
+                st = states[dev]
+                devices.append({"device": dev, "holds": src, "masked": masked,
+                                "m": _r(np.asarray(st.m)[:, 0]) if st is not None else None,
+                                "l": _r(np.asarray(st.l)[:, 0]) if st is not None else None})
+            steps.append({"step": t, "devices": devices})
+        finals = [_call(errors, impl.finalize, s) if s is not None else None for s in states]
+        ring = _call(errors, impl.ring_attention, q, k, v, causal=causal)
+        same = None
+        if ring is not None and all(f is not None for f in finals):
+            same = bool(all(np.allclose(f[0], o) for f, o in zip(finals, ring[0])))
+        runs["causal" if causal else "full"] = {
+            "steps": steps, "same_as_ring_attention": same,
+            "out": [_r(np.asarray(f[0])[:, 0, 0]) if f is not None else None for f in finals]}
+    per_step = {"flops": 2 * n * n * (p["d"] + p["dv"]), "bytes": n * (p["d"] + p["dv"]) * BYTES}
+    return {"lab": "04", "inputs": p, "runs": runs, "per_step": per_step, "errors": errors}
+
+
 # ---- lab 06: bytes of KV cache per token -----------------------------------------------------
 
 
@@ -301,6 +344,79 @@ def trace_lab06(impl: Any) -> dict:
                   rope_dim=shape["rope_dim"] if kind == "mla" else None)
         kinds.append({"kind": kind, "bytes_per_token": b})
     return {"lab": "06", "presets": presets, "shape": shape, "kinds": kinds, "errors": errors}
+
+
+WINDOW = {"seq_len": 24, "windows": [2, 3, 4, 6, 8], "layers": 4, "seed": 4}
+
+
+def trace_window(impl: Any) -> dict:
+    """Which positions a token attends with a sliding window: lab 06's
+    window_decode_attention with one-hot values (out = the attention weights), for every
+    position of a 24-token sequence; stacking layers composes those sets."""
+    p = WINDOW
+    n = p["seq_len"]
+    rng = np.random.default_rng(p["seed"])
+    bs = 4
+    k = rng.normal(size=(n, 1, n))
+    v = np.eye(n)[:, None, :]  # value of token j = e_j: the output is the weight vector
+    shape = (n // bs, bs, 1, n)
+    k_cache, v_cache = k.reshape(shape), v.reshape(shape)
+    table = np.arange(n // bs)
+    errors: list[str] = []
+    out = {}
+    for w in p["windows"]:
+        one_layer = []
+        for t in range(n):
+            q = rng.normal(size=(1, n))
+            res = _call(errors, impl.window_decode_attention, q, k_cache, v_cache, table, t + 1, w)
+            weights = np.asarray(res[0][0]) if res is not None else np.zeros(n)
+            one_layer.append([j for j in range(n) if weights[j] > 0])
+        layers = [sorted(set(one_layer[n - 1]))]
+        for _ in range(p["layers"] - 1):
+            layers.append(sorted({j for i in layers[-1] for j in one_layer[i]}))
+        out[str(w)] = {"one_layer": one_layer, "receptive_field": layers}
+    return {"lab": "06", "inputs": p, "windows": out, "errors": errors}
+
+
+# ---- hardware figures (cited) and lab 00's score matrix ----------------------------------
+
+GPUS = {  # per-SM limits: bench/gpu_report.py (CUDA Programming Guide); HBM: bench/roofs.py
+    "A100 SXM4 80GB": {"arch": 80, "sms": 108, "l2_mb": 40, "hbm_gb": 80,
+                       "nominal": "a100-sxm4-80gb",
+                       "host": "PCIe Gen4 x16: 64 GB/s (both directions)", "nvlink_gbps": 600,
+                       "source": "NVIDIA A100 Tensor Core GPU Architecture whitepaper (108 SMs, "
+                                 "40 MB L2) and A100 datasheet (80 GB HBM2e, 2,039 GB/s, "
+                                 "NVLink 600 GB/s, PCIe Gen4 64 GB/s)"},
+    "H100 SXM5 80GB": {"arch": 90, "sms": 132, "l2_mb": 50, "hbm_gb": 80, "nominal": "h100",
+                       "host": "PCIe Gen5 x16: 128 GB/s (both directions)", "nvlink_gbps": 900,
+                       "source": "NVIDIA H100 Tensor Core GPU Architecture whitepaper (132 SMs "
+                                 "on SXM5, 50 MB L2) and H100 datasheet (80 GB HBM3, "
+                                 "3.35 TB/s, NVLink 900 GB/s, PCIe Gen5 128 GB/s)"},
+}
+
+
+def trace_memory(impl: Any) -> dict:
+    """Capacities of each tier for A100 and H100 (cited) and lab 00's score_matrix_bytes
+    for sequence lengths 512 .. 131072: the N x N matrix standard attention writes to HBM."""
+    sys.path.insert(0, str(REPO))
+    from bench.gpu_report import LIMIT_SOURCES, LIMITS
+    from bench.roofs import NOMINAL
+
+    nominal = {frag: (tbps, tflops, label) for frag, tbps, tflops, label in NOMINAL}
+    gpus = {}
+    for name, g in GPUS.items():
+        lim = LIMITS[g["arch"]]
+        tbps, tflops, _ = nominal[g["nominal"]]
+        gpus[name] = {
+            "sms": g["sms"], "regs_per_sm_bytes": lim.regs_per_sm * 4,
+            "smem_per_sm_bytes": lim.smem_per_sm, "l2_bytes": g["l2_mb"] * 2**20,
+            "hbm_bytes": g["hbm_gb"] * 10**9, "hbm_tbps": tbps, "dense_bf16_tflops": tflops,
+            "nvlink_gbps": g["nvlink_gbps"], "host": g["host"], "source": g["source"]}
+    errors: list[str] = []
+    seqs = [2**i for i in range(9, 18)]
+    s_bytes = [_call(errors, impl.score_matrix_bytes, n, bytes_per_element=BYTES) for n in seqs]
+    return {"lab": "00", "gpus": gpus, "limit_sources": list(LIMIT_SOURCES), "seq_lens": seqs,
+            "score_matrix_bytes": s_bytes, "errors": errors}
 
 
 # ---- lab 07: a block pool for a request stream -----------------------------------------------
@@ -395,6 +511,9 @@ def diff_lab07(mine: dict, ref: dict) -> dict | None:
 
 BUILDERS = {"00": trace_lab00, "01": trace_lab01, "04": trace_lab04, "06": trace_lab06,
             "07": trace_lab07}
+# Reference-only traces of other pages: name -> (lab, builder).
+EXTRA = {"ring": ("04", trace_ring), "window": ("06", trace_window),
+         "memory": ("00", trace_memory)}
 DIFFS = {"00": diff_lab00, "01": diff_lab01, "04": diff_lab04, "07": diff_lab07}
 
 
@@ -445,6 +564,12 @@ def main(argv: list[str] | None = None) -> int:
     labs = args.lab or (list(BUILDERS) if args.impl == "solution" else list(TRACEABLE))
     out = args.out or (REFERENCE_DIR if args.impl == "solution" else REPO / "build" / "traces")
     out.mkdir(parents=True, exist_ok=True)
+    if args.impl == "solution" and not args.lab:
+        for name, (lab, builder) in EXTRA.items():
+            data = builder(load_impl(REPO / "labs" / LABS[lab], "solution"))
+            path = out / f"{name}-reference.js"
+            path.write_text(as_script(f"{name}-reference", data))
+            print(f"   wrote {path.relative_to(REPO) if path.is_relative_to(REPO) else path}")
     for lab in labs:
         lab = lab.removeprefix("lab-")[:2]
         if lab not in BUILDERS or (args.impl == "starter" and lab not in TRACEABLE):

@@ -27,7 +27,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 SHOTS = ROOT / "build" / "book-screenshots"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
-VIZ = ("flash-attention-tiling", "paged-attention-blocks", "kv-cache-evolution", "split-kv-merge")
+VIZ = ("flash-attention-tiling", "paged-attention-blocks", "kv-cache-evolution", "split-kv-merge",
+       "ring-attention-rotation", "gpu-memory-hierarchy", "sliding-window-receptive-field")
 PAGE_BUDGET = 200 * 1024  # bytes, gzipped
 ACC_LINE = "            acc = alpha[:, None] * acc + p @ v[k0:k1]"
 
@@ -50,7 +51,9 @@ def chromium_path() -> str | None:
 
 
 def reference(lab: str) -> dict:
-    return read_script(ROOT / "book" / "viz" / "traces" / f"lab{lab}-reference.js")
+    """The reference trace of lab ``lab`` ("00") or of a page ("ring")."""
+    name = f"lab{lab}" if lab.isdigit() else lab
+    return read_script(ROOT / "book" / "viz" / "traces" / f"{name}-reference.js")
 
 
 @pytest.fixture(scope="module")
@@ -303,3 +306,40 @@ def test_reduced_motion_turns_the_transitions_off(open_page):
         "() => getComputedStyle(document.querySelector('#fa-viz .viz-svg rect'))"
         ".transitionDuration")
     assert duration == "0s"
+
+
+def test_ring_attention_steps_show_lab_04s_ring_step_states(open_page):
+    ref = reference("ring")
+    p = open_page("viz/ring-attention-rotation.html")
+    p.page.focus("#ring-viz")
+    p.page.keyboard.press("ArrowRight")
+    for d in ref["runs"]["full"]["steps"][1]["devices"]:
+        assert p.value(f"#ring-m-{d['device']}") == d["m"]
+    p.page.click("#ring-run-causal")
+    assert p.step("ring-viz") == 1
+    for d in ref["runs"]["causal"]["steps"][1]["devices"]:
+        assert p.value(f"#ring-l-{d['device']}") == d["l"]
+        dash = p.page.get_attribute(f"#ring-holds-{d['device']}", "stroke-dasharray")
+        assert (dash is not None) == d["masked"], "a masked shard is drawn dashed"
+
+
+def test_sliding_window_reach_is_lab_06s_window_composed(open_page):
+    ref = reference("window")
+    p = open_page("viz/sliding-window-receptive-field.html")
+    p.page.focus("#window-w")
+    p.page.keyboard.press("Home")
+    p.page.focus("#window-layers")
+    p.page.keyboard.press("End")
+    w = ref["inputs"]["windows"][0]
+    field = ref["windows"][str(w)]["receptive_field"][-1]
+    assert p.value("#window-reach") == len(field)
+    assert len(field) == ref["inputs"]["layers"] * (w - 1) + 1
+
+
+def test_memory_hierarchy_shows_lab_00s_score_matrix_bytes(open_page):
+    ref = reference("memory")
+    p = open_page("viz/gpu-memory-hierarchy.html")
+    p.page.focus("#memory-seq")
+    p.page.keyboard.press("End")
+    assert p.value("#memory-s") == ref["score_matrix_bytes"][-1]
+    assert "Sources:" in p.page.inner_text("#memory-viz")
