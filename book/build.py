@@ -219,8 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         os.chdir(cwd)
     print(f">> the book is in {os.path.relpath(out, REPO)}/: open "
-          f"{os.path.relpath(out / 'index.html', REPO)} or run "
-          f"'python -m http.server -d {os.path.relpath(out, REPO)}'")
+          f"{os.path.relpath(out / 'index.html', REPO)} in a browser, or serve it with "
+          f"'.venv/bin/python -m http.server -d {os.path.relpath(out, REPO)}'")
     return 0
 
 
