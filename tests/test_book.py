@@ -341,3 +341,36 @@ def test_memory_hierarchy_shows_lab_00s_score_matrix_bytes(open_page):
     p.page.keyboard.press("End")
     assert p.value("#memory-s") == ref["score_matrix_bytes"][-1]
     assert "Sources:" in p.page.inner_text("#memory-viz")
+
+
+def test_search_works_from_the_file_system(open_page):
+    p = open_page("index.html")
+    p.page.fill("input.md-search__input", "running max")
+    p.page.wait_for_selector(".md-search-result__item", timeout=10000)
+    assert p.page.locator(".md-search-result__item").count() > 0
+    assert p.errors == []
+
+
+def test_glossary_terms_become_hover_definitions_and_link_titles(tmp_path):
+    """Without a browser: GLOSSARY.md's `### Term` sections -> abbreviations and link titles."""
+    from book.build import Site, github_slug, glossary_terms
+
+    glossary = tmp_path / "GLOSSARY.md"
+    glossary.write_text("# Glossary\n\n### KV cache\nThe keys and values kept for every token. "
+                        "More.\n\nNext paragraph.\n\n### Tensor core\nA unit that multiplies "
+                        "[tiles](https://example.org).\n")
+    terms = glossary_terms(glossary)
+    assert terms == {"KV cache": "The keys and values kept for every token.",
+                     "Tensor core": "A unit that multiplies tiles."}
+    assert glossary_terms(tmp_path / "missing.md") == {}
+    assert github_slug("KV cache") == "kv-cache" and github_slug("Tensor core") == "tensor-core"
+    site = Site(tmp_path / "docs")
+    site.pages[ROOT / "GLOSSARY.md"] = tmp_path / "docs" / "GLOSSARY.md"
+    site.slugs = {github_slug(t): d for t, d in terms.items()}
+    lab = ROOT / "labs" / "lab-00-online-softmax" / "README.md"
+    text = site.rewrite(lab, "a [KV cache](../../GLOSSARY.md#kv-cache) and [x](solution.py)\n"
+                             "```\n[kept](in/code.md)\n```\n")
+    assert '[KV cache](../../GLOSSARY.md#kv-cache "The keys and values kept for every token.")' \
+        in text
+    assert "and x\n" in text, "a link to a file the book does not hold keeps its text"
+    assert "[kept](in/code.md)" in text, "code blocks are left alone"
