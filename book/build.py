@@ -10,7 +10,9 @@ Steps (nothing is written outside ``build/``):
 2. turn the glossary's ``### Term`` sections into hover definitions: one abbreviation line
    per term (``*[Term]: first sentence``), appended to every page by pymdownx.snippets, and
    a ``title`` on every link into the glossary;
-3. copy the learner's traces from ``build/traces/`` (``make trace``) next to the reference
+3. take the reference traces from ``book/viz/traces/`` (committed: a student copy has no
+   solutions), or, in the instructor's tree, write them afresh from the solutions; copy the
+   learner's traces from ``build/traces/`` (``make trace``) next to the reference
    traces, or an empty one per lab so a page always finds its script;
 4. run MkDocs' build (config: ``book/mkdocs.yml``) into ``build/book/``.
 
@@ -21,11 +23,15 @@ and with ``python -m http.server -d build/book``.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import logging
 import os
 import pathlib
 import re
 import shutil
+
+from book.traces import main as traces_main
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 BOOK = REPO / "book"
@@ -153,6 +159,9 @@ def assemble(docs: pathlib.Path) -> list[tuple[str, str]]:
     shutil.copytree(BOOK / "viz", docs / "viz" / "assets",
                     ignore=shutil.ignore_patterns("traces", "__pycache__"))
     shutil.copytree(BOOK / "viz" / "traces", docs / "viz" / "traces")
+    if any((REPO / "labs").glob("*/solution.py")):  # the instructor's tree: trace them afresh
+        with contextlib.redirect_stdout(io.StringIO()):
+            traces_main(["--out", str(docs / "viz" / "traces")])
     install_starter_traces(docs / "viz" / "traces")
     labs = []
     for readme in sorted((REPO / "labs").glob("*/README.md"), key=_lab_key):

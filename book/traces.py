@@ -539,17 +539,32 @@ def read_script(path: pathlib.Path) -> dict | None:
     return json.loads(text.split("] = ", 1)[1].rstrip().rstrip(";"))
 
 
+def fresh_run(folder: pathlib.Path, impl_name: str, builder: Callable[[Any], dict]) -> dict:
+    """``builder`` on ``folder``'s ``impl_name`` module, imported afresh: the lab's modules
+    are cached by the folder's name, and a copy of the folder (a test's) has the same name.
+    The modules cached before are put back afterwards."""
+    prefix = folder.name.replace("-", "_") + "."
+    saved = {n: m for n, m in sys.modules.items() if n.startswith(prefix)}
+    for name in saved:
+        del sys.modules[name]
+    try:
+        return builder(load_impl(folder, impl_name))
+    finally:
+        for name in [n for n in sys.modules if n.startswith(prefix)]:
+            del sys.modules[name]
+        sys.modules.update(saved)
+
+
 def build(lab: str, impl_name: str, lab_dir: pathlib.Path | None = None) -> dict:
     """The trace of ``lab`` run with ``impl_name`` (``solution`` or ``starter``) from
     ``lab_dir`` (default: the repository's lab folder)."""
     folder = lab_dir or REPO / "labs" / LABS[lab]
     try:
-        impl = load_impl(folder, impl_name)
+        data = fresh_run(folder, impl_name, BUILDERS[lab])
     except Exception as e:  # noqa: BLE001 - a starter that does not even import
         return {"lab": lab, "impl": impl_name, "import_error": str(e),
                 "first_diff": {"step": 0, "field": "import", "where": "import", "yours": str(e),
                                "reference": None}}
-    data = BUILDERS[lab](impl)
     data["impl"] = impl_name
     return data
 
@@ -566,7 +581,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     if args.impl == "solution" and not args.lab:
         for name, (lab, builder) in EXTRA.items():
-            data = builder(load_impl(REPO / "labs" / LABS[lab], "solution"))
+            data = fresh_run(REPO / "labs" / LABS[lab], "solution", builder)
             path = out / f"{name}-reference.js"
             path.write_text(as_script(f"{name}-reference", data))
             print(f"   wrote {path.relative_to(REPO) if path.is_relative_to(REPO) else path}")
