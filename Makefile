@@ -82,9 +82,6 @@ trace: $(DEPS)
 	@test -n "$(LAB)" || { echo "usage: make trace LAB=00 (labs 00, 01, 04, 07)"; exit 2; }
 	@echo ">> running your starter.py (lab $(LAB)) on the visualisation's inputs"
 	LAB_IMPL=starter $(PY) -m book.traces --impl starter --lab $(LAB)
-	@if [ -d build/book/viz/traces ]; then cp build/traces/lab$(LAB)-starter.js build/book/viz/traces/ && \
-	  echo ">> reload its page in build/book/viz/ (or run make book first)"; \
-	  else echo ">> now run make book and open build/book/viz/index.html"; fi
 
 # The slow end-to-end grading tests too (plain pytest deselects every `slow` test through
 # pyproject's addopts), but not the compile-every-kernel check of make gpu-report.

@@ -20,6 +20,7 @@ import argparse
 import json
 import math
 import pathlib
+import shutil
 import sys
 import traceback
 from collections.abc import Callable
@@ -603,7 +604,21 @@ def main(argv: list[str] | None = None) -> int:
         path = out / f"{name}.js"
         path.write_text(as_script(name, data))
         print(f"   wrote {path.relative_to(REPO) if path.is_relative_to(REPO) else path}")
+        if args.impl == "starter" and args.out is None:
+            _show_in_book(path, lab)
     return 0
+
+
+def _show_in_book(path: pathlib.Path, lab: str) -> None:
+    """Put the learner's trace into the built book, if there is one, and say which page."""
+    page = {"00": "flash-attention-tiling", "01": "paged-attention-blocks",
+            "04": "split-kv-merge", "07": "paged-attention-blocks"}[lab]
+    book = REPO / "build" / "book" / "viz"
+    if (book / "traces").is_dir():
+        shutil.copyfile(path, book / "traces" / path.name)
+        print(f">> reload build/book/viz/{page}.html: it shows your run beside the reference")
+    else:
+        print(f">> run `make book`, then open build/book/viz/{page}.html")
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
 VIZ = ("flash-attention-tiling", "paged-attention-blocks", "kv-cache-evolution", "split-kv-merge",
        "ring-attention-rotation", "gpu-memory-hierarchy", "sliding-window-receptive-field")
 PAGE_BUDGET = 200 * 1024  # bytes, gzipped
+pytestmark = pytest.mark.timeout(600)  # the first test may apt-get install chromium
 ACC_LINE = "            acc = alpha[:, None] * acc + p @ v[k0:k1]"
 
 sys.path.insert(0, str(ROOT))

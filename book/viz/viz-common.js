@@ -23,6 +23,15 @@
     if (Array.isArray(x)) return "[" + x.map(function (v) { return V.fmt(v, nd); }).join(", ") + "]";
     return Number(x).toFixed(nd);
   };
+  /* any traced value: integers as integers, floats to 4 places, lists and records */
+  V.fmtAny = function (x) {
+    if (x === null || x === undefined || typeof x === "string") return V.fmt(x);
+    if (Array.isArray(x)) return "[" + x.map(V.fmtAny).join(", ") + "]";
+    if (typeof x === "object") {
+      return "{" + Object.keys(x).map(function (k) { return k + ": " + V.fmtAny(x[k]); }).join(", ") + "}";
+    }
+    return Number.isInteger(x) ? String(x) : Number(x).toFixed(4);
+  };
   V.bytes = function (n) {
     if (n === null || n === undefined) return "—";
     const units = ["B", "KiB", "MiB", "GiB", "TiB"];
@@ -215,7 +224,9 @@
         "First difference at step " + (diff.step + 1) + " (" + diff.where + "): ",
         V.h("code", {}, diff.field)]));
       if (diff.field !== "import") {
-        box.appendChild(V.h("p", {}, ["yours ", V.num(diff.yours, 4), " · reference ", V.num(diff.reference, 4)]));
+        box.appendChild(V.h("p", {}, ["yours ", V.h("code", { class: "num", "data-value": JSON.stringify(diff.yours) },
+          V.fmtAny(diff.yours)), " · reference ", V.h("code", { class: "num", "data-value": JSON.stringify(diff.reference) },
+          V.fmtAny(diff.reference))]));
       }
       if (errs.length) box.appendChild(V.h("p", { class: "err" }, ["Your code raised: ", V.h("code", {}, errs[0])]));
       const b = V.h("button", { type: "button", "data-action": "goto-diff" }, "Show that step");
