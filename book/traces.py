@@ -1,0 +1,625 @@
+"""Write the visualisations' traces: the labs' own code run on the pages' small inputs.
+
+    python -m book.traces                    # the reference (solution.py): book/viz/traces/
+    python -m book.traces --impl starter --lab 00 --out build/traces
+                                             # your starter.py, compared with the reference
+
+A trace is a JavaScript file that sets ``window.BOOK_TRACES[<name>]`` to plain JSON data (a
+script, not a ``fetch``, so the pages also work from ``file://``). The pages only play
+traces back: every number they show was computed here by a lab's public functions, or is
+plain arithmetic on such numbers (counters, differences), never by JavaScript re-doing
+what a lab computes.
+
+A starter trace carries ``first_diff``: the first step where the learner's run differs from
+the reference trace (same inputs), or where their code raised.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import pathlib
+import shutil
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from common.loader import load_impl, load_lab_module  # noqa: E402
+
+LABS = {
+    "00": "lab-00-online-softmax",
+    "01": "lab-01-paged-attention-gather",
+    "04": "lab-04-flash-decoding-partitions",
+    "06": "lab-06-mla-window-sinks",
+    "07": "lab-07-kv-block-manager",
+}
+TRACEABLE = ("00", "01", "04", "07")  # the labs `make trace` runs on a starter
+REFERENCE_DIR = REPO / "book" / "viz" / "traces"
+TOL = 1e-9
+BYTES = 2  # fp16/bf16 elements, as on a GPU
+
+
+def _r(x: Any, nd: int = 6) -> Any:
+    """JSON-friendly rounding, recursively; -inf/inf/nan become strings the pages print."""
+    if isinstance(x, np.ndarray):
+        x = x.tolist()
+    if isinstance(x, list | tuple):
+        return [_r(v, nd) for v in x]
+    x = float(x)
+    if math.isnan(x):
+        return "nan"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return round(x, nd)
+
+
+def _call(errors: list[str], fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+    """``fn(*args)``, or None with the error's last line kept (a starter's TODO)."""
+    try:
+        return fn(*args, **kw)
+    except Exception as e:  # noqa: BLE001 - the learner's code may raise anything
+        line = traceback.format_exception_only(type(e), e)[-1].strip()
+        errors.append(f"{getattr(fn, '__name__', 'call')}: {line}")
+        return None
+
+
+# ---- lab 00: FlashAttention tiling ----------------------------------------------------------
+
+FA = {"L": 16, "d": 4, "dv": 2, "tile": 4, "seed": 0}
+
+
+def fa_inputs() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Small q, k, v where the running max grows after the first tile for many rows."""
+    rng = np.random.default_rng(FA["seed"])
+    q = rng.normal(size=(FA["L"], FA["d"]))
+    k = rng.normal(size=(FA["L"], FA["d"])) * np.linspace(0.6, 1.6, FA["L"])[:, None]
+    v = rng.normal(size=(FA["L"], FA["dv"]))
+    return q, k, v
+
+
+def trace_lab00(impl: Any) -> dict:
+    """Per (Q tile, K/V tile) step: each row's m, l (online_softmax_steps on the row's
+    scores) and acc, out, lse (flash_attention_forward on the K/V prefix so far)."""
+    q, k, v = fa_inputs()
+    L, d, dv, t = FA["L"], FA["d"], FA["dv"], FA["tile"]
+    scale = 1.0 / math.sqrt(d)
+    scores = (q @ k.T) * scale  # [L, L]: the inputs of online_softmax_steps, shown on the grid
+    errors: list[str] = []
+    row_steps = [_call(errors, impl.online_softmax_steps, scores[i], t) for i in range(L)]
+    n_tiles = L // t
+    steps, hbm, flops = [], 0, 0
+    for qt in range(n_tiles):
+        q0, q1 = qt * t, (qt + 1) * t
+        hbm += t * d * BYTES  # load the Q tile once
+        for kt in range(n_tiles):
+            k1 = (kt + 1) * t
+            res = _call(errors, impl.flash_attention_forward, q[q0:q1], k[:k1], v[:k1],
+                        block_q=t, block_k=t)
+            hbm += t * (d + dv) * BYTES  # load one K tile and one V tile into SRAM
+            flops += 2 * t * t * d + 2 * t * t * dv  # S = Q Kᵀ and P V for the tile pair
+            rows = []
+            for r in range(t):
+                i = q0 + r
+                ms = row_steps[i]
+                m, l = (ms[kt] if ms is not None and len(ms) > kt else (None, None))
+                m_old = ms[kt - 1][0] if ms is not None and kt > 0 and len(ms) >= kt else None
+                out = lse = acc = None
+                if res is not None:
+                    o, ls = np.asarray(res[0], dtype=float), np.asarray(res[1], dtype=float)
+                    out, lse = o[r], ls[r]
+                    if m is not None:
+                        acc = out * math.exp(lse - m)  # unnormalised, relative to the running max
+                row = {"i": i, "m": _r(m) if m is not None else None,
+                       "l": _r(l) if l is not None else None,
+                       "m_old": _r(m_old) if m_old is not None else "-inf",
+                       "alpha": _r(math.exp(m_old - m)) if (m_old is not None and m is not None)
+                       else 0.0,
+                       "acc": _r(acc) if acc is not None else None,
+                       "out": _r(out) if out is not None else None,
+                       "lse": _r(lse) if lse is not None else None}
+                rows.append(row)
+            last = kt == n_tiles - 1
+            if last:
+                hbm += t * dv * BYTES + t * 4  # write the O tile and its lse (fp32)
+            steps.append({"qt": qt, "kt": kt, "rows": rows, "hbm": hbm, "flops": flops,
+                          "write_o": last})
+    s_bytes = _call(errors, impl.score_matrix_bytes, L, bytes_per_element=BYTES)
+    qkv = (2 * L * d + L * dv) * BYTES
+    standard = [  # the three kernels of unfused attention, each a round trip through HBM
+        {"name": "S = Q Kᵀ · scale", "hbm": 2 * L * d * BYTES + (s_bytes or 0),
+         "flops": 2 * L * L * d, "writes": "S"},
+        {"name": "P = softmax(S)", "hbm": 2 * (s_bytes or 0), "flops": 5 * L * L, "writes": "P"},
+        {"name": "O = P V", "hbm": (s_bytes or 0) + L * dv * BYTES * 2, "flops": 2 * L * L * dv,
+         "writes": "O"},
+    ]
+    acc_hbm = 0
+    for s in standard:
+        acc_hbm += s["hbm"]
+        s["hbm_total"] = acc_hbm
+    return {"lab": "00", "inputs": {**FA, "scale": _r(scale)}, "scores": _r(scores, 3),
+            "steps": steps, "standard": standard, "score_matrix_bytes": s_bytes,
+            "qkv_bytes": qkv, "errors": errors}
+
+
+def diff_lab00(mine: dict, ref: dict) -> dict | None:
+    for n, (a, b) in enumerate(zip(mine["steps"], ref["steps"])):
+        for ra, rb in zip(a["rows"], b["rows"]):
+            for field in ("m", "l", "acc", "lse"):
+                if not _close(ra[field], rb[field]):
+                    return {"step": n, "row": ra["i"], "field": field, "yours": ra[field],
+                            "reference": rb[field],
+                            "where": f"Q tile {a['qt']}, K/V tile {a['kt']}, row {ra['i']}"}
+    return None
+
+
+# ---- lab 01: a block table -------------------------------------------------------------------
+
+PAGED = {"block_size": 4, "num_blocks": 8, "seq_len": 11, "block_table": [5, 1, 6, 3],
+         "heads": 1, "d": 2, "seed": 1}
+
+
+def trace_lab01(impl: Any) -> dict:
+    """Each token's slot (slot_mapping), the cache after write_kv, gather_kv's order, and the
+    decode output of paged_decode_attention."""
+    p = PAGED
+    rng = np.random.default_rng(p["seed"])
+    n, bs = p["seq_len"], p["block_size"]
+    table = np.array(p["block_table"])
+    k = rng.normal(size=(n, p["heads"], p["d"]))
+    v = rng.normal(size=(n, p["heads"], p["d"]))
+    q = rng.normal(size=(p["heads"], p["d"]))
+    errors: list[str] = []
+    slots = _call(errors, impl.slot_mapping, table, np.arange(n), bs)
+    shape = (p["num_blocks"], bs, p["heads"], p["d"])
+    k_cache, v_cache = np.full(shape, np.nan), np.full(shape, np.nan)
+    if slots is not None:
+        _call(errors, impl.write_kv, k_cache, v_cache, k, v, np.asarray(slots))
+    gathered = _call(errors, impl.gather_kv, k_cache, table, n)
+    res = _call(errors, impl.paged_decode_attention, q, k_cache, v_cache, table, n)
+    steps = []
+    for t in range(n):
+        slot = int(slots[t]) if slots is not None else None
+        written = None
+        if slot is not None and 0 <= slot < p["num_blocks"] * bs:
+            written = bool(np.allclose(k_cache.reshape(-1, p["heads"], p["d"])[slot], k[t]))
+        steps.append({"token": t, "logical_block": t // bs, "offset": t % bs, "slot": slot,
+                      "block": slot // bs if slot is not None else None, "written": written})
+    ok = None if gathered is None else bool(np.allclose(np.asarray(gathered), k))
+    return {"lab": "01", "inputs": p, "steps": steps, "gather_in_order": ok,
+            "out": _r(res[0][0]) if res is not None else None,
+            "lse": _r(res[1][0]) if res is not None else None, "errors": errors}
+
+
+def diff_lab01(mine: dict, ref: dict) -> dict | None:
+    for n, (a, b) in enumerate(zip(mine["steps"], ref["steps"])):
+        if a["slot"] != b["slot"] or a["written"] != b["written"]:
+            return {"step": n, "field": "slot", "yours": a["slot"], "reference": b["slot"],
+                    "where": f"token {n}"}
+    for field in ("out", "lse"):
+        if not _close(mine[field], ref[field]):
+            return {"step": len(ref["steps"]) - 1, "field": field, "yours": mine[field],
+                    "reference": ref[field], "where": "paged_decode_attention"}
+    return None
+
+
+# ---- lab 04: split-KV partitions and their merge ---------------------------------------------
+
+SPLIT = {"n": 12, "partitions": 4, "d": 4, "dv": 2, "seed": 2}
+
+
+def _state(s: Any) -> dict | None:
+    if s is None:
+        return None
+    return {"m": _r(np.asarray(s.m).reshape(-1)[0]), "l": _r(np.asarray(s.l).reshape(-1)[0]),
+            "acc": _r(np.asarray(s.acc).reshape(-1, np.asarray(s.acc).shape[-1])[0])}
+
+
+def trace_lab04(impl: Any) -> dict:
+    """The partitions' states (partial_state), every merge of three merge orders (merge),
+    and each order's result (finalize)."""
+    p = SPLIT
+    rng = np.random.default_rng(p["seed"])
+    q = rng.normal(size=(1, p["d"]))
+    k = rng.normal(size=(p["n"], 1, p["d"])) * 1.5
+    v = rng.normal(size=(p["n"], 1, p["dv"]))
+    errors: list[str] = []
+    size = p["n"] // p["partitions"]
+    bounds = [(i * size, (i + 1) * size) for i in range(p["partitions"])]
+    parts = [_call(errors, impl.partial_state, q, k[a:b], v[a:b]) for a, b in bounds]
+    trees = {
+        "sequential": [("P0", "P1"), ("P0+P1", "P2"), ("P0+P1+P2", "P3")],
+        "reverse": [("P3", "P2"), ("P3+P2", "P1"), ("P3+P2+P1", "P0")],
+        "tree": [("P0", "P1"), ("P2", "P3"), ("P0+P1", "P2+P3")],
+    }
+    orders = {}
+    for name, plan in trees.items():
+        known = {f"P{i}": s for i, s in enumerate(parts)}
+        merges = []
+        for a, b in plan:
+            sa, sb = known.get(a), known.get(b)
+            out = _call(errors, impl.merge, sa, sb) if sa is not None and sb is not None else None
+            label = f"({a})+({b})" if "+" in a or "+" in b else f"{a}+{b}"
+            key = f"{a}+{b}"
+            known[key] = out
+            merges.append({"a": a, "b": b, "label": label, "state": _state(out)})
+        final = _call(errors, impl.finalize, known[f"{plan[-1][0]}+{plan[-1][1]}"]) \
+            if known.get(f"{plan[-1][0]}+{plan[-1][1]}") is not None else None
+        orders[name] = {"merges": merges,
+                        "out": _r(np.asarray(final[0]).reshape(-1)) if final else None,
+                        "lse": _r(np.asarray(final[1]).reshape(-1)[0]) if final else None}
+    scores = (q[0] @ k[:, 0].T) / math.sqrt(p["d"])
+    return {"lab": "04", "inputs": p, "bounds": bounds, "scores": _r(scores, 3),
+            "partitions": [_state(s) for s in parts], "orders": orders, "errors": errors}
+
+
+def diff_lab04(mine: dict, ref: dict) -> dict | None:
+    for i, (a, b) in enumerate(zip(mine["partitions"], ref["partitions"])):
+        if not _close(a, b):
+            return {"step": i, "field": "partial_state", "yours": a, "reference": b,
+                    "where": f"partition P{i}"}
+    n = len(ref["partitions"])
+    for name in ref["orders"]:
+        for j, (a, b) in enumerate(zip(mine["orders"][name]["merges"],
+                                       ref["orders"][name]["merges"])):
+            if not _close(a["state"], b["state"]):
+                return {"step": n + j, "order": name, "field": "merge", "yours": a["state"],
+                        "reference": b["state"], "where": f"{name} order, merge {b['label']}"}
+    return None
+
+
+RING = {"devices": 4, "shard": 3, "d": 4, "dv": 2, "seed": 3}
+
+
+def trace_ring(impl: Any) -> dict:
+    """Ring attention on 4 simulated devices: at step t device p holds K/V shard
+    (p - t) mod P and folds it in with ring_step; per step, each device's (m, l) per query
+    row, and whether the visiting shard was all masked (causal). Ends with finalize, checked
+    against ring_attention."""
+    p = RING
+    rng = np.random.default_rng(p["seed"])
+    P, n = p["devices"], p["shard"]
+    q = [rng.normal(size=(n, 1, p["d"])) for _ in range(P)]
+    k = [rng.normal(size=(n, 1, p["d"])) for _ in range(P)]
+    v = [rng.normal(size=(n, 1, p["dv"])) for _ in range(P)]
+    errors: list[str] = []
+    runs = {}
+    for causal in (False, True):
+        states = [impl.empty_state((n, 1), p["dv"]) for _ in range(P)]
+        steps = []
+        for t in range(P):
+            devices = []
+            for dev in range(P):
+                src = (dev - t) % P
+                states[dev] = _call(errors, impl.ring_step, states[dev], q[dev], k[src], v[src],
+                                    dev * n, src * n, causal)
+                masked = causal and src > dev  # every key of the shard is after every query
+                st = states[dev]
+                devices.append({"device": dev, "holds": src, "masked": masked,
+                                "m": _r(np.asarray(st.m)[:, 0]) if st is not None else None,
+                                "l": _r(np.asarray(st.l)[:, 0]) if st is not None else None})
+            steps.append({"step": t, "devices": devices})
+        finals = [_call(errors, impl.finalize, s) if s is not None else None for s in states]
+        ring = _call(errors, impl.ring_attention, q, k, v, causal=causal)
+        same = None
+        if ring is not None and all(f is not None for f in finals):
+            same = bool(all(np.allclose(f[0], o) for f, o in zip(finals, ring[0])))
+        runs["causal" if causal else "full"] = {
+            "steps": steps, "same_as_ring_attention": same,
+            "out": [_r(np.asarray(f[0])[:, 0, 0]) if f is not None else None for f in finals]}
+    per_step = {"flops": 2 * n * n * (p["d"] + p["dv"]), "bytes": n * (p["d"] + p["dv"]) * BYTES}
+    return {"lab": "04", "inputs": p, "runs": runs, "per_step": per_step, "errors": errors}
+
+
+# ---- lab 06: bytes of KV cache per token -----------------------------------------------------
+
+
+def trace_lab06(impl: Any) -> dict:
+    """kv_bytes_per_token for each of the lab's model presets and for each attention kind
+    on one shape; pages multiply by the context length (bytes per request)."""
+    provided = load_lab_module(REPO / "labs" / LABS["06"], "provided")
+    errors: list[str] = []
+    presets = []
+    for mdl in provided.MODELS:
+        b = _call(errors, impl.kv_bytes_per_token, mdl.kind, mdl.num_layers, mdl.head_dim,
+                  mdl.num_heads, num_kv_heads=mdl.num_kv_heads, kv_lora_rank=mdl.kv_lora_rank,
+                  rope_dim=mdl.rope_dim)
+        presets.append({"name": mdl.name, "kind": mdl.kind, "layers": mdl.num_layers,
+                        "head_dim": mdl.head_dim, "heads": mdl.num_heads,
+                        "kv_heads": mdl.num_kv_heads, "kv_lora_rank": mdl.kv_lora_rank,
+                        "rope_dim": mdl.rope_dim, "window": mdl.window, "source": mdl.source,
+                        "bytes_per_token": b})
+    shape = {"layers": 61, "head_dim": 128, "heads": 128, "kv_heads": 8, "kv_lora_rank": 512,
+             "rope_dim": 64}
+    kinds = []
+    for kind in ("mha", "gqa", "mqa", "mla"):
+        b = _call(errors, impl.kv_bytes_per_token, kind, shape["layers"], shape["head_dim"],
+                  shape["heads"], num_kv_heads=shape["kv_heads"] if kind == "gqa" else None,
+                  kv_lora_rank=shape["kv_lora_rank"] if kind == "mla" else None,
+                  rope_dim=shape["rope_dim"] if kind == "mla" else None)
+        kinds.append({"kind": kind, "bytes_per_token": b})
+    return {"lab": "06", "presets": presets, "shape": shape, "kinds": kinds, "errors": errors}
+
+
+WINDOW = {"seq_len": 24, "windows": [2, 3, 4, 6, 8], "layers": 4, "seed": 4}
+
+
+def trace_window(impl: Any) -> dict:
+    """Which positions a token attends with a sliding window: lab 06's
+    window_decode_attention with one-hot values (out = the attention weights), for every
+    position of a 24-token sequence; stacking layers composes those sets."""
+    p = WINDOW
+    n = p["seq_len"]
+    rng = np.random.default_rng(p["seed"])
+    bs = 4
+    k = rng.normal(size=(n, 1, n))
+    v = np.eye(n)[:, None, :]  # value of token j = e_j: the output is the weight vector
+    shape = (n // bs, bs, 1, n)
+    k_cache, v_cache = k.reshape(shape), v.reshape(shape)
+    table = np.arange(n // bs)
+    errors: list[str] = []
+    out = {}
+    for w in p["windows"]:
+        one_layer = []
+        for t in range(n):
+            q = rng.normal(size=(1, n))
+            res = _call(errors, impl.window_decode_attention, q, k_cache, v_cache, table, t + 1, w)
+            weights = np.asarray(res[0][0]) if res is not None else np.zeros(n)
+            one_layer.append([j for j in range(n) if weights[j] > 0])
+        layers = [sorted(set(one_layer[n - 1]))]
+        for _ in range(p["layers"] - 1):
+            layers.append(sorted({j for i in layers[-1] for j in one_layer[i]}))
+        out[str(w)] = {"one_layer": one_layer, "receptive_field": layers}
+    return {"lab": "06", "inputs": p, "windows": out, "errors": errors}
+
+
+# ---- hardware figures (cited) and lab 00's score matrix ----------------------------------
+
+GPUS = {  # per-SM limits: bench/gpu_report.py (CUDA Programming Guide); HBM: bench/roofs.py
+    "A100 SXM4 80GB": {"arch": 80, "sms": 108, "l2_mb": 40, "hbm_gb": 80,
+                       "nominal": "a100-sxm4-80gb",
+                       "host": "PCIe Gen4 x16: 64 GB/s (both directions)", "nvlink_gbps": 600,
+                       "source": "NVIDIA A100 Tensor Core GPU Architecture whitepaper (108 SMs, "
+                                 "40 MB L2) and A100 datasheet (80 GB HBM2e, 2,039 GB/s, "
+                                 "NVLink 600 GB/s, PCIe Gen4 64 GB/s)"},
+    "H100 SXM5 80GB": {"arch": 90, "sms": 132, "l2_mb": 50, "hbm_gb": 80, "nominal": "h100",
+                       "host": "PCIe Gen5 x16: 128 GB/s (both directions)", "nvlink_gbps": 900,
+                       "source": "NVIDIA H100 Tensor Core GPU Architecture whitepaper (132 SMs "
+                                 "on SXM5, 50 MB L2) and H100 datasheet (80 GB HBM3, "
+                                 "3.35 TB/s, NVLink 900 GB/s, PCIe Gen5 128 GB/s)"},
+}
+
+
+def trace_memory(impl: Any) -> dict:
+    """Capacities of each tier for A100 and H100 (cited) and lab 00's score_matrix_bytes
+    for sequence lengths 512 .. 131072: the N x N matrix standard attention writes to HBM."""
+    sys.path.insert(0, str(REPO))
+    from bench.gpu_report import LIMIT_SOURCES, LIMITS
+    from bench.roofs import NOMINAL
+
+    nominal = {frag: (tbps, tflops, label) for frag, tbps, tflops, label in NOMINAL}
+    gpus = {}
+    for name, g in GPUS.items():
+        lim = LIMITS[g["arch"]]
+        tbps, tflops, _ = nominal[g["nominal"]]
+        gpus[name] = {
+            "sms": g["sms"], "regs_per_sm_bytes": lim.regs_per_sm * 4,
+            "smem_per_sm_bytes": lim.smem_per_sm, "l2_bytes": g["l2_mb"] * 2**20,
+            "hbm_bytes": g["hbm_gb"] * 10**9, "hbm_tbps": tbps, "dense_bf16_tflops": tflops,
+            "nvlink_gbps": g["nvlink_gbps"], "host": g["host"], "source": g["source"]}
+    errors: list[str] = []
+    seqs = [2**i for i in range(9, 18)]
+    s_bytes = [_call(errors, impl.score_matrix_bytes, n, bytes_per_element=BYTES) for n in seqs]
+    return {"lab": "00", "gpus": gpus, "limit_sources": list(LIMIT_SOURCES), "seq_lens": seqs,
+            "score_matrix_bytes": s_bytes, "errors": errors}
+
+
+# ---- lab 07: a block pool for a request stream -----------------------------------------------
+
+POOL = {"num_blocks": 10, "block_size": 4}
+STREAM = {"num_blocks": 24, "block_size": 4, "max_num_seqs": 6, "max_model_len": 32}
+
+
+def trace_lab07(impl: Any) -> dict:
+    """A scripted stream through KVCacheManager (prefix hit, fork, copy-on-write, a request
+    arriving mid-stream, a finish), then simulate vs simulate_contiguous on one workload."""
+    provided = load_lab_module(REPO / "labs" / LABS["07"], "provided")
+    Request = provided.Request
+    errors: list[str] = []
+    pool = _call(errors, impl.BlockPool, POOL["num_blocks"], POOL["block_size"])
+    mgr = _call(errors, impl.KVCacheManager, pool) if pool is not None else None
+    prefix = tuple(range(100, 108))  # two full blocks every request shares (a system prompt)
+    reqs = {"A": Request("A", prefix + (1, 2, 3)), "B": Request("B", prefix + (7, 8, 9, 10, 11))}
+    events: list[dict] = []
+
+    def snap(what: str, **extra: Any) -> None:
+        tables, refs, free = {}, None, None
+        if mgr is not None:
+            for rid in _call(errors, lambda: mgr.request_ids) or []:
+                tables[rid] = _call(errors, mgr.block_table, rid)
+            refs = [_call(errors, pool.ref_count, b) for b in range(POOL["num_blocks"])]
+            free = _call(errors, lambda: pool.num_free_blocks)
+        events.append({"event": what, "tables": tables, "ref_counts": refs,
+                       "free_blocks": free, **extra})
+
+    def act(fn: Callable[[], Any]) -> Any:
+        return _call(errors, fn) if mgr is not None else None
+
+    act(lambda: mgr.allocate_slots(reqs["A"], reqs["A"].num_tokens))
+    snap("A arrives: 11 prompt tokens -> 3 blocks")
+    hit = act(lambda: mgr.get_computed_blocks(reqs["B"]))
+    cached = hit[1] if hit else 0
+    act(lambda: mgr.allocate_slots(reqs["B"], reqs["B"].num_tokens - cached))
+    snap("B arrives mid-stream: its first 2 blocks are a prefix-cache hit", cached_tokens=cached)
+    reqs["C"] = act(lambda: mgr.fork(reqs["A"], "C"))
+    snap("C = fork of A (parallel sampling): every block shared, ref counts + 1")
+    if reqs.get("C") is not None:
+        reqs["C"] = reqs["C"].appended(42)
+        act(lambda: mgr.allocate_slots(reqs["C"], 1))
+    copies = act(lambda: mgr.take_copies()) or []
+    snap("C writes its next token into the shared last block: copy-on-write",
+         copies=[[int(c[0]), int(c[1])] for c in copies])
+    reqs["A"] = reqs["A"].appended(43)
+    act(lambda: mgr.allocate_slots(reqs["A"], 1))
+    snap("A writes its next token: its last block is its own again")
+    act(lambda: mgr.free(reqs["B"]))
+    snap("B finishes: its blocks are freed (its cached full blocks stay findable)")
+
+    rng = np.random.default_rng(7)
+    system = tuple(range(500, 512))
+    work = []
+    for i in range(10):
+        tail = tuple(int(x) for x in rng.integers(0, 400, size=int(rng.integers(2, 8))))
+        work.append(provided.SimRequest(i // 2, system + tail, int(rng.integers(3, 10))))
+    s = STREAM
+    paged = _call(errors, impl.simulate, work, s["num_blocks"], s["block_size"], s["max_num_seqs"])
+    contig = _call(errors, impl.simulate_contiguous, work, s["num_blocks"], s["block_size"],
+                   s["max_num_seqs"], s["max_model_len"])
+
+    def stats(st: Any) -> dict | None:
+        if st is None:
+            return None
+        return {"total_slots": st.total_slots, "used": list(st.used_slots),
+                "reserved": list(st.reserved_slots), "running": list(st.num_running),
+                "preemptions": st.preemptions, "prompt_tokens": st.prompt_tokens,
+                "cached_prompt_tokens": st.cached_prompt_tokens, "steps": st.steps,
+                "mean_utilisation": _r(st.mean_utilisation, 4)}
+    return {"lab": "07", "pool": POOL, "events": events, "stream": s,
+            "workload": [[w.arrival, len(w.prompt_tokens), w.output_len] for w in work],
+            "paged": stats(paged), "contiguous": stats(contig), "errors": errors}
+
+
+def diff_lab07(mine: dict, ref: dict) -> dict | None:
+    for n, (a, b) in enumerate(zip(mine["events"], ref["events"])):
+        for field in ("tables", "ref_counts", "free_blocks", "copies"):
+            if a.get(field) != b.get(field):
+                return {"step": n, "field": field, "yours": a.get(field),
+                        "reference": b.get(field), "where": b["event"]}
+    for name in ("paged", "contiguous"):
+        if mine[name] != ref[name]:
+            return {"step": len(ref["events"]), "field": name, "yours": None, "reference": None,
+                    "where": f"simulate{'' if name == 'paged' else '_contiguous'}"}
+    return None
+
+
+# ---- shared ----------------------------------------------------------------------------------
+
+BUILDERS = {"00": trace_lab00, "01": trace_lab01, "04": trace_lab04, "06": trace_lab06,
+            "07": trace_lab07}
+# Reference-only traces of other pages: name -> (lab, builder).
+EXTRA = {"ring": ("04", trace_ring), "window": ("06", trace_window),
+         "memory": ("00", trace_memory)}
+DIFFS = {"00": diff_lab00, "01": diff_lab01, "04": diff_lab04, "07": diff_lab07}
+
+
+def _close(a: Any, b: Any) -> bool:
+    """Equal up to TOL, recursively; None (not computed) equals only None."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b))
+    if a is None or b is None or isinstance(a, str) or isinstance(b, str):
+        return a == b
+    return abs(float(a) - float(b)) <= TOL * (1 + abs(float(b)))
+
+
+def as_script(name: str, data: dict) -> str:
+    body = json.dumps(data, separators=(",", ":"), sort_keys=True)
+    return ("window.BOOK_TRACES = window.BOOK_TRACES || {};\n"
+            f"window.BOOK_TRACES[{json.dumps(name)}] = {body};\n")
+
+
+def read_script(path: pathlib.Path) -> dict | None:
+    text = path.read_text()
+    return json.loads(text.split("] = ", 1)[1].rstrip().rstrip(";"))
+
+
+def fresh_run(folder: pathlib.Path, impl_name: str, builder: Callable[[Any], dict]) -> dict:
+    """``builder`` on ``folder``'s ``impl_name`` module, imported afresh: the lab's modules
+    are cached by the folder's name, and a copy of the folder (a test's) has the same name.
+    The modules cached before are put back afterwards."""
+    prefix = folder.name.replace("-", "_") + "."
+    saved = {n: m for n, m in sys.modules.items() if n.startswith(prefix)}
+    for name in saved:
+        del sys.modules[name]
+    try:
+        return builder(load_impl(folder, impl_name))
+    finally:
+        for name in [n for n in sys.modules if n.startswith(prefix)]:
+            del sys.modules[name]
+        sys.modules.update(saved)
+
+
+def build(lab: str, impl_name: str, lab_dir: pathlib.Path | None = None) -> dict:
+    """The trace of ``lab`` run with ``impl_name`` (``solution`` or ``starter``) from
+    ``lab_dir`` (default: the repository's lab folder)."""
+    folder = lab_dir or REPO / "labs" / LABS[lab]
+    try:
+        data = fresh_run(folder, impl_name, BUILDERS[lab])
+    except Exception as e:  # noqa: BLE001 - a starter that does not even import
+        return {"lab": lab, "impl": impl_name, "import_error": str(e),
+                "first_diff": {"step": 0, "field": "import", "where": "import", "yours": str(e),
+                               "reference": None}}
+    data["impl"] = impl_name
+    return data
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--impl", default="solution", choices=("solution", "starter"))
+    ap.add_argument("--lab", action="append", help="00, 01, 04, 06 or 07 (default: all)")
+    ap.add_argument("--lab-dir", type=pathlib.Path, help="the lab folder to load (tests)")
+    ap.add_argument("--out", type=pathlib.Path, default=None)
+    args = ap.parse_args(argv)
+    labs = args.lab or (list(BUILDERS) if args.impl == "solution" else list(TRACEABLE))
+    out = args.out or (REFERENCE_DIR if args.impl == "solution" else REPO / "build" / "traces")
+    out.mkdir(parents=True, exist_ok=True)
+    if args.impl == "solution" and not args.lab:
+        for name, (lab, builder) in EXTRA.items():
+            data = fresh_run(REPO / "labs" / LABS[lab], "solution", builder)
+            path = out / f"{name}-reference.js"
+            path.write_text(as_script(f"{name}-reference", data))
+            print(f"   wrote {path.relative_to(REPO) if path.is_relative_to(REPO) else path}")
+    for lab in labs:
+        lab = lab.removeprefix("lab-")[:2]
+        if lab not in BUILDERS or (args.impl == "starter" and lab not in TRACEABLE):
+            print(f"!! no trace for lab {lab}: make trace works for labs {', '.join(TRACEABLE)}")
+            return 2
+        data = build(lab, args.impl, args.lab_dir)
+        name = f"lab{lab}-{'reference' if args.impl == 'solution' else 'starter'}"
+        if args.impl == "starter":
+            ref = read_script(REFERENCE_DIR / f"lab{lab}-reference.js")
+            if "first_diff" not in data:
+                data["first_diff"] = DIFFS[lab](data, ref)
+            diff = data["first_diff"]
+            print(f">> lab {lab}: " + ("your trace matches the reference at every step"
+                  if diff is None else f"first difference at step {diff['step']} "
+                  f"({diff['where']}): {diff['field']}"))
+        path = out / f"{name}.js"
+        path.write_text(as_script(name, data))
+        print(f"   wrote {path.relative_to(REPO) if path.is_relative_to(REPO) else path}")
+        if args.impl == "starter" and args.out is None:
+            _show_in_book(path, lab)
+    return 0
+
+
+def _show_in_book(path: pathlib.Path, lab: str) -> None:
+    """Put the learner's trace into the built book, if there is one, and say which page."""
+    page = {"00": "flash-attention-tiling", "01": "paged-attention-blocks",
+            "04": "split-kv-merge", "07": "paged-attention-blocks"}[lab]
+    book = REPO / "build" / "book" / "viz"
+    if (book / "traces").is_dir():
+        shutil.copyfile(path, book / "traces" / path.name)
+        print(f">> reload build/book/viz/{page}.html: it shows your run beside the reference")
+    else:
+        print(f">> run `make book`, then open build/book/viz/{page}.html")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,438 @@
+"""The web book in a real browser: `make book`'s site, driven by headless Chromium.
+
+Each page loads from the file system with no console error and no request off the machine;
+the controls step the animations and the numbers shown at a step are the trace's; a trace
+from a starter that forgets to rescale ``acc`` is shown differing at the right step; every
+page weighs under 200 KB gzipped. Screenshots (wide and narrow) are kept under
+``build/book-screenshots/`` with ``weights.json``, the pages' gzipped weights.
+
+Needs Debian's ``chromium`` (installed here with apt-get when the tests run as root and it
+is missing) and the pins of ``requirements-book.txt`` (``make test`` installs them).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import urllib.parse
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+SHOTS = ROOT / "build" / "book-screenshots"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+VIZ = ("flash-attention-tiling", "paged-attention-blocks", "kv-cache-evolution", "split-kv-merge",
+       "ring-attention-rotation", "gpu-memory-hierarchy", "sliding-window-receptive-field")
+PAGE_BUDGET = 200 * 1024  # bytes, gzipped
+pytestmark = pytest.mark.timeout(600)  # the first test may apt-get install chromium
+ACC_LINE = "            acc = alpha[:, None] * acc + p @ v[k0:k1]"
+
+sys.path.insert(0, str(ROOT))
+from book.build import main as build_main  # noqa: E402
+from book.traces import main as traces_main  # noqa: E402
+from book.traces import read_script  # noqa: E402
+
+
+def chromium_path() -> str | None:
+    """Debian's Chromium, installed with apt-get where missing and possible."""
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found or os.environ.get("BOOK_NO_INSTALL"):
+        return found
+    if hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("apt-get"):
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "chromium"]):
+            subprocess.run(cmd, env=env, capture_output=True, timeout=900, check=False)
+    return shutil.which("chromium")
+
+
+def reference(lab: str) -> dict:
+    """The reference trace of lab ``lab`` ("00") or of a page ("ring")."""
+    name = f"lab{lab}" if lab.isdigit() else lab
+    return read_script(ROOT / "book" / "viz" / "traces" / f"{name}-reference.js")
+
+
+@pytest.fixture(scope="module")
+def book(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """The book, built as `make book` builds it, with a wrong lab-00 starter's trace."""
+    pytest.importorskip("mkdocs", reason="the book's tools are not installed: `make test` "
+                        "installs requirements-book.txt")
+    pytest.importorskip("material", reason="mkdocs-material is not installed "
+                        "(requirements-book.txt)")
+    tmp = tmp_path_factory.mktemp("book")
+    traces = tmp / "traces"
+    solution = ROOT / "labs" / "lab-00-online-softmax" / "solution.py"
+    if solution.is_file():  # the instructor's tree: a starter that forgets to rescale acc
+        lab = tmp / "lab-00-online-softmax"
+        shutil.copytree(solution.parent, lab, ignore=shutil.ignore_patterns("__pycache__"))
+        code = solution.read_text()
+        assert ACC_LINE in code, "the planted mistake no longer applies to lab 00's solution"
+        wrong = code.replace(ACC_LINE, "            acc = acc + p @ v[k0:k1]")
+        (lab / "starter.py").write_text(wrong)
+        (lab / "solution.py").unlink()
+        assert traces_main(["--impl", "starter", "--lab", "00", "--lab-dir", str(lab),
+                            "--out", str(traces)]) == 0
+    out = ROOT / "build" / "book-test"
+    assert build_main(["--out", str(out), "--src", str(tmp / "src"),
+                       "--starter-traces", str(traces)]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def browser():
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed: "
+                                   "`make test` installs requirements-book.txt")
+    path = chromium_path()
+    if path is None:
+        pytest.skip("no chromium: install Debian's package (apt-get install chromium) to run "
+                    "the book's browser tests")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=path, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+class Page:
+    """A page of the book, with what it logged and every request it made."""
+
+    def __init__(self, browser, book: pathlib.Path, rel: str, width: int = 1280, **ctx) -> None:
+        self.context = browser.new_context(viewport={"width": width, "height": 900}, **ctx)
+        self.page = self.context.new_page()
+        self.errors: list[str] = []
+        self.requests: list[str] = []
+        self.page.on("console", lambda m: m.type == "error" and self.errors.append(m.text))
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.on("request", lambda r: self.requests.append(r.url))
+        self.page.goto((book / rel).as_uri())
+        self.page.wait_for_load_state("load")
+
+    def value(self, selector: str):
+        return json.loads(self.page.get_attribute(selector, "data-value"))
+
+    def step(self, viz: str) -> int:
+        return int(self.page.get_attribute(f"#{viz}", "data-step"))
+
+    def close(self) -> None:
+        self.context.close()
+
+
+@pytest.fixture
+def open_page(browser, book):
+    pages: list[Page] = []
+
+    def opener(rel: str, **kw) -> Page:
+        pages.append(Page(browser, book, rel, **kw))
+        return pages[-1]
+    yield opener
+    for p in pages:
+        p.close()
+
+
+def test_the_book_holds_every_lab_the_glossary_search_and_the_visualisations(book):
+    assert (book / "index.html").is_file()
+    for readme in (ROOT / "labs").glob("*/README.md"):
+        assert (book / "labs" / readme.parent.name / "index.html").is_file(), readme
+        for fig in (readme.parent / "figures").glob("*.png"):
+            if f"figures/{fig.name}" in readme.read_text():
+                assert (book / "labs" / readme.parent.name / "figures" / fig.name).is_file(), fig
+    for name in VIZ:
+        assert (book / "viz" / f"{name}.html").is_file()
+    assert (book / "search" / "search_index.js").is_file(), "file:// search needs this index"
+    if (ROOT / "GLOSSARY.md").is_file():
+        assert (book / "GLOSSARY.html").is_file()
+        lesson = book / "labs" / "lab-00-online-softmax" / "index.html"
+        assert "<abbr title=" in lesson.read_text(), "glossary terms need hover definitions"
+
+
+@pytest.mark.parametrize("rel", [f"viz/{n}.html" for n in VIZ] + [
+    "index.html", "viz/index.html", "labs/lab-00-online-softmax/index.html", "GLOSSARY.html"])
+def test_every_page_loads_with_no_console_error_and_no_network(open_page, rel):
+    """Also: the page's gzipped weight, and (a visualisation) a 390-pixel-wide screen."""
+    if rel == "GLOSSARY.html" and not (ROOT / "GLOSSARY.md").is_file():
+        pytest.skip("the repository has no GLOSSARY.md yet: the book has no glossary page")
+    p = open_page(rel)
+    p.page.wait_for_timeout(150)
+    assert p.errors == [], f"{rel}: console errors {p.errors}"
+    remote = [u for u in p.requests if not u.startswith(("file:", "data:", "about:", "blob:"))]
+    assert remote == [], f"{rel} reaches the network: {remote}"
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    name = rel.replace("/", "_").removesuffix(".html")
+    p.page.screenshot(path=str(SHOTS / f"{name}.png"))
+    if rel.startswith("viz/") and rel != "viz/index.html":
+        files = {pathlib.Path(urllib.parse.unquote(urllib.parse.urlparse(u).path))
+                 for u in p.requests if u.startswith("file:")}
+        index = {f for f in files if f.name == "search_index.js"}  # the whole site's, shared
+        weight = sum(len(gzip.compress(f.read_bytes(), 9)) for f in files - index)
+        weights = json.loads((SHOTS / "weights.json").read_text()) if (
+            SHOTS / "weights.json").is_file() else {}
+        weights[rel] = weight
+        weights["search/search_index.js (shared by every page)"] = sum(
+            len(gzip.compress(f.read_bytes(), 9)) for f in index)
+        (SHOTS / "weights.json").write_text(json.dumps(weights, indent=1, sort_keys=True))
+        assert weight < PAGE_BUDGET, f"{rel} weighs {weight} bytes gzipped (budget {PAGE_BUDGET})"
+        # the same page on a phone: one column, nothing wider than the screen
+        p.page.set_viewport_size({"width": 390, "height": 844})
+        p.page.wait_for_timeout(100)
+        overflow = p.page.evaluate("""() => [...document.querySelectorAll('.viz')].map(
+            v => v.scrollWidth - v.clientWidth)""")
+        p.page.locator(".viz").first.screenshot(path=str(SHOTS / f"{name}-narrow.png"))
+        assert overflow and max(overflow) <= 1, f"{rel} is wider than a phone: {overflow}"
+        wraps = "() => getComputedStyle(document.querySelector('.viz-main')).flexWrap"
+        assert p.page.evaluate(wraps) == "wrap"
+
+
+def test_flash_attention_steps_show_lab_00s_numbers(open_page):
+    ref = reference("00")
+    p = open_page("viz/flash-attention-tiling.html")
+    assert p.step("fa-viz") == 0
+    for _ in range(5):
+        p.page.click("#fa-viz [data-action=step]")
+    assert p.step("fa-viz") == 5
+    row = ref["steps"][5]["rows"]
+    for n in range(len(row)):
+        assert p.value(f"#fa-m-{n}") == row[n]["m"]
+        assert p.value(f"#fa-l-{n}") == row[n]["l"]
+        assert p.value(f"#fa-acc-{n}") == row[n]["acc"]
+    assert p.value("#fa-hbm") == ref["steps"][5]["hbm"]
+    assert p.value("#fa-flops") == ref["steps"][5]["flops"]
+    p.page.focus("#fa-viz")
+    p.page.keyboard.press("ArrowRight")
+    assert p.step("fa-viz") == 6
+    p.page.keyboard.press("ArrowLeft")
+    p.page.keyboard.press("ArrowLeft")
+    assert p.step("fa-viz") == 4
+    p.page.keyboard.press("End")
+    assert p.step("fa-viz") == len(ref["steps"]) - 1
+    p.page.keyboard.press("Home")
+    assert p.step("fa-viz") == 0
+    p.page.keyboard.press("+")
+    p.page.keyboard.press("+")
+    p.page.keyboard.press(" ")
+    assert p.page.get_attribute("#fa-viz", "data-playing") == "true"
+    p.page.wait_for_function("() => Number(document.querySelector('#fa-viz').dataset.step) >= 1",
+                             timeout=5000)
+    p.page.keyboard.press(" ")
+    assert p.page.get_attribute("#fa-viz", "data-playing") == "false"
+    p.page.click("#fa-mode-standard")
+    assert p.step("fa-viz") == 0
+    assert p.value("#fa-hbm") == ref["standard"][0]["hbm_total"]
+    p.page.keyboard.press("End")
+    assert p.value("#fa-hbm") == ref["standard"][-1]["hbm_total"]
+    assert ref["standard"][-1]["hbm_total"] > ref["steps"][-1]["hbm"]
+
+
+def first_step_whose_max_grew(ref: dict) -> tuple[int, int]:
+    """(step, row) of the first tile after a Q tile's first where a row's running max grew:
+    where a starter that does not rescale acc goes wrong first."""
+    for n, st in enumerate(ref["steps"]):
+        for r in st["rows"]:
+            if st["kt"] > 0 and r["alpha"] < 1:
+                return n, r["i"]
+    raise AssertionError("the inputs never raise a row's max: the trace shows no rescale")
+
+
+def test_a_starter_that_does_not_rescale_acc_differs_at_the_tile_where_the_max_grew(open_page):
+    if not (ROOT / "labs" / "lab-00-online-softmax" / "solution.py").is_file():
+        pytest.skip("the wrong starter is planted in a copy of solution.py (instructor's tree)")
+    step, row = first_step_whose_max_grew(reference("00"))
+    p = open_page("viz/flash-attention-tiling.html")
+    panel = "#starter-00"
+    assert p.page.get_attribute(panel, "data-state") == "differs"
+    assert int(p.page.get_attribute(panel, "data-first-diff")) == step
+    assert "acc" in p.page.inner_text(panel)
+    p.page.click(f"{panel} [data-action=goto-diff]")
+    assert p.step("fa-viz") == step
+    assert p.page.get_attribute("#fa-state tr.differs", "data-row") == str(row)
+    assert p.page.locator("#fa-yours-acc-0").count() == 1
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    shot = SHOTS / "viz_flash-attention-tiling-wrong-starter.png"
+    p.page.locator("#fa-viz").screenshot(path=str(shot))
+
+
+def test_split_kv_merge_orders_show_lab_04s_states_and_one_answer(open_page):
+    ref = reference("04")
+    p = open_page("viz/split-kv-merge.html")
+    p.page.click("#split-order-sequential")
+    for j, mg in enumerate(ref["orders"]["sequential"]["merges"]):
+        p.page.click("#split-viz [data-action=step]")
+        assert p.value(f"#split-m-{j}") == mg["state"]["m"]
+        assert p.value(f"#split-l-{j}") == mg["state"]["l"]
+    p.page.click("#split-viz [data-action=end]")
+    for name, order in ref["orders"].items():
+        assert p.value(f"#split-out-{name}") == order["out"]
+        assert p.value(f"#split-lse-{name}") == order["lse"]
+
+
+def test_paged_blocks_show_lab_07s_tables_and_lab_01s_slots(open_page):
+    ref, ref01 = reference("07"), reference("01")
+    p = open_page("viz/paged-attention-blocks.html")
+    cow = next(n for n, ev in enumerate(ref["events"]) if ev.get("copies"))
+    p.page.focus("#paged-viz")
+    for _ in range(cow):
+        p.page.keyboard.press("ArrowRight")
+    assert p.step("paged-viz") == cow
+    assert p.value("#paged-free") == ref["events"][cow]["free_blocks"]
+    assert p.value("#paged-copies") == len(ref["events"][cow]["copies"])
+    assert p.page.locator("#paged-cow").count() == 1
+    p.page.focus("#slots-viz")
+    p.page.keyboard.press("End")
+    last = ref01["steps"][-1]
+    assert p.page.get_attribute("#slots-caption", "data-slot") == str(last["slot"])
+    p.page.focus("#stream-viz")
+    p.page.keyboard.press("ArrowRight")
+    assert p.value("#stream-used-paged") == ref["paged"]["used"][1]
+    assert p.value("#stream-used-contiguous") == ref["contiguous"]["used"][1]
+
+
+def test_kv_cache_presets_show_lab_06s_bytes_per_token(open_page):
+    ref = reference("06")
+    p = open_page("viz/kv-cache-evolution.html")
+    for i, preset in enumerate(ref["presets"]):
+        p.page.select_option("#kv-preset", str(i))
+        assert p.value("#kv-preset-bytes") == preset["bytes_per_token"]
+    p.page.focus("#kv-context")
+    p.page.keyboard.press("ArrowRight")
+    assert "65,536 tokens" in p.page.inner_text("#kv-context-label")
+
+
+def test_reduced_motion_turns_the_transitions_off(open_page):
+    p = open_page("viz/flash-attention-tiling.html", reduced_motion="reduce")
+    assert "reduced-motion" in p.page.get_attribute("#fa-viz", "class")
+    duration = p.page.evaluate(
+        "() => getComputedStyle(document.querySelector('#fa-viz .viz-svg rect'))"
+        ".transitionDuration")
+    assert duration == "0s"
+
+
+def test_ring_attention_steps_show_lab_04s_ring_step_states(open_page):
+    ref = reference("ring")
+    p = open_page("viz/ring-attention-rotation.html")
+    p.page.focus("#ring-viz")
+    p.page.keyboard.press("ArrowRight")
+    for d in ref["runs"]["full"]["steps"][1]["devices"]:
+        assert p.value(f"#ring-m-{d['device']}") == d["m"]
+    p.page.click("#ring-run-causal")
+    assert p.step("ring-viz") == 1
+    for d in ref["runs"]["causal"]["steps"][1]["devices"]:
+        assert p.value(f"#ring-l-{d['device']}") == d["l"]
+        dash = p.page.get_attribute(f"#ring-holds-{d['device']}", "stroke-dasharray")
+        assert (dash is not None) == d["masked"], "a masked shard is drawn dashed"
+
+
+def test_sliding_window_reach_is_lab_06s_window_composed(open_page):
+    ref = reference("window")
+    p = open_page("viz/sliding-window-receptive-field.html")
+    p.page.focus("#window-w")
+    p.page.keyboard.press("Home")
+    p.page.focus("#window-layers")
+    p.page.keyboard.press("End")
+    w = ref["inputs"]["windows"][0]
+    field = ref["windows"][str(w)]["receptive_field"][-1]
+    assert p.value("#window-reach") == len(field)
+    assert len(field) == ref["inputs"]["layers"] * (w - 1) + 1
+
+
+def test_memory_hierarchy_shows_lab_00s_score_matrix_bytes(open_page):
+    ref = reference("memory")
+    p = open_page("viz/gpu-memory-hierarchy.html")
+    p.page.focus("#memory-seq")
+    p.page.keyboard.press("End")
+    assert p.value("#memory-s") == ref["score_matrix_bytes"][-1]
+    assert "Sources:" in p.page.inner_text("#memory-viz")
+
+
+def test_search_works_from_the_file_system(open_page):
+    p = open_page("index.html")
+    p.page.fill("input.md-search__input", "running max")
+    p.page.wait_for_selector(".md-search-result__item", timeout=10000)
+    assert p.page.locator(".md-search-result__item").count() > 0
+    assert p.errors == []
+
+
+def test_glossary_terms_become_hover_definitions_and_link_titles(tmp_path):
+    """Without a browser: GLOSSARY.md's `### Term` sections -> abbreviations and link titles."""
+    from book.build import Site, github_slug, glossary_terms
+
+    glossary = tmp_path / "GLOSSARY.md"
+    glossary.write_text("# Glossary\n\n### KV cache\nThe keys and values kept for every token. "
+                        "More.\n\nNext paragraph.\n\n### Tensor core\nA unit that multiplies "
+                        "[tiles](https://example.org).\n")
+    terms = glossary_terms(glossary)
+    assert terms == {"KV cache": "The keys and values kept for every token.",
+                     "Tensor core": "A unit that multiplies tiles."}
+    assert glossary_terms(tmp_path / "missing.md") == {}
+    assert github_slug("KV cache") == "kv-cache" and github_slug("Tensor core") == "tensor-core"
+    site = Site(tmp_path / "docs")
+    site.pages[ROOT / "GLOSSARY.md"] = tmp_path / "docs" / "GLOSSARY.md"
+    site.slugs = {github_slug(t): d for t, d in terms.items()}
+    lab = ROOT / "labs" / "lab-00-online-softmax" / "README.md"
+    text = site.rewrite(lab, "a [KV cache](../../GLOSSARY.md#kv-cache) and [x](solution.py)\n"
+                             "```\n[kept](in/code.md)\n```\n")
+    assert '[KV cache](../../GLOSSARY.md#kv-cache "The keys and values kept for every token.")' \
+        in text
+    assert "and x\n" in text, "a link to a file the book does not hold keeps its text"
+    assert "[kept](in/code.md)" in text, "code blocks are left alone"
+
+
+# (lab, line of solution.py, the planted mistake, expected first difference (step, field))
+PLANTED = {
+    "01": ("    logical_block, offset = np.divmod(positions, block_size)",
+           "    logical_block, offset = np.divmod(positions + 1, block_size)", "slot"),
+    "04": ("    l = alpha * a.l + beta * b.l", "    l = a.l + b.l", "merge"),
+    "07": ("        copy_on_write = self._must_copy(table, num_tokens, n)",
+           "        copy_on_write = 0", "tables"),
+}
+
+
+def expected_step(lab: str) -> int:
+    if lab == "01":
+        return 0  # every slot is one late, the first token's too
+    if lab == "04":
+        return len(reference("04")["partitions"])  # partitions are right; the first merge is not
+    return next(n for n, ev in enumerate(reference("07")["events"]) if ev.get("copies"))
+
+
+@pytest.mark.parametrize("lab", sorted(PLANTED))
+def test_make_trace_finds_the_first_step_a_planted_mistake_changes(tmp_path, lab):
+    """`make trace LAB=nn` for labs 01, 04, 07 (lab 00: in the browser test above)."""
+    folder = next((ROOT / "labs").glob(f"lab-{lab}-*"))
+    if not (folder / "solution.py").is_file():
+        pytest.skip("the mistake is planted in a copy of solution.py (instructor's tree)")
+    line, wrong, field = PLANTED[lab]
+    code = (folder / "solution.py").read_text()
+    assert line in code, f"the planted mistake no longer applies to lab {lab}'s solution"
+    copy = tmp_path / folder.name
+    shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "starter.py").write_text(code.replace(line, wrong))
+    (copy / "solution.py").unlink()
+    assert traces_main(["--impl", "starter", "--lab", lab, "--lab-dir", str(copy),
+                        "--out", str(tmp_path)]) == 0
+    diff = read_script(tmp_path / f"lab{lab}-starter.js")["first_diff"]
+    assert diff is not None and (diff["step"], diff["field"]) == (expected_step(lab), field), diff
+    (copy / "starter.py").write_text(code)  # the reference itself: no difference anywhere
+    assert traces_main(["--impl", "starter", "--lab", lab, "--lab-dir", str(copy),
+                        "--out", str(tmp_path)]) == 0
+    assert read_script(tmp_path / f"lab{lab}-starter.js")["first_diff"] is None
+
+
+@pytest.mark.parametrize("lab", ["00", "01", "04", "07"])
+def test_an_untouched_starter_is_traced_with_its_todo(tmp_path, lab):
+    assert traces_main(["--impl", "starter", "--lab", lab, "--out", str(tmp_path)]) == 0
+    trace = read_script(tmp_path / f"lab{lab}-starter.js")
+    assert trace["first_diff"] is not None and trace["first_diff"]["step"] == 0
+    assert any("NotImplementedError" in e for e in trace["errors"]), trace["errors"]
+
+
+def test_the_committed_reference_traces_are_the_solutions_current_output(tmp_path):
+    """A student copy has no solutions: its book plays the committed traces."""
+    if not any((ROOT / "labs").glob("*/solution.py")):
+        pytest.skip("the reference traces are made from solution.py (instructor's tree)")
+    assert traces_main(["--out", str(tmp_path)]) == 0
+    stale = [f.name for f in sorted(tmp_path.glob("*.js"))
+             if f.read_text() != (ROOT / "book" / "viz" / "traces" / f.name).read_text()]
+    assert not stale, f"{stale} are stale: run `.venv/bin/python -m book.traces` and commit them"
