@@ -497,7 +497,7 @@ def test_padded_keys_holding_huge_values_contribute_exactly_nothing(lens, seed):
     v = np.where(attend[:, None, :, None], v, POISON)
     mask = attend[:, None, None, :]
     wrong = {
-        MASK_INVERTED: reference_sdpa(q, k, v, ~mask | ~mask.any(-1, keepdims=True)),
+        MASK_INVERTED: reference_sdpa(q, k, v, ~mask),
         AFTER_SOFTMAX: plain_attention(q, k, v, mask, after=True),
     }
     with np.errstate(all="ignore"):
@@ -611,7 +611,7 @@ def copied_weights(mha):
     return provided.MultiHeadWeights(w_q, w_k, w_v, to_float64(mha.out_proj.weight), *b, b_o)
 
 
-def mha_wrongs(query, key, value, w, h, mask):
+def mha_wrongs(query, key, value, w, h, mask, flipped=None):
     """(out, weights) of multi-head attention with the classic mistakes, in numpy."""
 
     def run(split, scale_width, reduce, mask):
@@ -622,6 +622,7 @@ def mha_wrongs(query, key, value, w, h, mask):
         q, k, v = (split(x) for x in (q, k, v))
         s = q @ np.swapaxes(k, -1, -2) / math.sqrt(scale_width)
         p = softmax_ref(np.where(mask, s, -np.inf) if mask is not None else s)
+        p = np.nan_to_num(p)  # a row with nothing to attend: zero weights
         o = (p @ v).transpose(0, 2, 1, 3).reshape(query.shape)
         return lin(o, w.w_o, w.b_o), reduce(p)
 
@@ -640,8 +641,8 @@ def mha_wrongs(query, key, value, w, h, mask):
     if h > 1:
         out[MHA_SCALE_E] = run(good, e, mean, mask)
         out[WEIGHTS_SUMMED] = run(good, e // h, lambda p: p.sum(axis=1), mask)
-    if mask is not None:
-        out[KPM_POLARITY] = run(good, e // h, mean, ~mask | ~mask.any(-1, keepdims=True))
+    if flipped is not None:
+        out[KPM_POLARITY] = run(good, e // h, mean, flipped)
     return {k: v for k, v in out.items() if v is not None}
 
 
@@ -670,8 +671,10 @@ def test_multi_head_attention_matches_torch_nn_multiheadattention(
     causal_t = torch.from_numpy(~top_left(lq, lk)) if causal else None  # MHA: True = NOT allowed
     out_t, w_t = mha(t(query), t(key), t(value), key_padding_mask=torch.from_numpy(kpm),
                      attn_mask=causal_t, need_weights=True)  # fmt: skip
-    attend = ~kpm[:, None, None, :] & (top_left(lq, lk) if causal else True)
-    wrong = mha_wrongs(query, key, value, copied_weights(mha), h, attend)
+    causal_part = top_left(lq, lk) if causal else True
+    attend = ~kpm[:, None, None, :] & causal_part
+    flipped = kpm[:, None, None, :] & causal_part if padded else None  # polarity swapped
+    wrong = mha_wrongs(query, key, value, copied_weights(mha), h, attend, flipped)
     with np.errstate(all="ignore"):
         result = impl.multi_head_attention(
             query, key, value, copied_weights(mha), h,
