@@ -167,8 +167,8 @@ def causal_mask(num_queries: int, num_keys: int) -> np.ndarray:
     SDPA's ``is_causal``). ``[num_queries, num_keys]`` bool.
     """
     raise NotImplementedError(
-        "TODO: key j is visible to query i when j <= i: compare np.arange(num_keys)[None, :] with"
-        " np.arange(num_queries)[:, None]"
+        "TODO: query i may see key j when j <= i (itself included): compare a row of key "
+        "indices with a column of query indices (broadcasting)"
     )
 
 
@@ -196,7 +196,8 @@ def bool_to_additive(attn_mask: np.ndarray) -> np.ndarray:
     ``exp(-inf) = 0``). Same shape, float64.
     """
     raise NotImplementedError(
-        "TODO: np.where(attn_mask, 0.0, -np.inf): 0 keeps the score, -inf hides the key"
+        "TODO: the result is ADDED to the scores: what value leaves a score unchanged, and "
+        "what value makes exp(score + value) exactly 0?"
     )
 
 
@@ -205,7 +206,8 @@ def additive_to_bool(attn_mask: np.ndarray) -> np.ndarray:
     is ``-inf``. (A finite bias such as ALiBi's keeps the key visible; only the bias is
     lost in the conversion.) Same shape, bool."""
     raise NotImplementedError(
-        "TODO: a key is visible unless its entry is -inf (finite biases stay visible)"
+        "TODO: which entries of an additive mask hide a key? (a finite bias, even a negative "
+        "one, does not)"
     )
 
 
