@@ -46,8 +46,12 @@ VISUALISATIONS = (  # (page file in book/pages/, title)
     ("ring-attention-rotation.md", "Ring attention"),
     ("gpu-memory-hierarchy.md", "GPU memory hierarchy"),
     ("sliding-window-receptive-field.md", "Sliding-window receptive field"),
+    ("attention-scoring-functions.md", "Attention scoring functions"),
+    ("attention-bahdanau-alignment.md", "Bahdanau alignment"),
+    ("attention-multihead-self.md", "Multi-head self-attention"),
+    ("fa1-vs-fa2-parallelism.md", "FlashAttention-1 vs -2 parallelism"),
 )
-TRACE_LABS = ("00", "01", "04", "07")
+TRACE_LABS = ("00", "01", "04", "07", "08")
 LINK = re.compile(r"(!?)\[((?:[^\[\]]|\[[^\]]*\])*)\]\(([^()\s]+(?:\([^()]*\))?[^()\s]*)"
                   r"(\s+\"[^\"]*\")?\)")
 REF_DEF = re.compile(r"^(\s{0,3}\[[^\]]+\]:\s*)(\S+)(.*)$", re.M)

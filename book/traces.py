@@ -39,8 +39,9 @@ LABS = {
     "04": "lab-04-flash-decoding-partitions",
     "06": "lab-06-mla-window-sinks",
     "07": "lab-07-kv-block-manager",
+    "08": "lab-08-attention-from-scratch",
 }
-TRACEABLE = ("00", "01", "04", "07")  # the labs `make trace` runs on a starter
+TRACEABLE = ("00", "01", "04", "07", "08")  # the labs `make trace` runs on a starter
 REFERENCE_DIR = REPO / "book" / "viz" / "traces"
 TOL = 1e-9
 BYTES = 2  # fp16/bf16 elements, as on a GPU
@@ -419,6 +420,205 @@ def trace_memory(impl: Any) -> dict:
     return {"lab": "00", "gpus": gpus, "limit_sources": list(LIMIT_SOURCES), "seq_lens": seqs,
             "score_matrix_bytes": s_bytes, "errors": errors}
 
+# ---- lab 00 again: who owns which tile, FlashAttention-1 vs FlashAttention-2 -----------------
+
+FAGRID = {"batch": 1, "heads": 2, "L": 16, "d": 4, "dv": 2, "tile": 4, "seed": 5}
+
+
+def trace_fagrid(impl: Any) -> dict:
+    """The programs of each schedule and the (Q tile, K/V tile) each works on at each time.
+
+    FlashAttention-2: lab 00's launch grid (``provided.attention_grid``), one program per
+    (Q tile, batch·head); program ``pid`` takes Q tile ``pid % n_q`` of batch·head
+    ``pid // n_q`` (the kernel's first lines) and walks the K/V tiles. FlashAttention-1
+    (arXiv 2205.14135, Algorithm 1; its grid: arXiv 2307.08691, section 3.2): one program
+    per batch·head, K/V tiles in the outer loop and Q tiles in the inner one, so each inner
+    step reads and writes that Q tile's ``O, l, m`` in HBM. The schedules (which tile when)
+    and the HBM bytes are modelled here; the rows' ``(m, l)`` after each K/V tile are lab
+    00's ``online_softmax_steps`` and the outputs its ``flash_attention_forward``: both
+    orders fold the same tiles into the same state, only who and when differ."""
+    p = FAGRID
+    provided = load_lab_module(REPO / "labs" / LABS["00"], "provided")
+    rng = np.random.default_rng(p["seed"])
+    B, H, L, d, dv, t = p["batch"], p["heads"], p["L"], p["d"], p["dv"], p["tile"]
+    q = rng.normal(size=(B * H, L, d))
+    k = rng.normal(size=(B * H, L, d)) * 1.4
+    v = rng.normal(size=(B * H, L, dv))
+    errors: list[str] = []
+    n_q = n_k = L // t
+    states = []  # [bh][row][kt] = (m, l) after K/V tiles 0..kt
+    outs = []
+    for bh in range(B * H):
+        scores = q[bh] @ k[bh].T / math.sqrt(d)
+        states.append([_call(errors, impl.online_softmax_steps, scores[i], t) for i in range(L)])
+        res = _call(errors, impl.flash_attention_forward, q[bh], k[bh], v[bh], block_q=t,
+                    block_k=t)
+        outs.append(_r(res[0]) if res is not None else None)
+    grid2 = provided.attention_grid(B, H, L, t)  # lab 00's FlashAttention-2 launch grid
+    fa2 = [[{"program": pid, "bh": pid // n_q, "qt": pid % n_q, "kt": time}
+            for pid in range(grid2[0])] for time in range(n_k)]
+    fa1 = [[{"program": bh, "bh": bh, "qt": time % n_q, "kt": time // n_q}
+            for bh in range(B * H)] for time in range(n_q * n_k)]
+    kv_tile, q_tile, o_tile, ml_tile = t * (d + dv) * BYTES, t * d * BYTES, t * dv * BYTES, t * 8
+
+    def step_bytes(name: str, w: dict) -> int:
+        if name == "fa1":  # K/V once per outer step; Q, O, l, m in and O, l, m out every step
+            return (kv_tile if w["qt"] == 0 else 0) + q_tile + 2 * (o_tile + ml_tile)
+        first, last = w["kt"] == 0, w["kt"] == n_k - 1  # Q once, O and lse once at the end
+        return kv_tile + (q_tile if first else 0) + (o_tile + t * 4 if last else 0)
+
+    schedules = {}
+    for name, sched, grid in (("fa1", fa1, (B * H,)), ("fa2", fa2, tuple(grid2))):
+        hbm, steps = 0, []
+        for work in sched:
+            rows = []
+            for w in work:
+                hbm += step_bytes(name, w)
+                st = [states[w["bh"]][w["qt"] * t + r] for r in range(t)]
+                rows.append({**w, "m": [_r(s[w["kt"]][0]) if s else None for s in st],
+                             "l": [_r(s[w["kt"]][1]) if s else None for s in st]})
+            steps.append({"work": rows, "hbm": hbm})
+        schedules[name] = {"grid": list(grid), "steps": steps}
+    return {"lab": "00", "inputs": p, "n_q": n_q, "n_k": n_k, "schedules": schedules,
+            "out": outs, "sms": {g: GPUS[g]["sms"] for g in GPUS}, "errors": errors}
+
+
+# ---- lab 08: scoring functions, Bahdanau's alignment, multi-head self-attention --------------
+
+SCORING = {"dims": [1, 2, 4, 8, 16, 32, 64, 128, 256, 512], "num_keys": 8, "da": 8, "seed": 8}
+SCORE_FNS = ("additive", "dot", "scaled_dot")
+
+
+def trace_lab08(impl: Any) -> dict:
+    """Per head dim d_k: lab 08's scale_experiment (variance and mean softmax entropy of
+    256 x 256 random scores, raw and scaled), and one query against 8 keys scored by
+    additive_scores, dot_scores and scaled_dot_scores, with softmax and softmax_entropy."""
+    p = SCORING
+    errors: list[str] = []
+    steps = []
+    for d in p["dims"]:
+        stats = _call(errors, impl.scale_experiment, d)
+        rng = np.random.default_rng(p["seed"] + d)
+        q = rng.standard_normal((1, d))
+        k = rng.standard_normal((p["num_keys"], d))
+        # additive weights at the usual 1/sqrt(fan-in) initialisation: tanh's inputs stay O(1)
+        w_q = rng.standard_normal((d, p["da"])) / math.sqrt(d)
+        w_k = rng.standard_normal((d, p["da"])) / math.sqrt(d)
+        v_a = rng.standard_normal(p["da"]) / math.sqrt(p["da"])
+        raw = {"additive": _call(errors, impl.additive_scores, q, k, w_q, w_k, v_a),
+               "dot": _call(errors, impl.dot_scores, q, k),
+               "scaled_dot": _call(errors, impl.scaled_dot_scores, q, k)}
+        fns = {}
+        for name in SCORE_FNS:
+            s = raw[name]
+            row = np.asarray(s, dtype=float)[0] if s is not None else None
+            w = _call(errors, impl.softmax, row) if row is not None else None
+            h = _call(errors, impl.softmax_entropy, row) if row is not None else None
+            fns[name] = {"scores": _r(row) if row is not None else None,
+                         "weights": _r(w) if w is not None else None,
+                         "entropy": _r(h) if h is not None else None}
+        steps.append({"d": d, "stats": None if stats is None else {
+            "variance_unscaled": _r(stats.variance_unscaled),
+            "variance_scaled": _r(stats.variance_scaled),
+            "entropy_unscaled": _r(stats.entropy_unscaled),
+            "entropy_scaled": _r(stats.entropy_scaled)}, "example": fns})
+    return {"lab": "08", "inputs": p, "steps": steps, "max_entropy": _r(math.log(256)),
+            "max_entropy_example": _r(math.log(p["num_keys"])), "errors": errors}
+
+
+def diff_lab08(mine: dict, ref: dict) -> dict | None:
+    for n, (a, b) in enumerate(zip(mine["steps"], ref["steps"])):
+        where = f"d_k = {b['d']}"
+        if not _close(a["stats"], b["stats"]):
+            return {"step": n, "field": "scale_experiment", "yours": a["stats"],
+                    "reference": b["stats"], "where": where}
+        for name in SCORE_FNS:
+            for field in ("scores", "weights", "entropy"):
+                ya, yb = a["example"][name][field], b["example"][name][field]
+                if not _close(ya, yb):
+                    return {"step": n, "field": f"{name} {field}", "yours": ya, "reference": yb,
+                            "where": where}
+    return None
+
+
+BAHDANAU = {"source": 6, "target": 5, "d_enc": 4, "d_dec": 4, "da": 6, "seed": 21}
+
+
+def trace_bahdanau(impl: Any) -> dict:
+    """Bahdanau's alignment on a small example: lab 08's additive_scores of 5 decoder states
+    against 6 encoder states, softmax per decoder step, and the context vector (the weights
+    times the encoder states). Random, untrained weights: the mechanism, not a learned map."""
+    p = BAHDANAU
+    rng = np.random.default_rng(p["seed"])
+    h = rng.standard_normal((p["source"], p["d_enc"]))  # encoder states
+    s = rng.standard_normal((p["target"], p["d_dec"]))  # decoder states
+    w_q = rng.standard_normal((p["d_dec"], p["da"])) / math.sqrt(p["d_dec"]) * 2
+    w_k = rng.standard_normal((p["d_enc"], p["da"])) / math.sqrt(p["d_enc"]) * 2
+    v_a = rng.standard_normal(p["da"])
+    errors: list[str] = []
+    e = _call(errors, impl.additive_scores, s, h, w_q, w_k, v_a)  # [target, source]
+    steps = []
+    for i in range(p["target"]):
+        row = np.asarray(e, dtype=float)[i] if e is not None else None
+        a = _call(errors, impl.softmax, row) if row is not None else None
+        ent = _call(errors, impl.softmax_entropy, row) if row is not None else None
+        context = np.asarray(a) @ h if a is not None else None
+        steps.append({"i": i, "scores": _r(row) if row is not None else None,
+                      "weights": _r(a) if a is not None else None,
+                      "entropy": _r(ent) if ent is not None else None,
+                      "context": _r(context) if context is not None else None})
+    return {"lab": "08", "inputs": p, "encoder": _r(h, 4), "decoder": _r(s, 4),
+            "steps": steps, "errors": errors}
+
+
+MULTIHEAD = {"L": 6, "E": 8, "heads": 4, "length": 4, "seed": 13}
+
+
+def trace_multihead(impl: Any) -> dict:
+    """Self-attention on one 6-token sequence, 4 heads: lab 08's multi_head_attention (its
+    head-averaged weights) and, per head, attention_weights on split_heads of the same
+    projections with the same masks; for causal on/off and padding (4 real tokens) on/off."""
+    p = MULTIHEAD
+    lab = REPO / "labs" / LABS["08"]
+    provided = load_lab_module(lab, "provided")
+    rng = np.random.default_rng(p["seed"])
+    L, E, H = p["L"], p["E"], p["heads"]
+    x = rng.standard_normal((1, L, E))
+
+    def mat() -> np.ndarray:
+        return rng.standard_normal((E, E)) / math.sqrt(E)
+    w = provided.MultiHeadWeights(mat(), mat(), mat(), mat(), *(rng.standard_normal((4, E)) * 0.1))
+    errors: list[str] = []
+    runs = {}
+    for causal in (False, True):
+        for padding in (False, True):
+            kpm = _call(errors, impl.key_padding_mask, np.array([p["length"]]), L) \
+                if padding else None
+            res = _call(errors, impl.multi_head_attention, x, x, x, w, H,
+                        key_padding_mask=kpm, is_causal=causal)
+            qh, kh = (_call(errors, impl.split_heads, provided.linear(n, x, wt, b, E), H)
+                      for n, wt, b in (("w_q", w.w_q, w.b_q), ("w_k", w.w_k, w.b_k)))
+            mask = None
+            if kpm is not None:
+                mask = _call(errors, impl.key_padding_to_attn_mask, kpm)  # [1, 1, 1, L]
+            if causal:
+                cm = _call(errors, impl.causal_mask, L, L)
+                mask = cm if mask is None else (None if cm is None else mask & cm)
+            heads = None
+            if qh is not None and kh is not None:
+                heads = _call(errors, impl.attention_weights, qh, kh, mask)  # [1, H, L, L]
+            avg = np.asarray(res[1])[0] if res is not None else None
+            same = None
+            if heads is not None and avg is not None:
+                same = bool(np.allclose(np.asarray(heads)[0].mean(axis=0), avg))
+            runs[f"{'causal' if causal else 'full'}-{'padded' if padding else 'whole'}"] = {
+                "causal": causal, "padding": padding,
+                "key_padding_mask": None if kpm is None else np.asarray(kpm)[0].tolist(),
+                "heads": None if heads is None else _r(np.asarray(heads)[0]),
+                "average": None if avg is None else _r(avg),
+                "heads_average_to_mha": same}
+    return {"lab": "08", "inputs": p, "runs": runs, "errors": errors}
+
 
 # ---- lab 07: a block pool for a request stream -----------------------------------------------
 
@@ -511,11 +711,13 @@ def diff_lab07(mine: dict, ref: dict) -> dict | None:
 # ---- shared ----------------------------------------------------------------------------------
 
 BUILDERS = {"00": trace_lab00, "01": trace_lab01, "04": trace_lab04, "06": trace_lab06,
-            "07": trace_lab07}
+            "07": trace_lab07, "08": trace_lab08}
 # Reference-only traces of other pages: name -> (lab, builder).
 EXTRA = {"ring": ("04", trace_ring), "window": ("06", trace_window),
-         "memory": ("00", trace_memory)}
-DIFFS = {"00": diff_lab00, "01": diff_lab01, "04": diff_lab04, "07": diff_lab07}
+         "memory": ("00", trace_memory), "fagrid": ("00", trace_fagrid),
+         "bahdanau": ("08", trace_bahdanau), "multihead": ("08", trace_multihead)}
+DIFFS = {"00": diff_lab00, "01": diff_lab01, "04": diff_lab04, "07": diff_lab07,
+         "08": diff_lab08}
 
 
 def _close(a: Any, b: Any) -> bool:
@@ -573,7 +775,7 @@ def build(lab: str, impl_name: str, lab_dir: pathlib.Path | None = None) -> dict
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--impl", default="solution", choices=("solution", "starter"))
-    ap.add_argument("--lab", action="append", help="00, 01, 04, 06 or 07 (default: all)")
+    ap.add_argument("--lab", action="append", help="00, 01, 04, 06, 07 or 08 (default: all)")
     ap.add_argument("--lab-dir", type=pathlib.Path, help="the lab folder to load (tests)")
     ap.add_argument("--out", type=pathlib.Path, default=None)
     args = ap.parse_args(argv)
@@ -612,7 +814,8 @@ def main(argv: list[str] | None = None) -> int:
 def _show_in_book(path: pathlib.Path, lab: str) -> None:
     """Put the learner's trace into the built book, if there is one, and say which page."""
     page = {"00": "flash-attention-tiling", "01": "paged-attention-blocks",
-            "04": "split-kv-merge", "07": "paged-attention-blocks"}[lab]
+            "04": "split-kv-merge", "07": "paged-attention-blocks",
+            "08": "attention-scoring-functions"}[lab]
     book = REPO / "build" / "book" / "viz"
     if (book / "traces").is_dir():
         shutil.copyfile(path, book / "traces" / path.name)

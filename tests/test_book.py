@@ -28,10 +28,13 @@ SHOTS = ROOT / "build" / "book-screenshots"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 VIZ = ("flash-attention-tiling", "paged-attention-blocks", "kv-cache-evolution", "split-kv-merge",
-       "ring-attention-rotation", "gpu-memory-hierarchy", "sliding-window-receptive-field")
+       "ring-attention-rotation", "gpu-memory-hierarchy", "sliding-window-receptive-field",
+       "attention-scoring-functions", "attention-bahdanau-alignment", "attention-multihead-self",
+       "fa1-vs-fa2-parallelism")
 PAGE_BUDGET = 200 * 1024  # bytes, gzipped
 pytestmark = pytest.mark.timeout(600)  # the first test may apt-get install chromium
 ACC_LINE = "            acc = alpha[:, None] * acc + p @ v[k0:k1]"
+SCALE_LINE = "    scaled = raw / math.sqrt(d)"  # lab 08: a starter that divides by d instead
 
 sys.path.insert(0, str(ROOT))
 from book.build import main as build_main  # noqa: E402
@@ -59,7 +62,8 @@ def reference(lab: str) -> dict:
 
 @pytest.fixture(scope="module")
 def book(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
-    """The book, built as `make book` builds it, with a wrong lab-00 starter's trace."""
+    """The book, built as `make book` builds it, with wrong lab-00 and lab-08 starters'
+    traces."""
     pytest.importorskip("mkdocs", reason="the book's tools are not installed: `make test` "
                         "installs requirements-book.txt")
     pytest.importorskip("material", reason="mkdocs-material is not installed "
@@ -76,6 +80,16 @@ def book(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
         (lab / "starter.py").write_text(wrong)
         (lab / "solution.py").unlink()
         assert traces_main(["--impl", "starter", "--lab", "00", "--lab-dir", str(lab),
+                            "--out", str(traces)]) == 0
+    solution = ROOT / "labs" / "lab-08-attention-from-scratch" / "solution.py"
+    if solution.is_file():  # scale_experiment divides the scores by d, not sqrt(d)
+        lab = tmp / solution.parent.name
+        shutil.copytree(solution.parent, lab, ignore=shutil.ignore_patterns("__pycache__"))
+        code = solution.read_text()
+        assert SCALE_LINE in code, "the planted mistake no longer applies to lab 08's solution"
+        (lab / "starter.py").write_text(code.replace(SCALE_LINE, "    scaled = raw / d"))
+        (lab / "solution.py").unlink()
+        assert traces_main(["--impl", "starter", "--lab", "08", "--lab-dir", str(lab),
                             "--out", str(traces)]) == 0
     out = ROOT / "build" / "book-test"
     assert build_main(["--out", str(out), "--src", str(tmp / "src"),
@@ -346,6 +360,121 @@ def test_memory_hierarchy_shows_lab_00s_score_matrix_bytes(open_page):
     assert "Sources:" in p.page.inner_text("#memory-viz")
 
 
+def test_scoring_functions_show_lab_08s_scale_experiment_at_each_d_k(open_page):
+    ref = reference("08")
+    p = open_page("viz/attention-scoring-functions.html")
+    p.page.focus("#scoring-d")
+    p.page.keyboard.press("Home")
+    for n, st in enumerate(ref["steps"]):
+        if n:
+            p.page.keyboard.press("ArrowRight")
+        assert p.page.get_attribute("#scoring-viz", "data-d") == str(st["d"])
+        for field in ("variance_unscaled", "variance_scaled", "entropy_unscaled",
+                      "entropy_scaled"):
+            kind, scaled = field.split("_")  # e.g. #scoring-var-unscaled
+            assert p.value(f"#scoring-{kind[:3]}-{scaled}") == st["stats"][field], (st["d"], field)
+        for fn, ex in st["example"].items():
+            assert p.value(f"#scoring-ent-{fn}") == ex["entropy"]
+            assert p.value(f"#scoring-scores-{fn}") == ex["scores"]
+            assert p.value(f"#scoring-bar-{fn}-0") == ex["weights"][0]
+    last = ref["steps"][-1]["stats"]
+    assert last["entropy_unscaled"] < 1 < last["entropy_scaled"], "the lesson the slider shows"
+
+
+def test_a_scale_experiment_that_divides_by_d_differs_from_d_k_2_on(open_page):
+    if not (ROOT / "labs" / "lab-08-attention-from-scratch" / "solution.py").is_file():
+        pytest.skip("the wrong starter is planted in a copy of solution.py (instructor's tree)")
+    p = open_page("viz/attention-scoring-functions.html")
+    panel = "#starter-08"
+    assert p.page.get_attribute(panel, "data-state") == "differs"
+    dims = reference("08")["inputs"]["dims"]
+    assert int(p.page.get_attribute(panel, "data-first-diff")) == dims.index(2), \
+        "at d_k = 1, dividing by d and by sqrt(d) agree: the first difference is d_k = 2"
+    assert "scale_experiment" in p.page.inner_text(panel)
+    p.page.click(f"{panel} [data-action=goto-diff]")
+    assert p.page.get_attribute("#scoring-viz", "data-d") == "2"
+
+
+def test_bahdanau_steps_show_lab_08s_additive_weights_and_context(open_page):
+    ref = reference("bahdanau")
+    p = open_page("viz/attention-bahdanau-alignment.html")
+    p.page.focus("#bahdanau-viz")
+    p.page.keyboard.press("ArrowRight")
+    p.page.keyboard.press("ArrowRight")
+    assert p.step("bahdanau-viz") == 2
+    st = ref["steps"][2]
+    for j, w in enumerate(st["weights"]):
+        assert p.value(f"#bahdanau-w-{j}") == w
+        assert p.value(f"#bahdanau-e-{j}") == st["scores"][j]
+        assert p.value(f"#bahdanau-cell-2-{j}") == w
+        assert p.page.get_attribute(f"#bahdanau-cell-3-{j}", "data-value") is None, \
+            "a decoder step not reached yet has no row"
+    assert p.value("#bahdanau-entropy") == st["entropy"]
+    assert p.value("#bahdanau-context") == st["context"]
+    p.page.keyboard.press("End")
+    assert p.step("bahdanau-viz") == ref["inputs"]["target"] - 1
+
+
+def test_multihead_maps_are_lab_08s_heads_and_masks(open_page):
+    ref = reference("multihead")
+    p = open_page("viz/attention-multihead-self.html")
+    L = ref["inputs"]["L"]
+
+    def check(run: str, head) -> None:
+        r = ref["runs"][run]
+        m = r["average"] if head == "avg" else r["heads"][head]
+        assert p.page.get_attribute("#mh-viz", "data-run") == run
+        for i in range(L):
+            for j in range(L):
+                assert p.value(f"#mh-cell-{i}-{j}") == m[i][j], (run, head, i, j)
+        assert r["heads_average_to_mha"] is True
+    check("full-whole", 0)
+    p.page.select_option("#mh-head", "2")
+    p.page.click("#mh-causal")
+    check("causal-whole", 2)
+    assert p.value(f"#mh-cell-0-{L - 1}") == 0, "causal: query 0 cannot read the last key"
+    p.page.click("#mh-padding")
+    check("causal-padded", 2)
+    p.page.focus("#mh-viz")
+    p.page.keyboard.press("a")
+    p.page.keyboard.press("c")
+    check("full-padded", "avg")
+    assert p.value("#mh-kpm") == [int(b) for b in ref["runs"]["full-padded"]["key_padding_mask"]]
+
+
+def test_fa1_vs_fa2_programs_come_from_lab_00s_launch_grid(open_page):
+    ref = reference("fagrid")
+    sys.path.insert(0, str(ROOT))
+    from common.loader import load_lab_module
+
+    provided = load_lab_module(ROOT / "labs" / "lab-00-online-softmax", "provided")
+    i = ref["inputs"]
+    grid = provided.attention_grid(i["batch"], i["heads"], i["L"], i["tile"])
+    p = open_page("viz/fa1-vs-fa2-parallelism.html")
+    assert p.value("#fagrid-programs") == grid[0] == ref["schedules"]["fa2"]["grid"][0]
+    p.page.focus("#fagrid-viz")
+    p.page.keyboard.press("ArrowRight")
+    st = ref["schedules"]["fa2"]["steps"][1]
+    for w in st["work"]:
+        assert p.value(f"#fagrid-m-{w['program']}") == w["m"]
+        assert p.value(f"#fagrid-l-{w['program']}") == w["l"]
+        cell = f"#fagrid-cell-{w['bh']}-{w['qt']}-{w['kt']}"
+        assert p.page.get_attribute(cell, "data-active") == "true"
+    assert p.value("#fagrid-hbm") == st["hbm"]
+    p.page.click("#fagrid-mode-fa1")
+    assert p.step("fagrid-viz") == 0
+    assert p.value("#fagrid-programs") == i["batch"] * i["heads"]
+    p.page.keyboard.press("End")
+    fa1 = ref["schedules"]["fa1"]["steps"]
+    assert p.value("#fagrid-steps") == len(fa1) == ref["n_q"] * ref["n_k"]
+    assert p.value("#fagrid-hbm") == fa1[-1]["hbm"] > ref["schedules"]["fa2"]["steps"][-1]["hbm"]
+    # the same tile pair gives the same state in both orders
+    last = {(w["bh"], w["qt"]): w for w in fa1[-1]["work"]}
+    for w in ref["schedules"]["fa2"]["steps"][-1]["work"]:
+        if (w["bh"], w["qt"]) in last:
+            assert last[(w["bh"], w["qt"])]["m"] == w["m"]
+
+
 def test_search_works_from_the_file_system(open_page):
     p = open_page("index.html")
     p.page.fill("input.md-search__input", "running max")
@@ -386,6 +515,7 @@ PLANTED = {
     "04": ("    l = alpha * a.l + beta * b.l", "    l = a.l + b.l", "merge"),
     "07": ("        copy_on_write = self._must_copy(table, num_tokens, n)",
            "        copy_on_write = 0", "tables"),
+    "08": (SCALE_LINE, "    scaled = raw / d", "scale_experiment"),
 }
 
 
@@ -394,12 +524,14 @@ def expected_step(lab: str) -> int:
         return 0  # every slot is one late, the first token's too
     if lab == "04":
         return len(reference("04")["partitions"])  # partitions are right; the first merge is not
+    if lab == "08":
+        return reference("08")["inputs"]["dims"].index(2)  # at d = 1, d and sqrt(d) agree
     return next(n for n, ev in enumerate(reference("07")["events"]) if ev.get("copies"))
 
 
 @pytest.mark.parametrize("lab", sorted(PLANTED))
 def test_make_trace_finds_the_first_step_a_planted_mistake_changes(tmp_path, lab):
-    """`make trace LAB=nn` for labs 01, 04, 07 (lab 00: in the browser test above)."""
+    """`make trace LAB=nn` for labs 01, 04, 07, 08 (lab 00: in the browser test above)."""
     folder = next((ROOT / "labs").glob(f"lab-{lab}-*"))
     if not (folder / "solution.py").is_file():
         pytest.skip("the mistake is planted in a copy of solution.py (instructor's tree)")
@@ -420,7 +552,7 @@ def test_make_trace_finds_the_first_step_a_planted_mistake_changes(tmp_path, lab
     assert read_script(tmp_path / f"lab{lab}-starter.js")["first_diff"] is None
 
 
-@pytest.mark.parametrize("lab", ["00", "01", "04", "07"])
+@pytest.mark.parametrize("lab", ["00", "01", "04", "07", "08"])
 def test_an_untouched_starter_is_traced_with_its_todo(tmp_path, lab):
     assert traces_main(["--impl", "starter", "--lab", lab, "--out", str(tmp_path)]) == 0
     trace = read_script(tmp_path / f"lab{lab}-starter.js")
