@@ -523,10 +523,16 @@ def trace_lab08(impl: Any) -> dict:
             "entropy_unscaled": _r(stats.entropy_unscaled),
             "entropy_scaled": _r(stats.entropy_scaled)}, "example": fns})
     return {"lab": "08", "inputs": p, "steps": steps, "max_entropy": _r(math.log(256)),
-            "max_entropy_example": _r(math.log(p["num_keys"])), "errors": errors}
+            "max_entropy_example": _r(math.log(p["num_keys"])),
+            "multihead": trace_multihead(impl, errors), "errors": errors}
 
 
 def diff_lab08(mine: dict, ref: dict) -> dict | None:
+    """The first difference on the scoring page, else on the multi-head page."""
+    return diff_scoring(mine, ref) or diff_multihead(mine, ref)
+
+
+def diff_scoring(mine: dict, ref: dict) -> dict | None:
     for n, (a, b) in enumerate(zip(mine["steps"], ref["steps"])):
         where = f"d_k = {b['d']}"
         if not _close(a["stats"], b["stats"]):
@@ -574,10 +580,14 @@ def trace_bahdanau(impl: Any) -> dict:
 MULTIHEAD = {"L": 6, "E": 8, "heads": 4, "length": 4, "seed": 13}
 
 
-def trace_multihead(impl: Any) -> dict:
+MH_RUNS = ("full-whole", "causal-whole", "full-padded", "causal-padded")
+
+
+def trace_multihead(impl: Any, errors: list[str]) -> dict:
     """Self-attention on one 6-token sequence, 4 heads: lab 08's multi_head_attention (its
     head-averaged weights) and, per head, attention_weights on split_heads of the same
-    projections with the same masks; for causal on/off and padding (4 real tokens) on/off."""
+    projections with the same masks; for causal on/off and padding (4 real tokens) on/off
+    (the runs of ``MH_RUNS``, in that order)."""
     p = MULTIHEAD
     lab = REPO / "labs" / LABS["08"]
     provided = load_lab_module(lab, "provided")
@@ -588,10 +598,9 @@ def trace_multihead(impl: Any) -> dict:
     def mat() -> np.ndarray:
         return rng.standard_normal((E, E)) / math.sqrt(E)
     w = provided.MultiHeadWeights(mat(), mat(), mat(), mat(), *(rng.standard_normal((4, E)) * 0.1))
-    errors: list[str] = []
     runs = {}
-    for causal in (False, True):
-        for padding in (False, True):
+    for padding in (False, True):
+        for causal in (False, True):
             kpm = _call(errors, impl.key_padding_mask, np.array([p["length"]]), L) \
                 if padding else None
             res = _call(errors, impl.multi_head_attention, x, x, x, w, H,
@@ -617,7 +626,24 @@ def trace_multihead(impl: Any) -> dict:
                 "heads": None if heads is None else _r(np.asarray(heads)[0]),
                 "average": None if avg is None else _r(avg),
                 "heads_average_to_mha": same}
-    return {"lab": "08", "inputs": p, "runs": runs, "errors": errors}
+    return {"inputs": p, "runs": runs}
+
+
+def diff_multihead(mine: dict, ref: dict) -> dict | None:
+    """The first mask setting (index in MH_RUNS) whose maps differ: a head's, else the average."""
+    a, b = mine["multihead"]["runs"], ref["multihead"]["runs"]
+    for n, run in enumerate(MH_RUNS):
+        ha, hb = a[run]["heads"], b[run]["heads"]
+        for h in range(len(hb)):
+            if ha is None or not _close(ha[h], hb[h]):
+                return {"step": n, "page": "multihead", "run": run, "head": h, "field": "heads",
+                        "yours": None if ha is None else ha[h], "reference": hb[h],
+                        "where": f"multi-head page, {run}, head {h}"}
+        if not _close(a[run]["average"], b[run]["average"]):
+            return {"step": n, "page": "multihead", "run": run, "head": "avg",
+                    "field": "multi_head_attention", "yours": a[run]["average"],
+                    "reference": b[run]["average"], "where": f"multi-head page, {run}, average"}
+    return None
 
 
 # ---- lab 07: a block pool for a request stream -----------------------------------------------
@@ -715,9 +741,11 @@ BUILDERS = {"00": trace_lab00, "01": trace_lab01, "04": trace_lab04, "06": trace
 # Reference-only traces of other pages: name -> (lab, builder).
 EXTRA = {"ring": ("04", trace_ring), "window": ("06", trace_window),
          "memory": ("00", trace_memory), "fagrid": ("00", trace_fagrid),
-         "bahdanau": ("08", trace_bahdanau), "multihead": ("08", trace_multihead)}
+         "bahdanau": ("08", trace_bahdanau)}
 DIFFS = {"00": diff_lab00, "01": diff_lab01, "04": diff_lab04, "07": diff_lab07,
          "08": diff_lab08}
+# Labs whose trace feeds several pages: each page shows its own first difference.
+PAGE_DIFFS = {"08": {"scoring": diff_scoring, "multihead": diff_multihead}}
 
 
 def _close(a: Any, b: Any) -> bool:
@@ -799,6 +827,8 @@ def main(argv: list[str] | None = None) -> int:
             ref = read_script(REFERENCE_DIR / f"lab{lab}-reference.js")
             if "first_diff" not in data:
                 data["first_diff"] = DIFFS[lab](data, ref)
+                data["page_diffs"] = {page: fn(data, ref)
+                                      for page, fn in PAGE_DIFFS.get(lab, {}).items()}
             diff = data["first_diff"]
             print(f">> lab {lab}: " + ("your trace matches the reference at every step"
                   if diff is None else f"first difference at step {diff['step']} "
@@ -812,16 +842,18 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _show_in_book(path: pathlib.Path, lab: str) -> None:
-    """Put the learner's trace into the built book, if there is one, and say which page."""
-    page = {"00": "flash-attention-tiling", "01": "paged-attention-blocks",
-            "04": "split-kv-merge", "07": "paged-attention-blocks",
-            "08": "attention-scoring-functions"}[lab]
+    """Put the learner's trace into the built book, if there is one, and say which pages."""
+    pages = {"00": ["flash-attention-tiling"], "01": ["paged-attention-blocks"],
+             "04": ["split-kv-merge"], "07": ["paged-attention-blocks"],
+             "08": ["attention-scoring-functions", "attention-multihead-self"]}[lab]
     book = REPO / "build" / "book" / "viz"
+    names = " and ".join(f"build/book/viz/{page}.html" for page in pages)
     if (book / "traces").is_dir():
         shutil.copyfile(path, book / "traces" / path.name)
-        print(f">> reload build/book/viz/{page}.html: it shows your run beside the reference")
+        print(f">> reload {names}: {'they show' if len(pages) > 1 else 'it shows'} your run "
+              "beside the reference")
     else:
-        print(f">> run `make book`, then open build/book/viz/{page}.html")
+        print(f">> run `make book`, then open {names}")
 
 
 if __name__ == "__main__":

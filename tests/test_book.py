@@ -35,6 +35,7 @@ PAGE_BUDGET = 200 * 1024  # bytes, gzipped
 pytestmark = pytest.mark.timeout(600)  # the first test may apt-get install chromium
 ACC_LINE = "            acc = alpha[:, None] * acc + p @ v[k0:k1]"
 SCALE_LINE = "    scaled = raw / math.sqrt(d)"  # lab 08: a starter that divides by d instead
+KPM_LINE = "    return ~key_padding_mask[:, None, None, :]"  # and reads the padding mask backwards
 
 sys.path.insert(0, str(ROOT))
 from book.build import main as build_main  # noqa: E402
@@ -82,12 +83,14 @@ def book(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
         assert traces_main(["--impl", "starter", "--lab", "00", "--lab-dir", str(lab),
                             "--out", str(traces)]) == 0
     solution = ROOT / "labs" / "lab-08-attention-from-scratch" / "solution.py"
-    if solution.is_file():  # scale_experiment divides the scores by d, not sqrt(d)
+    if solution.is_file():  # scale_experiment divides by d; True in key_padding_mask = attend
         lab = tmp / solution.parent.name
         shutil.copytree(solution.parent, lab, ignore=shutil.ignore_patterns("__pycache__"))
         code = solution.read_text()
-        assert SCALE_LINE in code, "the planted mistake no longer applies to lab 08's solution"
-        (lab / "starter.py").write_text(code.replace(SCALE_LINE, "    scaled = raw / d"))
+        assert SCALE_LINE in code and KPM_LINE in code, \
+            "the planted mistakes no longer apply to lab 08's solution"
+        code = code.replace(SCALE_LINE, "    scaled = raw / d")
+        (lab / "starter.py").write_text(code.replace(KPM_LINE, KPM_LINE.replace("~", "")))
         (lab / "solution.py").unlink()
         assert traces_main(["--impl", "starter", "--lab", "08", "--lab-dir", str(lab),
                             "--out", str(traces)]) == 0
@@ -416,7 +419,7 @@ def test_bahdanau_steps_show_lab_08s_additive_weights_and_context(open_page):
 
 
 def test_multihead_maps_are_lab_08s_heads_and_masks(open_page):
-    ref = reference("multihead")
+    ref = reference("08")["multihead"]
     p = open_page("viz/attention-multihead-self.html")
     L = ref["inputs"]["L"]
 
@@ -440,6 +443,15 @@ def test_multihead_maps_are_lab_08s_heads_and_masks(open_page):
     p.page.keyboard.press("c")
     check("full-padded", "avg")
     assert p.value("#mh-kpm") == [int(b) for b in ref["runs"]["full-padded"]["key_padding_mask"]]
+    if (ROOT / "labs" / "lab-08-attention-from-scratch" / "solution.py").is_file():
+        # the planted starter reads key_padding_mask backwards: the maps first differ with
+        # padding on (no mask at all is the same either way), at head 0
+        p.page.click("#mh-padding")
+        p.page.click("#mh-causal")
+        assert p.page.get_attribute("#starter-08", "data-state") == "differs"
+        p.page.click("#starter-08 [data-action=goto-diff]")
+        assert p.page.get_attribute("#mh-viz", "data-run") == "full-padded"
+        assert p.page.input_value("#mh-head") == "0"
 
 
 def test_fa1_vs_fa2_programs_come_from_lab_00s_launch_grid(open_page):
@@ -544,8 +556,11 @@ def test_make_trace_finds_the_first_step_a_planted_mistake_changes(tmp_path, lab
     (copy / "solution.py").unlink()
     assert traces_main(["--impl", "starter", "--lab", lab, "--lab-dir", str(copy),
                         "--out", str(tmp_path)]) == 0
-    diff = read_script(tmp_path / f"lab{lab}-starter.js")["first_diff"]
+    trace = read_script(tmp_path / f"lab{lab}-starter.js")
+    diff = trace["first_diff"]
     assert diff is not None and (diff["step"], diff["field"]) == (expected_step(lab), field), diff
+    if lab == "08":
+        assert trace["page_diffs"]["multihead"] is None, "the scale mistake leaves the masks"
     (copy / "starter.py").write_text(code)  # the reference itself: no difference anywhere
     assert traces_main(["--impl", "starter", "--lab", lab, "--lab-dir", str(copy),
                         "--out", str(tmp_path)]) == 0

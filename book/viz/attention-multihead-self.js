@@ -1,11 +1,14 @@
 /* Multi-head self-attention: plays back lab 08's per-head attention_weights and
- * multi_head_attention's head average (traces/multihead-reference.js) for causal on/off
- * and padding on/off. Choosing a head or a mask only picks which traced map to draw. */
+ * multi_head_attention's head average (the "multihead" part of traces/lab08-reference.js)
+ * for causal on/off and padding on/off. Choosing a head or a mask only picks which traced
+ * map to draw. Your starter's first difference here when `make trace LAB=08` made one. */
 (function () {
   "use strict";
   const V = window.Viz;
   const root = document.getElementById("mh-viz");
-  const ref = V.trace("multihead-reference");
+  const ref = V.trace("lab08-reference").multihead;
+  const starter = V.trace("lab08-starter");
+  const mine = starter && starter.page_diffs ? Object.assign({}, starter, { first_diff: starter.page_diffs.multihead }) : starter;
   const L = ref.inputs.L, H = ref.inputs.heads;
   const HEAD_COLORS = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#555"];
   const state = { head: 0, causal: false, padding: false };
@@ -42,6 +45,19 @@
   const side = V.h("div", { class: "viz-side" });
   main.appendChild(side);
   root.appendChild(main);
+  const wide = V.h("div", { class: "viz-wide" });
+  root.appendChild(wide);
+  const diff = V.starterPanel(wide, "08", mine, function () {
+    if (!diff || diff.page !== "multihead") return;
+    const parts = diff.run.split("-");
+    ["causal", "padding"].forEach(function (name, i) {
+      const want = parts[i] === (i === 0 ? "causal" : "padded");
+      const box = document.getElementById("mh-" + name);
+      if (box.checked !== want) box.click();
+    });
+    sel.value = String(diff.head);
+    sel.dispatchEvent(new Event("change"));
+  });
 
   function run() { return ref.runs[(state.causal ? "causal" : "full") + "-" + (state.padding ? "padded" : "whole")]; }
   function map(r, head) { return head === "avg" ? r.average : r.heads[head]; }

@@ -7,7 +7,9 @@
   const V = window.Viz;
   const root = document.getElementById("scoring-viz");
   const ref = V.trace("lab08-reference");
-  const mine = V.trace("lab08-starter");
+  const starter = V.trace("lab08-starter");
+  // this page's own first difference (the trace also feeds the multi-head page)
+  const mine = starter && starter.page_diffs ? Object.assign({}, starter, { first_diff: starter.page_diffs.scoring }) : starter;
   const FNS = [["additive", "additive", "#59a14f"], ["dot", "dot", "#e15759"], ["scaled_dot", "scaled dot", "#4e79a7"]];
   const dims = ref.steps.map(function (s) { return s.d; });
   const state = { k: dims.indexOf(64) >= 0 ? dims.indexOf(64) : 0 };
