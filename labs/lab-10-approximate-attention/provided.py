@@ -111,6 +111,18 @@ def linformer_projection(rank: int, seq_len: int, seed: int = 0) -> np.ndarray:
     return rng.standard_normal((rank, seq_len)) / math.sqrt(rank)
 
 
+def mean_pooling_projection(rank: int, seq_len: int) -> np.ndarray:
+    """A ``[rank, seq_len]`` projection whose row ``r`` averages the ``r``-th of ``rank``
+    (nearly) equal segments of the sequence: ``E K`` is ``rank`` segment-mean keys. One of
+    the fixed projections the Linformer paper compares with learned ones; with
+    ``rank == seq_len`` it is the identity (nothing lost)."""
+    edges = np.linspace(0, seq_len, rank + 1).round().astype(int)
+    e = np.zeros((rank, seq_len))
+    for r in range(rank):
+        e[r, edges[r] : edges[r + 1]] = 1.0 / max(edges[r + 1] - edges[r], 1)
+    return e
+
+
 def performer_omega(head_dim: int, num_features: int, seed: int = 0) -> np.ndarray:
     """``[head_dim, num_features]`` i.i.d. ``N(0, 1)`` feature directions (FAVOR+ also offers
     orthogonal ones, which lower the variance further; this lab keeps i.i.d.)."""
