@@ -411,7 +411,8 @@ def worked_example() -> str:
 def fmt_bytes(b: float) -> str:
     for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if b >= size:
-            return f"{b / size:.3g} {unit}"
+            x = b / size
+            return f"{x:.0f} {unit}" if x >= 100 else f"{x:.3g} {unit}"
     return f"{int(b)} B"
 
 
