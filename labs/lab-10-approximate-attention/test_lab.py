@@ -87,7 +87,8 @@ def assert_mask(got, want, what, wrong_answers=None):
 
 
 def grid(n):
-    return np.arange(n)[:, None], np.arange(n)[None, :]
+    """``(i, j)``: the query index and the key index of every cell of an ``[n, n]`` mask."""
+    return tuple(np.indices((n, n)))
 
 
 def window_global_definition(n, window, global_tokens, causal, rows=True, cols=True):
