@@ -40,6 +40,7 @@ LABS = {
     "06": "lab-06-mla-window-sinks",
     "07": "lab-07-kv-block-manager",
     "08": "lab-08-attention-from-scratch",
+    "10": "lab-10-approximate-attention",
 }
 TRACEABLE = ("00", "01", "04", "07", "08")  # the labs `make trace` runs on a starter
 REFERENCE_DIR = REPO / "book" / "viz" / "traces"
@@ -646,6 +647,86 @@ def diff_multihead(mine: dict, ref: dict) -> dict | None:
     return None
 
 
+# ---- lab 10: sparse patterns and LSH buckets -------------------------------------------------
+
+ZOO = {"n": 16, "d": 4, "seed": 10}
+
+
+def trace_zoo(impl: Any) -> dict:
+    """Lab 10's sparse masks on 16 tokens (strided_mask, fixed_mask, window_global_mask,
+    bigbird_mask), the pairs each scores, and sparse_attention on each pattern against the
+    exact answer on random q, k, v (chunked_attention; sparse_attention on the full causal
+    mask for a causal pattern): the error of skipping pairs."""
+    p = ZOO
+    n = p["n"]
+    rng = np.random.default_rng(p["seed"])
+    q, k, v = (rng.standard_normal((n, p["d"])) for _ in range(3))
+    errors: list[str] = []
+    causal = np.tril(np.ones((n, n), bool))
+    exact = {False: _call(errors, impl.chunked_attention, q, k, v),  # bidirectional
+             True: _call(errors, impl.sparse_attention, q, k, v, causal)}  # = dense causal
+    patterns = [
+        ("dense causal", "every key up to the query", lambda: causal),
+        ("strided", "strided_mask(16, stride=4)", lambda: impl.strided_mask(n, 4)),
+        ("fixed", "fixed_mask(16, block=4, num_summary=1)", lambda: impl.fixed_mask(n, 4, 1)),
+        ("window", "window_global_mask(16, window=3, causal=True)",
+         lambda: impl.window_global_mask(n, 3, causal=True)),
+        ("window + global", "window_global_mask(16, window=3, global_tokens=[0])",
+         lambda: impl.window_global_mask(n, 3, [0])),
+        ("bigbird", "bigbird_mask(16, window=3, global_tokens=[0], num_random=2)",
+         lambda: impl.bigbird_mask(n, 3, [0], 2)),
+    ]
+    out = []
+    for name, call, make in patterns:
+        mask = _call(errors, make)
+        res = _call(errors, impl.sparse_attention, q, k, v, mask) if mask is not None else None
+        m = None if mask is None else np.asarray(mask, dtype=bool)
+        is_causal = m is not None and not np.triu(m, 1).any()
+        ex, err = exact[is_causal], None
+        if res is not None and ex is not None:  # against exact attention of the same causality
+            err = float(np.linalg.norm(res[0] - ex[0]) / np.linalg.norm(ex[0]))
+        out.append({"name": name, "call": call, "causal": is_causal,
+                    "rows": None if m is None else ["".join("1" if x else "0" for x in r)
+                                                    for r in m],
+                    "pairs": None if m is None else int(m.sum()),
+                    "relative_error": None if err is None else _r(err)})
+    return {"lab": "10", "inputs": p, "patterns": out, "all_pairs": n * n, "errors": errors}
+
+
+LSH = {"n": 16, "n_buckets": 4, "rounds": 3, "seed": 3}
+
+
+def trace_lsh(impl: Any) -> dict:
+    """Reformer's angular LSH on 16 two-dimensional vectors (so the plane shows the
+    buckets): lab 10's lsh_buckets with provided.random_rotations, per round; then, for 1, 2
+    and 3 rounds, each query's lsh_mass_captured and lsh_attention's output against
+    chunked_attention's (exact). A query attends the keys sharing its bucket in any round
+    (here queries and keys are the same vectors, as in the Reformer's shared QK)."""
+    p = LSH
+    provided = load_lab_module(REPO / "labs" / LABS["10"], "provided")
+    rng = np.random.default_rng(p["seed"])
+    angles = np.sort(rng.uniform(0, 2 * np.pi, p["n"]))
+    x = np.stack([np.cos(angles), np.sin(angles)], axis=1) * rng.uniform(0.8, 1.6, (p["n"], 1))
+    x = x * 2.0  # sharper softmax: most of a query's mass is on its angular neighbours
+    v = rng.standard_normal((p["n"], 2))
+    rot = provided.random_rotations(2, p["n_buckets"], p["rounds"], seed=p["seed"])
+    errors: list[str] = []
+    buckets = _call(errors, impl.lsh_buckets, x, rot)  # [rounds, n]
+    exact = _call(errors, impl.chunked_attention, x, x, v)
+    by_rounds = []
+    for r in range(1, p["rounds"] + 1):
+        mass = _call(errors, impl.lsh_mass_captured, x, x, rot[:r])
+        res = _call(errors, impl.lsh_attention, x, x, v, rot[:r])
+        err = None
+        if res is not None and exact is not None:
+            err = np.linalg.norm(res[0] - exact[0], axis=1) / np.linalg.norm(exact[0], axis=1)
+        by_rounds.append({"rounds": r, "mass": None if mass is None else _r(mass, 4),
+                          "error": None if err is None else _r(err, 4)})
+    return {"lab": "10", "inputs": p, "x": _r(x, 4), "rotations": _r(rot, 4),
+            "buckets": None if buckets is None else np.asarray(buckets).tolist(),
+            "by_rounds": by_rounds, "errors": errors}
+
+
 # ---- lab 07: a block pool for a request stream -----------------------------------------------
 
 POOL = {"num_blocks": 10, "block_size": 4}
@@ -741,7 +822,7 @@ BUILDERS = {"00": trace_lab00, "01": trace_lab01, "04": trace_lab04, "06": trace
 # Reference-only traces of other pages: name -> (lab, builder).
 EXTRA = {"ring": ("04", trace_ring), "window": ("06", trace_window),
          "memory": ("00", trace_memory), "fagrid": ("00", trace_fagrid),
-         "bahdanau": ("08", trace_bahdanau)}
+         "bahdanau": ("08", trace_bahdanau), "zoo": ("10", trace_zoo), "lsh": ("10", trace_lsh)}
 DIFFS = {"00": diff_lab00, "01": diff_lab01, "04": diff_lab04, "07": diff_lab07,
          "08": diff_lab08}
 # Labs whose trace feeds several pages: each page shows its own first difference.

@@ -30,7 +30,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
 VIZ = ("flash-attention-tiling", "paged-attention-blocks", "kv-cache-evolution", "split-kv-merge",
        "ring-attention-rotation", "gpu-memory-hierarchy", "sliding-window-receptive-field",
        "attention-scoring-functions", "attention-bahdanau-alignment", "attention-multihead-self",
-       "fa1-vs-fa2-parallelism")
+       "fa1-vs-fa2-parallelism", "attention-pattern-zoo", "lsh-attention-bucketing")
 PAGE_BUDGET = 200 * 1024  # bytes, gzipped
 pytestmark = pytest.mark.timeout(600)  # the first test may apt-get install chromium
 ACC_LINE = "            acc = alpha[:, None] * acc + p @ v[k0:k1]"
@@ -485,6 +485,45 @@ def test_fa1_vs_fa2_programs_come_from_lab_00s_launch_grid(open_page):
     for w in ref["schedules"]["fa2"]["steps"][-1]["work"]:
         if (w["bh"], w["qt"]) in last:
             assert last[(w["bh"], w["qt"])]["m"] == w["m"]
+
+
+def test_pattern_zoo_shows_lab_10s_masks_and_their_errors(open_page):
+    ref = reference("zoo")
+    p = open_page("viz/attention-pattern-zoo.html")
+    p.page.focus("#zoo-pattern-0")
+    for i, pt in enumerate(ref["patterns"]):
+        if i:
+            p.page.keyboard.press("ArrowRight")  # radio buttons: the arrow picks the next one
+        assert p.page.get_attribute("#zoo-viz", "data-pattern") == pt["name"]
+        assert p.value("#zoo-pairs") == pt["pairs"]
+        assert p.value("#zoo-error") == pt["relative_error"]
+        n = ref["inputs"]["n"]
+        for i_, j in ((n - 1, 0), (n - 1, n - 1), (0, n - 1), (5, 2)):
+            assert p.page.get_attribute(f"#zoo-cell-{i_}-{j}", "data-value") == pt["rows"][i_][j]
+    assert ref["patterns"][0]["relative_error"] == 0, "the dense pattern is exact"
+
+
+def test_lsh_buckets_and_mass_are_lab_10s(open_page):
+    ref = reference("lsh")
+    p = open_page("viz/lsh-attention-bucketing.html")
+    q = 4
+    p.page.click(f"#lsh-point-{q}")
+    assert p.page.get_attribute("#lsh-viz", "data-query") == str(q)
+    p.page.focus("#lsh-rounds")
+    for r in range(1, ref["inputs"]["rounds"] + 1):
+        if r > 1:
+            p.page.keyboard.press("ArrowRight")
+        by = ref["by_rounds"][r - 1]
+        assert p.value("#lsh-mass") == by["mass"][q]
+        assert p.value("#lsh-error") == by["error"][q]
+        share = [j for j in range(ref["inputs"]["n"])
+                 if any(ref["buckets"][t][j] == ref["buckets"][t][q] for t in range(r))]
+        assert p.value("#lsh-keys") == len(share)
+        for j in range(ref["inputs"]["n"]):
+            assert p.page.get_attribute(f"#lsh-point-{j}", "data-bucket") == \
+                str(ref["buckets"][r - 1][j])
+    masses = [b["mass"][q] for b in ref["by_rounds"]]
+    assert masses == sorted(masses), "more rounds never lose keys"
 
 
 def test_search_works_from_the_file_system(open_page):
