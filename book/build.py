@@ -51,6 +51,7 @@ VISUALISATIONS = (  # (page file in book/pages/, title)
     ("attention-multihead-self.md", "Multi-head self-attention"),
     ("fa1-vs-fa2-parallelism.md", "FlashAttention-1 vs -2 parallelism"),
     ("attention-pattern-zoo.md", "Attention pattern zoo"),
+    ("attention-complexity-scaling.md", "Attention complexity scaling"),
     ("lsh-attention-bucketing.md", "LSH attention bucketing"),
 )
 TRACE_LABS = ("00", "01", "04", "07", "08")

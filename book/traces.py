@@ -727,6 +727,83 @@ def trace_lsh(impl: Any) -> dict:
             "by_rounds": by_rounds, "errors": errors}
 
 
+COMPLEXITY = {"sizes": [256, 512, 1024, 2048], "d": 16, "window": 64, "stride": 64, "block": 64,
+              "summary": 8, "random": 8, "bucket_size": 32, "rounds": 2, "rank": 64,
+              "features": 64}
+
+
+def _retrieval_errors(out: Any, exact: Any) -> tuple[Any, Any]:
+    """(relative error of the last row, RMS error over all rows) to 3 significant digits."""
+    if out is None or exact is None:
+        return None, None
+    out = np.asarray(out)
+    rel = np.linalg.norm(out[-1] - exact[-1]) / np.linalg.norm(exact[-1])
+    rms = np.sqrt(np.mean((out - exact) ** 2))
+    return float(f"{rel:.3g}"), float(f"{rms:.3g}")
+
+
+def trace_complexity(impl: Any) -> dict:
+    """Cost and error against N for each method of lab 10, with the settings of its README's
+    tables. Pairs scored: the masks' True cells (strided_mask, fixed_mask,
+    window_global_mask, bigbird_mask), the pairs sharing a bucket in some round
+    (lsh_buckets), N·k for Linformer. FLOPs and the largest intermediate (FP16) are
+    modelled here: 4·d FLOPs and 2 bytes per scored pair, plus Linformer's projections,
+    Performer's and linear attention's feature maps; exact attention's N x N matrix is
+    score_matrix_bytes. Errors: on provided.retrieval_task, against chunked_attention (exact),
+    for the retrieval row (relative) and over all rows (RMS)."""
+    c = COMPLEXITY
+    provided = load_lab_module(REPO / "labs" / LABS["10"], "provided")
+    d, errors = c["d"], []
+    rows: dict[str, dict[str, list]] = {}
+
+    def put(name: str, **values: Any) -> None:
+        for key, value in values.items():
+            rows.setdefault(name, {}).setdefault(key, []).append(value)
+    for n in c["sizes"]:
+        q, k, v, _ = provided.retrieval_task(n, d, seed=0)
+        n_buckets = max(2, 2 * (n // (2 * c["bucket_size"])))  # about bucket_size keys each
+        rot = provided.random_rotations(d, n_buckets, c["rounds"], 0)
+        pool = provided.mean_pooling_projection(c["rank"], n)
+        omega = provided.performer_omega(d, c["features"], seed=0)
+        masks = {"window + global": (impl.window_global_mask, (n, c["window"], [0]), {}),
+                 "BigBird": (impl.bigbird_mask, (n, c["window"], [0], c["random"]), {"seed": 0}),
+                 "strided": (impl.strided_mask, (n, c["stride"]), {"causal": False}),
+                 "fixed": (impl.fixed_mask, (n, c["block"], c["summary"]), {"causal": False})}
+        exact = _call(errors, impl.chunked_attention, q, k, v)
+        exact_out = None if exact is None else exact[0]
+        s_bytes = _call(errors, impl.score_matrix_bytes, n)
+        put("exact", pairs=n * n, flops=4 * d * n * n, bytes=s_bytes, error=0.0, rms=0.0)
+        put("chunked (exact)", pairs=n * n, flops=4 * d * n * n, bytes=2 * 64 * 64, error=0.0,
+            rms=0.0)
+        for name, (make, args, kw) in masks.items():
+            mask = _call(errors, make, *args, **kw)
+            pairs = None if mask is None else int(np.asarray(mask).sum())
+            res = _call(errors, impl.sparse_attention, q, k, v, mask) if mask is not None else None
+            e, r = _retrieval_errors(None if res is None else res[0], exact_out)
+            put(name, pairs=pairs, flops=None if pairs is None else 4 * d * pairs,
+                bytes=None if pairs is None else 2 * pairs, error=e, rms=r)
+        h = _call(errors, impl.lsh_buckets, np.random.default_rng(0).standard_normal((n, d)), rot)
+        pairs = None if h is None else int((h[:, :, None] == h[:, None, :]).any(axis=0).sum())
+        res = _call(errors, impl.lsh_attention, q, k, v, rot)
+        e, r = _retrieval_errors(None if res is None else res[0], exact_out)
+        put("LSH", pairs=pairs, flops=None if pairs is None else 4 * d * pairs,
+            bytes=None if pairs is None else 2 * pairs, error=e, rms=r)
+        out = _call(errors, impl.linformer_attention, q, k, v, pool, pool)
+        e, r = _retrieval_errors(out, exact_out)
+        put("Linformer", pairs=n * c["rank"], flops=8 * n * c["rank"] * d,
+            bytes=2 * n * c["rank"], error=e, rms=r)
+        out = _call(errors, impl.performer_attention, q, k, v, omega)
+        e, r = _retrieval_errors(out, exact_out)
+        put("Performer", pairs=0, flops=8 * n * d * c["features"], bytes=4 * n * c["features"],
+            error=e, rms=r)
+        out = _call(errors, impl.linear_attention_parallel, q, k, v, causal=False)
+        e, r = _retrieval_errors(out, exact_out)
+        put("linear (elu + 1)", pairs=0, flops=8 * n * d * d, bytes=2 * (d * d + d), error=e,
+            rms=r)
+    methods = [{"name": name, **values} for name, values in rows.items()]  # in this order
+    return {"lab": "10", "inputs": c, "methods": methods, "errors": errors}
+
+
 # ---- lab 07: a block pool for a request stream -----------------------------------------------
 
 POOL = {"num_blocks": 10, "block_size": 4}
@@ -822,7 +899,8 @@ BUILDERS = {"00": trace_lab00, "01": trace_lab01, "04": trace_lab04, "06": trace
 # Reference-only traces of other pages: name -> (lab, builder).
 EXTRA = {"ring": ("04", trace_ring), "window": ("06", trace_window),
          "memory": ("00", trace_memory), "fagrid": ("00", trace_fagrid),
-         "bahdanau": ("08", trace_bahdanau), "zoo": ("10", trace_zoo), "lsh": ("10", trace_lsh)}
+         "bahdanau": ("08", trace_bahdanau), "zoo": ("10", trace_zoo), "lsh": ("10", trace_lsh),
+         "complexity": ("10", trace_complexity)}
 DIFFS = {"00": diff_lab00, "01": diff_lab01, "04": diff_lab04, "07": diff_lab07,
          "08": diff_lab08}
 # Labs whose trace feeds several pages: each page shows its own first difference.

@@ -16,6 +16,7 @@ import gzip
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -30,7 +31,8 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
 VIZ = ("flash-attention-tiling", "paged-attention-blocks", "kv-cache-evolution", "split-kv-merge",
        "ring-attention-rotation", "gpu-memory-hierarchy", "sliding-window-receptive-field",
        "attention-scoring-functions", "attention-bahdanau-alignment", "attention-multihead-self",
-       "fa1-vs-fa2-parallelism", "attention-pattern-zoo", "lsh-attention-bucketing")
+       "fa1-vs-fa2-parallelism", "attention-pattern-zoo", "lsh-attention-bucketing",
+       "attention-complexity-scaling")
 PAGE_BUDGET = 200 * 1024  # bytes, gzipped
 pytestmark = pytest.mark.timeout(600)  # the first test may apt-get install chromium
 ACC_LINE = "            acc = alpha[:, None] * acc + p @ v[k0:k1]"
@@ -524,6 +526,26 @@ def test_lsh_buckets_and_mass_are_lab_10s(open_page):
                 str(ref["buckets"][r - 1][j])
     masses = [b["mass"][q] for b in ref["by_rounds"]]
     assert masses == sorted(masses), "more rounds never lose keys"
+
+
+def test_complexity_scaling_shows_lab_10s_costs_and_errors_at_each_n(open_page):
+    ref = reference("complexity")
+    sizes = ref["inputs"]["sizes"]
+    p = open_page("viz/attention-complexity-scaling.html")
+    p.page.select_option("#complexity-metric", "error")
+    assert p.page.get_attribute("#complexity-viz", "data-metric") == "error"
+    p.page.focus("#complexity-n")
+    p.page.keyboard.press("Home")
+    for k, n in enumerate(sizes):
+        if k:
+            p.page.keyboard.press("ArrowRight")
+        assert p.page.get_attribute("#complexity-viz", "data-n") == str(n)
+        for m in ref["methods"]:
+            slug = re.sub(r"[^a-z0-9]+", "-", m["name"], flags=re.I).lower()  # as the page
+            for field in ("flops", "bytes", "error", "rms"):
+                assert p.value(f"#complexity-{field}-{slug}") == m[field][k], (n, m["name"])
+    exact = next(m for m in ref["methods"] if m["name"] == "exact")
+    assert exact["flops"][-1] / exact["flops"][0] == (sizes[-1] / sizes[0]) ** 2
 
 
 def test_search_works_from_the_file_system(open_page):
