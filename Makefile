@@ -45,7 +45,7 @@ help::
 	@echo "make check-setup     resolve the pins for Linux/macOS/Windows x Python 3.10-3.13 (PyPI, minutes)"
 	@echo "make test-no-triton  the suite as a Mac or Windows laptop runs it (triton unimportable)"
 	@echo "make book            build the web book with its visualisations into build/book/"
-	@echo "make trace LAB=00    run your starter.py on a visualisation's inputs (labs 00, 01, 04, 07, 08)"
+	@echo "make trace LAB=00    run your starter.py on a visualisation's inputs (labs 00, 01, 04, 07, 08, 10)"
 
 # One stamp per requirements file: a second `make test` installs nothing.
 # --only-binary: every pin has a wheel for every supported laptop (make check-setup), so
@@ -79,7 +79,7 @@ book: $(DEPS) $(BOOK_DEPS)
 
 # Your starter.py on a visualisation's inputs, beside the reference (book/README.md).
 trace: $(DEPS)
-	@test -n "$(LAB)" || { echo "usage: make trace LAB=00 (labs 00, 01, 04, 07, 08)"; exit 2; }
+	@test -n "$(LAB)" || { echo "usage: make trace LAB=00 (labs 00, 01, 04, 07, 08, 10)"; exit 2; }
 	@echo ">> running your starter.py (lab $(LAB)) on the visualisation's inputs"
 	LAB_IMPL=starter $(PY) -m book.traces --impl starter --lab $(LAB)
 

@@ -54,7 +54,7 @@ VISUALISATIONS = (  # (page file in book/pages/, title)
     ("attention-complexity-scaling.md", "Attention complexity scaling"),
     ("lsh-attention-bucketing.md", "LSH attention bucketing"),
 )
-TRACE_LABS = ("00", "01", "04", "07", "08")
+TRACE_LABS = ("00", "01", "04", "07", "08", "10")
 LINK = re.compile(r"(!?)\[((?:[^\[\]]|\[[^\]]*\])*)\]\(([^()\s]+(?:\([^()]*\))?[^()\s]*)"
                   r"(\s+\"[^\"]*\")?\)")
 REF_DEF = re.compile(r"^(\s{0,3}\[[^\]]+\]:\s*)(\S+)(.*)$", re.M)

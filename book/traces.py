@@ -42,7 +42,7 @@ LABS = {
     "08": "lab-08-attention-from-scratch",
     "10": "lab-10-approximate-attention",
 }
-TRACEABLE = ("00", "01", "04", "07", "08")  # the labs `make trace` runs on a starter
+TRACEABLE = ("00", "01", "04", "07", "08", "10")  # the labs `make trace` runs on a starter
 REFERENCE_DIR = REPO / "book" / "viz" / "traces"
 TOL = 1e-9
 BYTES = 2  # fp16/bf16 elements, as on a GPU
@@ -652,7 +652,7 @@ def diff_multihead(mine: dict, ref: dict) -> dict | None:
 ZOO = {"n": 16, "d": 4, "seed": 10}
 
 
-def trace_zoo(impl: Any) -> dict:
+def trace_zoo(impl: Any, errors: list[str]) -> dict:
     """Lab 10's sparse masks on 16 tokens (strided_mask, fixed_mask, window_global_mask,
     bigbird_mask), the pairs each scores, and sparse_attention on each pattern against the
     exact answer on random q, k, v (chunked_attention; sparse_attention on the full causal
@@ -661,7 +661,6 @@ def trace_zoo(impl: Any) -> dict:
     n = p["n"]
     rng = np.random.default_rng(p["seed"])
     q, k, v = (rng.standard_normal((n, p["d"])) for _ in range(3))
-    errors: list[str] = []
     causal = np.tril(np.ones((n, n), bool))
     exact = {False: _call(errors, impl.chunked_attention, q, k, v),  # bidirectional
              True: _call(errors, impl.sparse_attention, q, k, v, causal)}  # = dense causal
@@ -690,13 +689,13 @@ def trace_zoo(impl: Any) -> dict:
                                                     for r in m],
                     "pairs": None if m is None else int(m.sum()),
                     "relative_error": None if err is None else _r(err)})
-    return {"lab": "10", "inputs": p, "patterns": out, "all_pairs": n * n, "errors": errors}
+    return {"inputs": p, "patterns": out, "all_pairs": n * n}
 
 
 LSH = {"n": 16, "n_buckets": 4, "rounds": 3, "seed": 3}
 
 
-def trace_lsh(impl: Any) -> dict:
+def trace_lsh(impl: Any, errors: list[str]) -> dict:
     """Reformer's angular LSH on 16 two-dimensional vectors (so the plane shows the
     buckets): lab 10's lsh_buckets with provided.random_rotations, per round; then, for 1, 2
     and 3 rounds, each query's lsh_mass_captured and lsh_attention's output against
@@ -710,7 +709,6 @@ def trace_lsh(impl: Any) -> dict:
     x = x * 2.0  # sharper softmax: most of a query's mass is on its angular neighbours
     v = rng.standard_normal((p["n"], 2))
     rot = provided.random_rotations(2, p["n_buckets"], p["rounds"], seed=p["seed"])
-    errors: list[str] = []
     buckets = _call(errors, impl.lsh_buckets, x, rot)  # [rounds, n]
     exact = _call(errors, impl.chunked_attention, x, x, v)
     by_rounds = []
@@ -722,9 +720,53 @@ def trace_lsh(impl: Any) -> dict:
             err = np.linalg.norm(res[0] - exact[0], axis=1) / np.linalg.norm(exact[0], axis=1)
         by_rounds.append({"rounds": r, "mass": None if mass is None else _r(mass, 4),
                           "error": None if err is None else _r(err, 4)})
-    return {"lab": "10", "inputs": p, "x": _r(x, 4), "rotations": _r(rot, 4),
+    return {"inputs": p, "x": _r(x, 4), "rotations": _r(rot, 4),
             "buckets": None if buckets is None else np.asarray(buckets).tolist(),
-            "by_rounds": by_rounds, "errors": errors}
+            "by_rounds": by_rounds}
+
+
+def trace_lab10(impl: Any) -> dict:
+    """The pattern zoo's and the LSH page's traces (one learner's run feeds both pages)."""
+    errors: list[str] = []
+    return {"lab": "10", "zoo": trace_zoo(impl, errors), "lsh": trace_lsh(impl, errors),
+            "errors": errors}
+
+
+def diff_zoo(mine: dict, ref: dict) -> dict | None:
+    """The first pattern (its index) whose mask, then whose sparse_attention, differs."""
+    for n, (a, b) in enumerate(zip(mine["zoo"]["patterns"], ref["zoo"]["patterns"])):
+        if a["rows"] != b["rows"]:
+            row = next((i for i, r in enumerate(b["rows"])
+                        if a["rows"] is None or a["rows"][i] != r), 0)
+            return {"step": n, "page": "zoo", "field": "mask", "row": row,
+                    "yours": None if a["rows"] is None else a["rows"][row],
+                    "reference": b["rows"][row], "where": f"{b['call']}, query {row}"}
+        if not _close(a["relative_error"], b["relative_error"]):
+            return {"step": n, "page": "zoo", "field": "sparse_attention",
+                    "yours": a["relative_error"], "reference": b["relative_error"],
+                    "where": f"sparse_attention on {b['name']}"}
+    return None
+
+
+def diff_lsh(mine: dict, ref: dict) -> dict | None:
+    """The first round (index) whose buckets differ, else the first number of rounds whose
+    mass captured or lsh_attention differs."""
+    a, b = mine["lsh"], ref["lsh"]
+    for r in range(len(b["buckets"])):
+        if a["buckets"] is None or a["buckets"][r] != b["buckets"][r]:
+            return {"step": r, "page": "lsh", "field": "lsh_buckets",
+                    "yours": None if a["buckets"] is None else a["buckets"][r],
+                    "reference": b["buckets"][r], "where": f"round {r + 1}"}
+    for r, (x, y) in enumerate(zip(a["by_rounds"], b["by_rounds"])):
+        for field, name in (("mass", "lsh_mass_captured"), ("error", "lsh_attention")):
+            if not _close(x[field], y[field]):
+                return {"step": r, "page": "lsh", "field": name, "yours": x[field],
+                        "reference": y[field], "where": f"{r + 1} round{'s' if r else ''}"}
+    return None
+
+
+def diff_lab10(mine: dict, ref: dict) -> dict | None:
+    return diff_zoo(mine, ref) or diff_lsh(mine, ref)
 
 
 COMPLEXITY = {"sizes": [256, 512, 1024, 2048], "d": 16, "window": 64, "stride": 64, "block": 64,
@@ -895,16 +937,16 @@ def diff_lab07(mine: dict, ref: dict) -> dict | None:
 # ---- shared ----------------------------------------------------------------------------------
 
 BUILDERS = {"00": trace_lab00, "01": trace_lab01, "04": trace_lab04, "06": trace_lab06,
-            "07": trace_lab07, "08": trace_lab08}
+            "07": trace_lab07, "08": trace_lab08, "10": trace_lab10}
 # Reference-only traces of other pages: name -> (lab, builder).
 EXTRA = {"ring": ("04", trace_ring), "window": ("06", trace_window),
          "memory": ("00", trace_memory), "fagrid": ("00", trace_fagrid),
-         "bahdanau": ("08", trace_bahdanau), "zoo": ("10", trace_zoo), "lsh": ("10", trace_lsh),
-         "complexity": ("10", trace_complexity)}
+         "bahdanau": ("08", trace_bahdanau), "complexity": ("10", trace_complexity)}
 DIFFS = {"00": diff_lab00, "01": diff_lab01, "04": diff_lab04, "07": diff_lab07,
-         "08": diff_lab08}
+         "08": diff_lab08, "10": diff_lab10}
 # Labs whose trace feeds several pages: each page shows its own first difference.
-PAGE_DIFFS = {"08": {"scoring": diff_scoring, "multihead": diff_multihead}}
+PAGE_DIFFS = {"08": {"scoring": diff_scoring, "multihead": diff_multihead},
+              "10": {"zoo": diff_zoo, "lsh": diff_lsh}}
 
 
 def _close(a: Any, b: Any) -> bool:
@@ -962,7 +1004,7 @@ def build(lab: str, impl_name: str, lab_dir: pathlib.Path | None = None) -> dict
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--impl", default="solution", choices=("solution", "starter"))
-    ap.add_argument("--lab", action="append", help="00, 01, 04, 06, 07 or 08 (default: all)")
+    ap.add_argument("--lab", action="append", help="00, 01, 04, 06, 07, 08 or 10 (default: all)")
     ap.add_argument("--lab-dir", type=pathlib.Path, help="the lab folder to load (tests)")
     ap.add_argument("--out", type=pathlib.Path, default=None)
     args = ap.parse_args(argv)
@@ -1004,7 +1046,8 @@ def _show_in_book(path: pathlib.Path, lab: str) -> None:
     """Put the learner's trace into the built book, if there is one, and say which pages."""
     pages = {"00": ["flash-attention-tiling"], "01": ["paged-attention-blocks"],
              "04": ["split-kv-merge"], "07": ["paged-attention-blocks"],
-             "08": ["attention-scoring-functions", "attention-multihead-self"]}[lab]
+             "08": ["attention-scoring-functions", "attention-multihead-self"],
+             "10": ["attention-pattern-zoo", "lsh-attention-bucketing"]}[lab]
     book = REPO / "build" / "book" / "viz"
     names = " and ".join(f"build/book/viz/{page}.html" for page in pages)
     if (book / "traces").is_dir():

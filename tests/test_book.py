@@ -38,6 +38,8 @@ pytestmark = pytest.mark.timeout(600)  # the first test may apt-get install chro
 ACC_LINE = "            acc = alpha[:, None] * acc + p @ v[k0:k1]"
 SCALE_LINE = "    scaled = raw / math.sqrt(d)"  # lab 08: a starter that divides by d instead
 KPM_LINE = "    return ~key_padding_mask[:, None, None, :]"  # and reads the padding mask backwards
+STRIDE_LINE = "    mask = (np.abs(i - j) < stride) | ((i - j) % stride == 0)"  # lab 10
+STRIDE_WRONG = STRIDE_LINE.replace("(i - j) % stride", "j % stride")  # absolute, not relative
 
 sys.path.insert(0, str(ROOT))
 from book.build import main as build_main  # noqa: E402
@@ -65,8 +67,8 @@ def reference(lab: str) -> dict:
 
 @pytest.fixture(scope="module")
 def book(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
-    """The book, built as `make book` builds it, with wrong lab-00 and lab-08 starters'
-    traces."""
+    """The book, built as `make book` builds it, with wrong lab-00, lab-08 and lab-10
+    starters' traces."""
     pytest.importorskip("mkdocs", reason="the book's tools are not installed: `make test` "
                         "installs requirements-book.txt")
     pytest.importorskip("material", reason="mkdocs-material is not installed "
@@ -95,6 +97,16 @@ def book(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
         (lab / "starter.py").write_text(code.replace(KPM_LINE, KPM_LINE.replace("~", "")))
         (lab / "solution.py").unlink()
         assert traces_main(["--impl", "starter", "--lab", "08", "--lab-dir", str(lab),
+                            "--out", str(traces)]) == 0
+    solution = ROOT / "labs" / "lab-10-approximate-attention" / "solution.py"
+    if solution.is_file():  # strided_mask: every stride-th key counted from 0, not from i
+        lab = tmp / solution.parent.name
+        shutil.copytree(solution.parent, lab, ignore=shutil.ignore_patterns("__pycache__"))
+        code = solution.read_text()
+        assert STRIDE_LINE in code, "the planted mistake no longer applies to lab 10's solution"
+        (lab / "starter.py").write_text(code.replace(STRIDE_LINE, STRIDE_WRONG))
+        (lab / "solution.py").unlink()
+        assert traces_main(["--impl", "starter", "--lab", "10", "--lab-dir", str(lab),
                             "--out", str(traces)]) == 0
     out = ROOT / "build" / "book-test"
     assert build_main(["--out", str(out), "--src", str(tmp / "src"),
@@ -490,7 +502,7 @@ def test_fa1_vs_fa2_programs_come_from_lab_00s_launch_grid(open_page):
 
 
 def test_pattern_zoo_shows_lab_10s_masks_and_their_errors(open_page):
-    ref = reference("zoo")
+    ref = reference("10")["zoo"]
     p = open_page("viz/attention-pattern-zoo.html")
     p.page.focus("#zoo-pattern-0")
     for i, pt in enumerate(ref["patterns"]):
@@ -503,10 +515,20 @@ def test_pattern_zoo_shows_lab_10s_masks_and_their_errors(open_page):
         for i_, j in ((n - 1, 0), (n - 1, n - 1), (0, n - 1), (5, 2)):
             assert p.page.get_attribute(f"#zoo-cell-{i_}-{j}", "data-value") == pt["rows"][i_][j]
     assert ref["patterns"][0]["relative_error"] == 0, "the dense pattern is exact"
+    if (ROOT / "labs" / "lab-10-approximate-attention" / "solution.py").is_file():
+        # the planted strided_mask (j % stride) first differs on the strided pattern
+        strided = next(i for i, pt in enumerate(ref["patterns"]) if pt["name"] == "strided")
+        assert int(p.page.get_attribute("#starter-10", "data-first-diff")) == strided
+        p.page.click("#starter-10 [data-action=goto-diff]")
+        assert p.page.get_attribute("#zoo-viz", "data-pattern") == "strided"
+        # query 5 sees key 1 (4 back), not key 0 (5 back): the planted mask has it the other way
+        assert p.page.get_attribute("#zoo-cell-5-1", "data-yours") == "0"
+        assert p.page.get_attribute("#zoo-cell-5-0", "data-yours") == "1"
+        assert p.page.locator("#zoo-viz rect[data-yours]").count() > 0
 
 
 def test_lsh_buckets_and_mass_are_lab_10s(open_page):
-    ref = reference("lsh")
+    ref = reference("10")["lsh"]
     p = open_page("viz/lsh-attention-bucketing.html")
     q = 4
     p.page.click(f"#lsh-point-{q}")
@@ -589,6 +611,7 @@ PLANTED = {
     "07": ("        copy_on_write = self._must_copy(table, num_tokens, n)",
            "        copy_on_write = 0", "tables"),
     "08": (SCALE_LINE, "    scaled = raw / d", "scale_experiment"),
+    "10": (STRIDE_LINE, STRIDE_WRONG, "mask"),
 }
 
 
@@ -599,12 +622,14 @@ def expected_step(lab: str) -> int:
         return len(reference("04")["partitions"])  # partitions are right; the first merge is not
     if lab == "08":
         return reference("08")["inputs"]["dims"].index(2)  # at d = 1, d and sqrt(d) agree
+    if lab == "10":  # the dense pattern is right; the strided one is not
+        return [pt["name"] for pt in reference("10")["zoo"]["patterns"]].index("strided")
     return next(n for n, ev in enumerate(reference("07")["events"]) if ev.get("copies"))
 
 
 @pytest.mark.parametrize("lab", sorted(PLANTED))
 def test_make_trace_finds_the_first_step_a_planted_mistake_changes(tmp_path, lab):
-    """`make trace LAB=nn` for labs 01, 04, 07, 08 (lab 00: in the browser test above)."""
+    """`make trace LAB=nn` for labs 01, 04, 07, 08, 10 (lab 00: in the browser test above)."""
     folder = next((ROOT / "labs").glob(f"lab-{lab}-*"))
     if not (folder / "solution.py").is_file():
         pytest.skip("the mistake is planted in a copy of solution.py (instructor's tree)")
@@ -622,13 +647,15 @@ def test_make_trace_finds_the_first_step_a_planted_mistake_changes(tmp_path, lab
     assert diff is not None and (diff["step"], diff["field"]) == (expected_step(lab), field), diff
     if lab == "08":
         assert trace["page_diffs"]["multihead"] is None, "the scale mistake leaves the masks"
+    if lab == "10":
+        assert trace["page_diffs"]["lsh"] is None, "a wrong strided mask leaves the buckets"
     (copy / "starter.py").write_text(code)  # the reference itself: no difference anywhere
     assert traces_main(["--impl", "starter", "--lab", lab, "--lab-dir", str(copy),
                         "--out", str(tmp_path)]) == 0
     assert read_script(tmp_path / f"lab{lab}-starter.js")["first_diff"] is None
 
 
-@pytest.mark.parametrize("lab", ["00", "01", "04", "07", "08"])
+@pytest.mark.parametrize("lab", ["00", "01", "04", "07", "08", "10"])
 def test_an_untouched_starter_is_traced_with_its_todo(tmp_path, lab):
     assert traces_main(["--impl", "starter", "--lab", lab, "--out", str(tmp_path)]) == 0
     trace = read_script(tmp_path / f"lab{lab}-starter.js")

@@ -1,11 +1,15 @@
-/* Attention pattern zoo: lab 10's sparse masks on 16 tokens (traces/zoo-reference.js):
+/* Attention pattern zoo: lab 10's sparse masks on 16 tokens (the "zoo" part of
+ * traces/lab10-reference.js), and your starter's when `make trace LAB=10` made one:
  * which (query, key) pairs each pattern scores, how many, and sparse_attention's error
  * against exact attention on random inputs. Choosing a pattern only picks a traced mask. */
 (function () {
   "use strict";
   const V = window.Viz;
   const root = document.getElementById("zoo-viz");
-  const ref = V.trace("zoo-reference");
+  const ref = V.trace("lab10-reference").zoo;
+  const starter = V.trace("lab10-starter");
+  const mine = starter && starter.page_diffs ? Object.assign({}, starter, { first_diff: starter.page_diffs.zoo }) : starter;
+  const minePatterns = starter && starter.zoo ? starter.zoo.patterns : null;
   const n = ref.inputs.n;
   const state = { k: 0 };
 
@@ -27,6 +31,9 @@
   const side = V.h("div", { class: "viz-side" });
   main.appendChild(side);
   root.appendChild(main);
+  const wide = V.h("div", { class: "viz-wide" });
+  root.appendChild(wide);
+  V.starterPanel(wide, "10", mine, function (k) { document.getElementById("zoo-pattern-" + k).click(); });
 
   function render() {
     const pt = ref.patterns[state.k];
@@ -39,12 +46,15 @@
       if (i % 4 === 0) V.s("text", { x: 12, y: y0 + i * c + 14 }, svg, "q" + i);
       for (let j = 0; j < n; j++) {
         const on = pt.rows && pt.rows[i][j] === "1";
+        const yours = minePatterns && minePatterns[state.k].rows ? minePatterns[state.k].rows[i][j] : null;
+        const differs = yours !== null && yours !== (on ? "1" : "0");
         V.s("rect", { x: x0 + j * c, y: y0 + i * c, width: c - 2, height: c - 2, rx: 2,
-          fill: on ? "#4e79a7" : "#f1f1f1", id: "zoo-cell-" + i + "-" + j, "data-value": on ? "1" : "0" }, svg);
+          fill: on ? "#4e79a7" : "#f1f1f1", id: "zoo-cell-" + i + "-" + j, "data-value": on ? "1" : "0",
+          stroke: differs ? "#d62728" : null, "stroke-width": differs ? 2.5 : null, "data-yours": differs ? yours : null }, svg);
       }
     }
     V.legend(svg, 10, y0 + n * c + 12, [{ color: "#4e79a7", label: "scored: query i reads key j" },
-      { color: "#f1f1f1", label: "skipped: never read" }], 400);
+      { color: "#f1f1f1", label: "skipped: never read" }, { color: "#fff", stroke: "#d62728", label: "your mask differs" }], 400);
     V.clear(side);
     const dl = V.h("dl", { class: "viz-counters" });
     [["pairs scored", V.num(pt.pairs, 0, { id: "zoo-pairs" })],

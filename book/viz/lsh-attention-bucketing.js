@@ -1,11 +1,14 @@
 /* LSH attention bucketing: lab 10's lsh_buckets on 16 two-dimensional vectors, per round,
  * and, for 1..R rounds, lsh_mass_captured and lsh_attention's error per query
- * (traces/lsh-reference.js). Which keys share a bucket is read off the traced bucket ids. */
+ * (the "lsh" part of traces/lab10-reference.js). Which keys share a bucket is read off the
+ * traced bucket ids. Your starter's first difference when `make trace LAB=10` made one. */
 (function () {
   "use strict";
   const V = window.Viz;
   const root = document.getElementById("lsh-viz");
-  const ref = V.trace("lsh-reference");
+  const ref = V.trace("lab10-reference").lsh;
+  const starter = V.trace("lab10-starter");
+  const mine = starter && starter.page_diffs ? Object.assign({}, starter, { first_diff: starter.page_diffs.lsh }) : starter;
   const n = ref.inputs.n, R = ref.inputs.rounds;
   const COLORS = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#b07aa1", "#76b7b2"];
   const state = { rounds: 1, query: 0 };
@@ -29,6 +32,9 @@
   const side = V.h("div", { class: "viz-side" });
   main.appendChild(side);
   root.appendChild(main);
+  const wide = V.h("div", { class: "viz-wide" });
+  root.appendChild(wide);
+  V.starterPanel(wide, "10", mine, function (k) { rIn.value = k + 1; state.rounds = k + 1; render(); });
 
   function attended(q) { // keys sharing q's bucket in any of the first `rounds` rounds
     const keys = [];
