@@ -29,6 +29,9 @@ pytestmark = [
 ]
 
 SENTINEL = -7777.0
+# Margin around every buffer: wider than any tile of these tests sticks out past its data, so
+# a missing mask reads NaN or writes into the margin (never past the allocation).
+PAD = 32
 ATOL, RTOL = tolerance("float32")
 
 STORE_OUTSIDE = (
@@ -93,7 +96,7 @@ M_STARTS_AT_ZERO = (
 # ---- buffers: NaN around inputs, a sentinel around outputs ------------------------------------
 
 
-def _buffer(rows: int, cols: int, fill: float, layout: str, pad=(3, 5)):
+def _buffer(rows: int, cols: int, fill: float, layout: str, pad=(PAD, PAD)):
     import torch
 
     from common.triton_env import DEVICE
@@ -109,7 +112,7 @@ def poisoned(data: np.ndarray, layout: str = "row"):
     import torch
 
     if data.ndim == 1:
-        buf = _buffer(1, data.shape[0], float("nan"), "row", pad=(0, 7))[0].contiguous()
+        buf = _buffer(1, data.shape[0], float("nan"), "row", pad=(0, 2 * PAD))[0].contiguous()
         buf[: data.shape[0]] = torch.from_numpy(data).float()
         return buf
     buf = _buffer(*data.shape, float("nan"), layout)
@@ -120,8 +123,8 @@ def poisoned(data: np.ndarray, layout: str = "row"):
 def sentinel(rows: int, cols: int | None = None, layout: str = "row"):
     """An output buffer bigger than ``rows x cols`` (or ``rows``), all sentinel."""
     if cols is None:
-        return _buffer(1, rows, SENTINEL, "row", pad=(0, 7))[0].contiguous()
-    return _buffer(rows, cols, SENTINEL, layout, pad=(2, 4))
+        return _buffer(1, rows, SENTINEL, "row", pad=(0, 2 * PAD))[0].contiguous()
+    return _buffer(rows, cols, SENTINEL, layout)
 
 
 def check_region(buf, want, what: str, wrong_answers=None, nan_hint: str = NAN_READ,
@@ -421,13 +424,13 @@ def test_9_online_softmax_with_every_score_far_below_zero():
 def test_launchers_reject_bad_input_naming_the_argument():
     a = poisoned(rand(0, 20, 20))
     with pytest.raises(ValueError, match=r"\bout\b"):
-        impl.matmul(a, a, sentinel(8, 8), 20, 20, 20)
+        impl.matmul(a, a, sentinel(8, 8), 45, 45, 45)  # a is 52 x 52, out 40 x 40
     with pytest.raises(ValueError, match=r"\bblock_m\b"):
         impl.matmul(a, a, sentinel(20, 20), 20, 20, 20, block_m=24)
     with pytest.raises(ValueError, match=r"\bblock_k\b"):
         impl.matmul(a, a, sentinel(20, 20), 20, 20, 20, block_k=8)
     with pytest.raises(ValueError, match=r"\bx\b"):
-        impl.transpose(a, sentinel(30, 30), 30, 20)  # x has 23 rows
+        impl.transpose(a, sentinel(60, 60), 60, 20)  # x has 52 rows
     with pytest.raises(ValueError, match=r"\bblock_n\b"):
         impl.softmax_rows(a, sentinel(20, 20), 20, 20, block_n=16)  # 20 columns > 16 lanes
 
