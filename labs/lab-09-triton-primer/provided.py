@@ -170,23 +170,33 @@ class Trace:
 
     accesses: list[Access] = field(default_factory=list)
 
-    def touched(self, t: Any, kind: str) -> dict[tuple[int, int, int], np.ndarray]:
-        """``{program id: sorted flat element indices of t's storage}`` that each program
-        loaded (``kind="load"``) or stored, counting only lanes whose mask was True.
+    def elements(self, t: Any, kind: str) -> list[tuple[tuple[int, int, int], np.ndarray]]:
+        """``[(program id, flat element indices of t)]``, one entry per ``tl.load`` (``kind=
+        "load"``) or ``tl.store`` that touched ``t``, in the order they ran; only lanes
+        whose mask was True count.
 
-        Indices count elements from the start of ``t``'s buffer (``t.data_ptr()``), so for
-        a 2-D buffer element ``(i, j)`` is ``i * t.stride(0) + j * t.stride(1)``.
+        Indices count elements from ``t.data_ptr()``: in a 2-D buffer, element ``(i, j)``
+        is ``i * t.stride(0) + j * t.stride(1)``.
         """
-        base, item = t.data_ptr(), t.element_size()
+        item = t.element_size()
+        base = t.data_ptr()
         end = base + (t.untyped_storage().nbytes() - t.storage_offset() * item)
-        out: dict[tuple[int, int, int], set[int]] = {}
+        out = []
         for a in self.accesses:
             if a.kind != kind:
                 continue
             addr = a.addresses[a.mask].astype(np.int64)
             addr = addr[(addr >= base) & (addr < end)]
             if addr.size:
-                out.setdefault(a.program, set()).update(((addr - base) // item).tolist())
+                out.append((a.program, np.unique((addr - base) // item)))
+        return out
+
+    def touched(self, t: Any, kind: str) -> dict[tuple[int, int, int], np.ndarray]:
+        """``{program id: sorted flat element indices of t}`` that each program loaded
+        (``kind="load"``) or stored, over all its accesses (see :meth:`elements`)."""
+        out: dict[tuple[int, int, int], set[int]] = {}
+        for program, ix in self.elements(t, kind):
+            out.setdefault(program, set()).update(ix.tolist())
         return {p: np.array(sorted(ix), dtype=np.int64) for p, ix in sorted(out.items())}
 
 
