@@ -11,8 +11,9 @@ buffer ``out`` as an argument, and must touch nothing outside ``[:n]`` (or ``[:m
 Matrices may have any strides (a padded row, a column-major view). The given code (input
 checks, tile sizes, the memory recorder) is in ``provided.py``.
 
-Your work: every kernel (its steps are comments in its body) and every launcher except
-``add_constant`` (given, complete: read it first). Then run
+Your work: every kernel (hints are comments in its body) and every launcher except
+``add_constant`` (given, complete: read it first). The README walks through each puzzle
+with a worked example. Then run
 
     LAB_IMPL=starter .venv/bin/python -m pytest labs/lab-09-triton-primer -q
     make grade LAB=09                                 (the same, with a score table)
@@ -38,11 +39,11 @@ provided = load_lab_module(__file__, "provided")
 @triton.jit
 def _add_constant_kernel(X, Out, n, c, BLOCK: tl.constexpr):
     """One program: ``Out[i] = X[i] + c`` for ``i < n``; ``BLOCK >= n`` lanes, the rest off."""
-    # TODO, step by step:
-    #   1. offs = tl.arange(0, BLOCK): the lane numbers 0 .. BLOCK-1
-    #   2. mask = offs < n: lanes past the data must neither load nor store
-    #   3. x = tl.load(X + offs, mask=mask); tl.store(Out + offs, x + c, mask=mask)
-    tl.static_assert(False, "TODO: write _add_constant_kernel (steps above)")
+    # TODO:
+    #   the lane numbers of the program: tl.arange(0, BLOCK)
+    #   a mask that is True for the lanes that hold data (there are n of them)
+    #   load X at those lanes, add c, store to Out: both with the mask
+    tl.static_assert(False, "TODO: write _add_constant_kernel (hints above)")
 
 
 def add_constant(x: torch.Tensor, out: torch.Tensor, n: int, c: float, *,
@@ -69,11 +70,11 @@ def add_constant(x: torch.Tensor, out: torch.Tensor, n: int, c: float, *,
 @triton.jit
 def _add_vectors_kernel(X, Y, Out, n, BLOCK: tl.constexpr):
     """Program ``pid`` adds elements ``pid*BLOCK .. pid*BLOCK + BLOCK - 1`` (those ``< n``)."""
-    # TODO, step by step:
-    #   1. pid = tl.program_id(0): which block this program owns
-    #   2. offs = pid * BLOCK + tl.arange(0, BLOCK); mask = offs < n
-    #   3. load x and y with the mask, store x + y with the mask
-    tl.static_assert(False, "TODO: write _add_vectors_kernel (steps above)")
+    # TODO:
+    #   which block is mine: tl.program_id(0)
+    #   my offsets: the block's first element plus the lane numbers; the mask as in puzzle 1
+    #   load x and y, store their sum (every access masked)
+    tl.static_assert(False, "TODO: write _add_vectors_kernel (hints above)")
 
 
 def add_vectors(x: torch.Tensor, y: torch.Tensor, out: torch.Tensor, n: int, *,
@@ -85,10 +86,10 @@ def add_vectors(x: torch.Tensor, y: torch.Tensor, out: torch.Tensor, n: int, *,
         n: elements to add (any n, not a multiple of ``block``).
         block: elements per program (a power of two >= 16); None = the launcher's choice.
     """
-    # TODO, step by step:
-    #   1. n = provided.check_vector('x', x, n); check y and out the same way
-    #   2. block = provided.block_size('block', block, provided.default_tile('block', x))
-    #   3. if n: launch _add_vectors_kernel on a grid of cdiv(n, block) programs (a 1-tuple)
+    # TODO:
+    #   check x, y and out (provided.check_vector) and pick the block
+    #   (provided.block_size with provided.default_tile('block', x) as the default)
+    #   launch _add_vectors_kernel on a 1-D grid with enough programs to cover n (n > 0)
     raise NotImplementedError("TODO: launch cdiv(n, block) programs of _add_vectors_kernel")
 
 
@@ -105,12 +106,13 @@ def _transpose_kernel(
 ):
     """Program ``(pid_m, pid_n)`` moves the ``[BLOCK_M, BLOCK_N]`` tile of X at rows
     ``pid_m*BLOCK_M …`` and columns ``pid_n*BLOCK_N …`` to Out, transposed."""
-    # TODO, step by step:
-    #   1. rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M); cols likewise on axis 1
-    #   2. mask = (rows[:, None] < m) & (cols[None, :] < n): a [BLOCK_M, BLOCK_N] tile of booleans
-    #   3. element (i, j) of X is at X + i * stride_xm + j * stride_xn (never assume stride_xm == n)
-    #   4. store the tile at Out + j * stride_om + i * stride_on, with the same mask
-    tl.static_assert(False, "TODO: write _transpose_kernel (steps above)")
+    # TODO:
+    #   rows of X from program axis 0, columns from axis 1 (as in puzzle 2, once per axis)
+    #   a [BLOCK_M, BLOCK_N] tile of addresses and of masks: broadcast rows[:, None] against
+    #   cols[None, :]; an address is a row times its stride plus a column times its stride
+    #   (the strides are arguments: a padded buffer's row stride is not n)
+    #   store the tile so that X's element (i, j) lands at row j, column i of Out
+    tl.static_assert(False, "TODO: write _transpose_kernel (hints above)")
 
 
 def transpose(x: torch.Tensor, out: torch.Tensor, m: int, n: int, *,
@@ -122,11 +124,11 @@ def transpose(x: torch.Tensor, out: torch.Tensor, m: int, n: int, *,
         out: a 2-D buffer of at least ``n x m`` (any strides).
         block_m, block_n: tile rows / columns of x (powers of two >= 16); None = default.
     """
-    # TODO, step by step:
-    #   1. m, n = provided.size('m', m), provided.size('n', n)
-    #   2. provided.check_matrix('x', x, m, n); provided.check_matrix('out', out, n, m, 'n', 'm')
-    #   3. block_m / block_n: provided.block_size(name, value, provided.default_tile(name, x))
-    #   4. if m and n: grid = (cdiv(m, block_m), cdiv(n, block_n)); pass *x.stride(), *out.stride()
+    # TODO:
+    #   check the sizes (provided.size) and both buffers (provided.check_matrix:
+    #   out holds n rows of m) and pick block_m and block_n as in add_vectors
+    #   a 2-D grid: enough programs on axis 0 for the rows, on axis 1 for the columns;
+    #   pass both tensors' strides (x.stride() gives them)
     raise NotImplementedError("TODO: a 2-D grid of tiles; pass both tensors' strides")
 
 
@@ -141,13 +143,12 @@ def _row_sum_max_kernel(
     BLOCK_N: tl.constexpr,
 ):
     """Program ``row`` reduces row ``row`` of X (``n <= BLOCK_N`` elements) to its sum and max."""
-    # TODO, step by step:
-    #   1. row = tl.program_id(0); cols = tl.arange(0, BLOCK_N); mask = cols < n
-    #   2. load the row (X + row * stride_xm + cols * stride_xn) with other=0.0
-    #      (0 is the pad of a sum)
-    #   3. store tl.sum(x, axis=0) at Sums + row
-    #   4. for the max the pad must be -inf: tl.max(tl.where(mask, x, float('-inf')), axis=0)
-    tl.static_assert(False, "TODO: write _row_sum_max_kernel (steps above)")
+    # TODO:
+    #   one program per row: the row from the program id, its columns from tl.arange
+    #   load the row with a mask; what the masked lanes hold must not change the result
+    #   tl.sum and tl.max reduce a tile (axis=0); a sum's neutral pad is 0, a max's is -inf
+    #   (tl.where(mask, x, value) replaces the masked lanes)
+    tl.static_assert(False, "TODO: write _row_sum_max_kernel (hints above)")
 
 
 def row_sum_max(x: torch.Tensor, sums: torch.Tensor, maxes: torch.Tensor, m: int, n: int, *,
@@ -160,10 +161,10 @@ def row_sum_max(x: torch.Tensor, sums: torch.Tensor, maxes: torch.Tensor, m: int
         sums, maxes: contiguous 1-D buffers of at least ``m`` elements.
         block_n: lanes per row (a power of two >= 16 and >= n); None = ``dot_tile(n)``.
     """
-    # TODO, step by step:
-    #   1. check m, n, x (check_matrix), sums and maxes (check_vector, m elements)
-    #   2. block_n = provided.whole_row_block('block_n', block_n, n)
-    #   3. if m: one program per row: grid (m,); pass *x.stride()
+    # TODO:
+    #   check x (m x n), sums and maxes (m elements each)
+    #   block_n must hold a whole row: provided.whole_row_block('block_n', block_n, n)
+    #   one program per row
     raise NotImplementedError("TODO: one program per row, the whole row in one block")
 
 
@@ -179,12 +180,12 @@ def _softmax_rows_kernel(
     BLOCK_N: tl.constexpr,
 ):
     """Program ``row`` writes ``softmax(X[row, :n])``; the row stays in registers throughout."""
-    # TODO, step by step:
-    #   1. row = tl.program_id(0); cols = tl.arange(0, BLOCK_N); mask = cols < n
-    #   2. load the row with other=float('-inf'): exp(-inf) = 0 keeps the pad out of the sum
-    #   3. z = x - tl.max(x, axis=0); num = tl.exp(z); den = tl.sum(num, axis=0)
-    #   4. store num / den with the mask (Out + row * stride_om + cols * stride_on)
-    tl.static_assert(False, "TODO: write _softmax_rows_kernel (steps above)")
+    # TODO:
+    #   one program per row, as in puzzle 4
+    #   load the row once; pick other= so that the masked lanes add nothing to the sum of exp
+    #   subtract the row max before tl.exp (exp of 100 overflows float32), sum, divide
+    #   store the row with the mask
+    tl.static_assert(False, "TODO: write _softmax_rows_kernel (hints above)")
 
 
 def softmax_rows(x: torch.Tensor, out: torch.Tensor, m: int, n: int, *,
@@ -195,9 +196,9 @@ def softmax_rows(x: torch.Tensor, out: torch.Tensor, m: int, n: int, *,
         x, out: 2-D buffers of at least ``m x n`` (any strides).
         block_n: lanes per row (a power of two >= 16 and >= n); None = ``dot_tile(n)``.
     """
-    # TODO, step by step:
-    #   1. check m, n, x and out (check_matrix); block_n = provided.whole_row_block(...)
-    #   2. if m and n: grid (m,); pass *x.stride(), *out.stride()
+    # TODO:
+    #   check x and out (m x n); block_n from provided.whole_row_block
+    #   one program per row (nothing to do if m or n is 0)
     raise NotImplementedError("TODO: one program per row, the whole row in one block")
 
 
@@ -216,12 +217,12 @@ def _small_matmul_kernel(
     DOT_PRECISION: tl.constexpr,
 ):
     """One program: ``Out = A @ B`` with every dim padded to its BLOCK (>= 16) by zeros."""
-    # TODO, step by step:
-    #   1. rm, rn, rk = tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_N), tl.arange(0, BLOCK_K)
-    #   2. load a [BLOCK_M, BLOCK_K] masked by rm < m and rk < k with other=0.0 (the pad must be 0)
-    #   3. load b [BLOCK_K, BLOCK_N] masked by rk < k and rn < n with other=0.0
-    #   4. c = tl.dot(a, b, input_precision=DOT_PRECISION); store it masked by rm < m and rn < n
-    tl.static_assert(False, "TODO: write _small_matmul_kernel (steps above)")
+    # TODO:
+    #   one program holds all of A, B and Out: tiles [BLOCK_M, BLOCK_K] and [BLOCK_K, BLOCK_N]
+    #   load both with masks on BOTH of their axes and other=0.0: the pad must be zeros
+    #   tl.dot(a, b, input_precision=DOT_PRECISION), then store the [BLOCK_M, BLOCK_N] result
+    #   where it holds data
+    tl.static_assert(False, "TODO: write _small_matmul_kernel (hints above)")
 
 
 def small_matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, m: int, n: int,
@@ -231,11 +232,10 @@ def small_matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, m: int, n:
     Each dim is padded to ``dot_tile(dim)`` (a power of two >= 16): ``tl.dot`` needs K >= 16
     on a GPU (and the course pads M and N to 16 too); masked loads fill the pad with zeros.
     """
-    # TODO, step by step:
-    #   1. check the sizes (each <= MAX_SMALL, else ValueError naming it) and a, b, out
-    #   2. if m and n: ONE program; BLOCK_M=dot_tile(m), BLOCK_N=dot_tile(n),
-    #      BLOCK_K=dot_tile(max(k, 1))
-    #   3. DOT_PRECISION=dot_precision(a.dtype)  (float32: 'ieee', exact products)
+    # TODO:
+    #   check the sizes (each at most MAX_SMALL, else ValueError naming it) and a,
+    #   b, out; ONE program whose tiles are dot_tile(dim) for each dim (at least 16)
+    #   DOT_PRECISION=dot_precision(a.dtype): float32 products in 'ieee' precision
     raise NotImplementedError("TODO: one program, every dim padded to dot_tile(dim)")
 
 
@@ -252,13 +252,13 @@ def _outer_accumulate_kernel(
 ):
     """Program ``(pid_m, pid_n)`` owns one output tile; it adds ``A[:, kk] ⊗ B[kk, :]`` for
     every ``kk < k`` into a float32 accumulator that never leaves the program."""
-    # TODO, step by step:
-    #   1. rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M); rn likewise on axis 1
-    #   2. acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    #   3. for kk in range(0, k): load column kk of A ([BLOCK_M], mask rm < m, other=0.0) and row
-    #   4. kk of B ([BLOCK_N], mask rn < n, other=0.0); acc += a_col[:, None] * b_row[None, :]
-    #   5. store acc masked by rm < m and rn < n
-    tl.static_assert(False, "TODO: write _outer_accumulate_kernel (steps above)")
+    # TODO:
+    #   the output tile from the two program ids (as in puzzle 3)
+    #   a float32 accumulator of zeros, [BLOCK_M, BLOCK_N]
+    #   for every kk < k: load column kk of A for my rows and row kk of B for my columns
+    #   (masked), add their outer product a_col[:, None] * b_row[None, :] to the accumulator
+    #   store the accumulator once, at the end
+    tl.static_assert(False, "TODO: write _outer_accumulate_kernel (hints above)")
 
 
 def outer_accumulate(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, m: int, n: int,
@@ -269,9 +269,9 @@ def outer_accumulate(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, m: int
         a, b, out: 2-D buffers (any strides) of at least ``m x k``, ``k x n``, ``m x n``.
         block_m, block_n: output tile (powers of two >= 16); None = the launcher's choice.
     """
-    # TODO, step by step:
-    #   1. check m, n, k and a (m x k), b (k x n), out (m x n)
-    #   2. block_m, block_n as in transpose; if m and n: grid (cdiv(m, block_m), cdiv(n, block_n))
+    # TODO:
+    #   check the sizes and a (m x k), b (k x n), out (m x n); pick the tile
+    #   a 2-D grid over the output tiles
     raise NotImplementedError("TODO: a 2-D grid of output tiles")
 
 
@@ -290,14 +290,13 @@ def _matmul_kernel(
     """Program ``(pid_m, pid_n)`` owns one output tile and walks K in BLOCK_K steps: each
     step loads an A tile ``[BLOCK_M, BLOCK_K]`` and a B tile ``[BLOCK_K, BLOCK_N]`` and
     adds their product into the float32 accumulator (tl.dot's third argument)."""
-    # TODO, step by step:
-    #   1. rm, rn from the two program ids (as in puzzle 7); rk = tl.arange(0, BLOCK_K)
-    #   2. acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    #   3. for k0 in range(0, k, BLOCK_K): ks = k0 + rk; load the A tile [BLOCK_M, BLOCK_K] and the
-    #   4. B tile [BLOCK_K, BLOCK_N], masked on rows/cols AND on ks < k, other=0.0
-    #   5. acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)  (acc as the third argument)
-    #   6. store acc.to(Out.dtype.element_ty) masked by rm < m and rn < n
-    tl.static_assert(False, "TODO: write _matmul_kernel (steps above)")
+    # TODO:
+    #   puzzle 7's structure, with K walked BLOCK_K at a time instead of 1
+    #   each step loads an A tile [BLOCK_M, BLOCK_K] and a B tile [BLOCK_K, BLOCK_N]; the last
+    #   step sticks out past k, so mask on K too, with other=0.0
+    #   tl.dot takes the accumulator as its third argument: acc = tl.dot(a, b, acc, ...)
+    #   store the accumulator (cast to Out's element type) where the output holds data
+    tl.static_assert(False, "TODO: write _matmul_kernel (hints above)")
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, m: int, n: int, k: int, *,
@@ -310,8 +309,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, m: int, n: int, 
         block_m, block_n, block_k: the tile (powers of two >= 16); None = the launcher's
             choice (``provided.INTERPRETER_TILES`` or ``provided.GPU_TILES``).
     """
-    # TODO, step by step:
-    #   1. as outer_accumulate, plus block_k; DOT_PRECISION=dot_precision(a.dtype)
+    # TODO:
+    #   as outer_accumulate, with block_k too and DOT_PRECISION=dot_precision(a.dtype)
     raise NotImplementedError("TODO: a 2-D grid of output tiles, each walks K")
 
 
@@ -330,18 +329,15 @@ def _online_softmax_kernel(
     """Program ``pid`` owns rows ``pid*BLOCK_M …`` of S and walks their columns BLOCK_N at a
     time, keeping per row the running max ``m_i``, denominator ``l_i`` and unnormalised
     output ``acc``: lab 00's FlashAttention loop with the scores given."""
-    # TODO, step by step:
-    #   1. rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M); row_ok = rows < m
-    #   2. m_i = -inf, l_i = 0 ([BLOCK_M]) and acc = 0 ([BLOCK_M, DV_PAD]), all tl.float32
-    #   3. for start in range(0, n, BLOCK_N): cols = start + tl.arange(0, BLOCK_N); load the s tile
-    #   4. [BLOCK_M, BLOCK_N] masked by row_ok and cols < n with other=float('-inf')
-    #   5. m_new = max(m_i, rowmax(s)); alpha = exp(m_i - m_new); p = exp(s - m_new[:, None])
-    #   6. l_i = l_i * alpha + rowsum(p); load the v tile [BLOCK_N, DV_PAD]
-    #      (masked by cols < n and d < dv, other=0.0)
-    #   7. acc = acc * alpha[:, None];
-    #      acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
-    #   8. m_i = m_new. After the loop: store acc / l_i[:, None] and lse = m_i + tl.log(l_i), masked
-    tl.static_assert(False, "TODO: write _online_softmax_kernel (steps above)")
+    # TODO:
+    #   my rows from the program id; per row a running max m_i (-inf), denominator l_i (0)
+    #   and unnormalised output acc ([BLOCK_M, DV_PAD]), all float32
+    #   walk the columns BLOCK_N at a time: load the s tile (pad: -inf) and the matching
+    #   rows of V (pad: 0)
+    #   new max = max(old max, the tile's row max); alpha = exp(old max - new max) re-bases
+    #   l_i and acc; p = exp(s - new max); l_i += rowsum(p); acc += p @ v with tl.dot
+    #   after the loop: out = acc / l_i, lse = m_i + log(l_i); store both where they hold data
+    tl.static_assert(False, "TODO: write _online_softmax_kernel (hints above)")
 
 
 def online_softmax(s: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
@@ -356,10 +352,10 @@ def online_softmax(s: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: tor
         block_m, block_n: rows per program / columns per step (powers of two >= 16);
             None = the launcher's choice. ``dv`` is padded to ``dot_tile(dv)``.
     """
-    # TODO, step by step:
-    #   1. n == 0 is a ValueError naming n; check s (m x n), v (n x dv), out (m x dv), lse (m)
-    #   2. block_m, block_n as in matmul; if m and dv: grid (cdiv(m, block_m),)
-    #   3. DV_PAD=dot_tile(dv), DOT_PRECISION=dot_precision(s.dtype)
+    # TODO:
+    #   n == 0 is a ValueError naming n; check s (m x n), v (n x dv), out (m x dv)
+    #   and lse (m); pick block_m and block_n; one program per block_m rows;
+    #   DV_PAD=dot_tile(dv), DOT_PRECISION=dot_precision(s.dtype)
     raise NotImplementedError("TODO: one program per block of block_m rows")
 
 
