@@ -459,6 +459,8 @@ def test_launchers_reject_bad_input_naming_the_argument():
         impl.transpose(a, sentinel(60, 60), 60, 20)  # x has 52 rows
     with pytest.raises(ValueError, match=r"\bblock_n\b"):
         impl.softmax_rows(a, sentinel(20, 20), 20, 20, block_n=16)  # 20 columns > 16 lanes
+    with pytest.raises(ValueError, match=r"\bn\b"):
+        impl.online_softmax(a, a, sentinel(20, 20), sentinel(20), 20, 0, 20)  # no column
 
 
 @pytest.mark.points(0.5)
