@@ -25,6 +25,8 @@ else (the tests fill them with NaN, and fill the rest of an output with a sentin
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -127,23 +129,44 @@ def check_matrix(name: str, t: Any, rows: int, cols: int, rows_name: str = "m",
 
 
 def require_gpu_dot_shapes() -> None:
-    """Make the interpreter refuse a ``tl.dot`` whose inner dimension K is below 16.
+    """Make the interpreter refuse this lab's ``tl.dot`` when its inner dimension K is < 16.
 
     The interpreter multiplies any shapes; the NVIDIA backend of the pinned triton (3.7.1)
     refuses ``K < 16`` for 16- and 32-bit inputs at compile time ("Input shapes should have
     M >= 1, N >= 1 and K >= 16") and pads small M and N itself. Installing the GPU's rule
     here makes a too-small tile fail on your laptop as it would on the GPU. The course pads
     M, N and K alike to ``dot_tile(n)`` (16 at least: the tensor core's MMA is 16 deep).
+    Only kernels defined in this lab's folder get the rule (the interpreter runs a kernel
+    as Python code, so its file is on the call stack); every other kernel keeps the
+    interpreter's own.
     """
     if not HAVE_TRITON:
         return
     from triton.runtime import interpreter
 
-    interpreter.interpreter_builder.codegen_fns["min_dot_size"] = _gpu_min_dot_size
+    fns = interpreter.interpreter_builder.codegen_fns
+    previous = fns.get("min_dot_size")
+    previous = getattr(previous, "previous", previous)  # installed once, however often imported
+
+    def min_dot_size(lhs_type: Any, rhs_type: Any) -> tuple[int, int, int]:
+        if not _in_this_lab(sys._getframe(1)):
+            return previous(lhs_type, rhs_type)
+        return (1, 1, 32) if lhs_type.scalar.primitive_bitwidth == 8 else (1, 1, MIN_DOT_TILE)
+
+    min_dot_size.previous = previous  # type: ignore[attr-defined]
+    fns["min_dot_size"] = min_dot_size
 
 
-def _gpu_min_dot_size(lhs_type: Any, rhs_type: Any) -> tuple[int, int, int]:
-    return (1, 1, 32) if lhs_type.scalar.primitive_bitwidth == 8 else (1, 1, MIN_DOT_TILE)
+LAB_DIR = os.path.dirname(os.path.realpath(__file__))
+
+
+def _in_this_lab(frame: Any, depth: int = 12) -> bool:
+    """Whether one of the ``depth`` innermost frames runs code of a file in this folder."""
+    while frame is not None and depth:
+        if os.path.dirname(os.path.realpath(frame.f_code.co_filename)) == LAB_DIR:
+            return True
+        frame, depth = frame.f_back, depth - 1
+    return False
 
 
 require_gpu_dot_shapes()
