@@ -10,6 +10,7 @@ that touched it. Writes into labs/lab-09-triton-primer/figures/:
   vectors.png         puzzles 1-2: one program with a mask; a 1-D grid of cdiv(n, block)
   transpose.png       puzzle 3: 2-D tiles of a padded row-major x stored into out
   rows.png            puzzles 4-5: one program per row, the masked lanes of each row
+  outer.png           puzzle 7: one program's rank-1 steps, a column of a and a row of b
   matmul.png          puzzles 6-8: the zero pad of a small tl.dot; one program's K steps
   online_softmax.png  puzzle 9: program 0 streams the columns of S and the rows of V
 """
@@ -149,6 +150,26 @@ def rows() -> None:
     save(fig, "rows.png")
 
 
+def outer() -> None:
+    m, n, k = 20, 20, 6
+    a, b, c = buffer(m + 4, k + 4), buffer(k + 4, n + 4), buffer(m + 4, n + 4, -1.0)
+    a[:m, :k], b[:k, :n] = torch.randn(m, k), torch.randn(k, n)
+    with provided.record_memory() as trace:
+        lab.outer_accumulate(a, b, c, m, n, k, block_m=16, block_n=16)
+
+    def steps(t):
+        return list(enumerate(ix for p, ix in trace.elements(t, "load") if p == (0, 0, 0)))
+
+    fig, axes = plt.subplots(1, 2, figsize=(8, 3.6), gridspec_kw={"width_ratios": [10, 24]})
+    draw(axes[0], label_grid(a, (m, k), steps(a)), "puzzle 7: program (0, 0)\nreads column "
+         "kk of a", (m, k), k)  # fmt: skip
+    draw(axes[1], label_grid(b, (k, n), steps(b)), "and row kk of b at step kk: acc += their "
+         "outer product", (k, n), k)  # fmt: skip
+    legend(axes[1], [f"step kk = {i}" for i in range(k)])
+    fig.tight_layout()
+    save(fig, "outer.png")
+
+
 def matmul() -> None:
     fig, axes = plt.subplots(1, 4, figsize=(11, 3.4),
                              gridspec_kw={"width_ratios": [28, 40, 40, 40]})
@@ -207,5 +228,5 @@ def online_softmax() -> None:
 
 if __name__ == "__main__":
     torch.manual_seed(0)
-    for draw_figure in (vectors, transpose, rows, matmul, online_softmax):
+    for draw_figure in (vectors, transpose, rows, outer, matmul, online_softmax):
         draw_figure()
