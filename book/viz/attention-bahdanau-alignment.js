@@ -56,7 +56,7 @@
     });
     side.appendChild(dl);
     side.appendChild(V.h("p", { class: "viz-caption" }, "The context vector goes into the decoder with s" + k +
-      " to produce output " + k + "; each step reads every encoder state again, so a long source costs no fixed-size bottleneck."));
+      " to produce output " + k + ". Each step reads every encoder state again: the source is never squeezed into one fixed-size vector."));
   }
   player.go(0);
 })();
