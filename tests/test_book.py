@@ -671,3 +671,6 @@ def test_the_committed_reference_traces_are_the_solutions_current_output(tmp_pat
     stale = [f.name for f in sorted(tmp_path.glob("*.js"))
              if f.read_text() != (ROOT / "book" / "viz" / "traces" / f.name).read_text()]
     assert not stale, f"{stale} are stale: run `.venv/bin/python -m book.traces` and commit them"
+    extra = sorted({f.name for f in (ROOT / "book" / "viz" / "traces").glob("*.js")}
+                   - {f.name for f in tmp_path.glob("*.js")})
+    assert not extra, f"{extra} are no longer written by book.traces: delete them"
