@@ -42,7 +42,7 @@ provided = load_lab_module(__file__, "provided")
 OUT = HERE / "figures"
 COLORS = plt.get_cmap("tab10").colors
 MARGIN, UNTOUCHED, MASKED = -2, -1, -3  # cell codes besides program / step numbers
-SAVE = {"dpi": 110, "metadata": {"Software": None}}
+PNG_METADATA = {"Software": None}  # same bytes on every matplotlib version
 
 
 def buffer(rows: int, cols: int, fill: float = float("nan")) -> torch.Tensor:
@@ -86,7 +86,7 @@ def by_program(trace, t: torch.Tensor, kind: str, key=lambda p: p[0]) -> list:
 
 def save(fig, name: str) -> None:
     OUT.mkdir(exist_ok=True)
-    fig.savefig(OUT / name, **SAVE)
+    fig.savefig(OUT / name, dpi=110, metadata=PNG_METADATA)
     plt.close(fig)
     print(f"wrote {OUT / name}")
 
