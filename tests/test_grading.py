@@ -1,8 +1,8 @@
 """Tests of the grader, the student release and the Gradescope autograder (not graded).
 
 They never grade the real labs: each builds a small fake project in a temporary folder (a
-copy of conftest.py, pyproject.toml and common/, plus tiny labs written below) and runs the
-real commands on it; one builds the student copy of the real course (no grading). They test
+copy of conftest.py, pyproject.toml, common/ and grading/, plus tiny labs written below) and
+runs the real commands on it; one builds the student copy of the real course (no grading). They test
 mechanisms, never times: a busy machine cannot fail them. ``TRITON_INTERPRET=1`` keeps torch
 out of the graded processes, so a lab costs well under a second; the end-to-end runs start
 together in one fixture.
@@ -21,16 +21,17 @@ from pathlib import Path
 
 import pytest
 
-from common.grading import autograder, runner
-from common.grading.autograder import find_submission_files
-from common.grading.counting import static_tests
-from common.grading.discovery import select_labs
-from common.grading.gradescope import validate_gradescope
-from common.grading.messages import summarize_collect_error
-from common.grading.release import ReleaseError, build_release, plan_release
-from common.grading.runner import Options, Run, timeout_allowance
-from common.grading.student_copy import coherence_problems, make_targets, strip_instructor_blocks
 from common.loader import default_impl
+from grading.plugin.messages import summarize_collect_error
+from grading.run import runner
+from grading.run.discovery import select_labs
+from grading.run.lab import static_tests
+from grading.run.report import validate_gradescope
+from grading.run.runner import Options, Run, timeout_allowance
+from grading.tools import autograder
+from grading.tools.autograder import find_submission_files
+from grading.tools.release import ReleaseError, build_release, plan_release
+from grading.tools.student_copy import coherence_problems, make_targets, strip_instructor_blocks
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -335,12 +336,15 @@ def write_lab(root: Path, name: str, starter: str, tests: str, solution: str | N
 
 
 def fake_project(root: Path) -> Path:
-    """conftest, pyproject, Makefile, requirements and common/ of the real project, no labs."""
+    """conftest, pyproject, Makefile, requirements, common/ and grading/ of the real project, no
+    labs."""
     root.mkdir(parents=True, exist_ok=True)
     for name in ("conftest.py", "pyproject.toml", "Makefile", "requirements-cpu.txt", ".gitignore"):
         if (ROOT / name).exists():
             shutil.copy2(ROOT / name, root / name)
-    shutil.copytree(ROOT / "common", root / "common", ignore=shutil.ignore_patterns("__pycache__"))
+    for package in ("common", "grading"):
+        shutil.copytree(ROOT / package, root / package,
+                        ignore=shutil.ignore_patterns("__pycache__"))
     (root / "README.md").write_text("# The course\n\nHow the course works.\n")
     return root
 
@@ -396,7 +400,7 @@ def start_grading(
     """The grader on ``root``. Its time limits are backstops that a run on a busy machine
     never reaches (a few seconds per lab when idle); the tests check mechanisms, not times."""
     return subprocess.Popen(
-        [sys.executable, "-m", "common.grading", "--root", str(root), "--results", results]
+        [sys.executable, "-m", "grading", "--root", str(root), "--results", results]
         + ["--test-timeout", "10", "--lab-timeout", "100", "--jobs", "2", *args],
         cwd=root,
         env=env(pythonpath, LAB_IMPL=impl, **extra_env),

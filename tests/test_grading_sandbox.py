@@ -7,8 +7,8 @@ points on ``mul(a, b)``; the expected score is what the submitted code earns hon
 
 - lab-00: writes a ``conftest.py`` that passes every test into every lab folder it can
   reach, then ``os._exit(1)`` so that the lab would be re-run with it (it scored 255/258);
-- lab-01: monkeypatches ``common.grading.pytest_points`` to pass everything, 1000 points
-  each, and multiplies wrongly;
+- lab-01: monkeypatches ``grading.plugin.points`` (absent from the sandbox: then
+  ``common.testing``) to pass everything, 1000 points each, and multiplies wrongly;
 - lab-02: a double-forked ``setsid`` daemon waits for ``results.json`` and rewrites it;
 - lab-03: raises an exception carrying the source of every ``test_hidden*.py`` it can read
   (the lab has an instructor's hidden test with a secret in it);
@@ -36,9 +36,9 @@ from pathlib import Path
 
 import pytest
 
-from common.grading import autograder
-from common.grading.gradescope import validate_gradescope
-from common.grading.sandbox import UID_RANGE, choose_mode
+from grading.run.report import validate_gradescope
+from grading.sandbox.host import UID_RANGE, choose_mode
+from grading.tools import autograder
 
 ROOT = Path(__file__).resolve().parents[1]
 SECRET = "SECRET-HIDDEN-TEST-MARKER-7319"
@@ -185,7 +185,10 @@ for lab in glob.glob(os.path.join(here, "..", "*")) + glob.glob({str(source / "l
 os._exit(1)
 """,
         "lab-01-patch": """
-import common.grading.pytest_points as points
+try:
+    import grading.plugin.points as points
+except ImportError:  # the scratch copy holds the grader's sandbox package only
+    import common.testing as points
 
 points._combine = lambda phases: ("passed", "")
 points.points_of = lambda item: 1000.0
@@ -263,11 +266,13 @@ EXPECTED = {  # (score, possible) the submitted code earns honestly
 
 
 def course(root: Path) -> Path:
-    """conftest, pyproject, requirements and common/ of the real project, and the labs."""
+    """conftest, pyproject, requirements, common/ and grading/ of the real project, and the labs."""
     root.mkdir(parents=True)
     for name in ("conftest.py", "pyproject.toml", "Makefile", "requirements-cpu.txt"):
         shutil.copy2(ROOT / name, root / name)
-    shutil.copytree(ROOT / "common", root / "common", ignore=shutil.ignore_patterns("__pycache__"))
+    for package in ("common", "grading"):
+        shutil.copytree(ROOT / package, root / package,
+                        ignore=shutil.ignore_patterns("__pycache__"))
     (root / "README.md").write_text("# The course\n")
     for name, tests in LABS.items():
         lab = root / "labs" / name
@@ -731,7 +736,9 @@ def proxy_lab(root: Path) -> Path:
     root.mkdir(parents=True)
     for name in ("conftest.py", "pyproject.toml"):
         shutil.copy2(ROOT / name, root / name)
-    shutil.copytree(ROOT / "common", root / "common", ignore=shutil.ignore_patterns("__pycache__"))
+    for package in ("common", "grading"):
+        shutil.copytree(ROOT / package, root / package,
+                        ignore=shutil.ignore_patterns("__pycache__"))
     lab = root / "labs" / "lab-00-proxy"
     lab.mkdir(parents=True)
     for name, text in (("provided.py", PROXY_PROVIDED), ("starter.py", PROXY_STARTER),
@@ -757,7 +764,7 @@ def proxy_runs(tmp_path_factory) -> dict:
             env.pop("COURSE_SANDBOX_UIDS")
         procs[key] = subprocess.Popen(
             [sys.executable, "-m", "pytest", "labs/lab-00-proxy", "-q", "-p", "no:cacheprovider",
-             "-p", "common.grading.proxy", "-rs"],
+             "-p", "grading.plugin.proxy", "-rs"],
             cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     return {key: (proc.communicate(timeout=600)[0], proc.returncode)
             for key, proc in procs.items()}

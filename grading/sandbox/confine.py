@@ -1,0 +1,154 @@
+"""Inside the sandbox: a freshly forked child enters it, and what a zygote imports before it
+forks.
+
+:func:`enter_sandbox`: a new session, only the file descriptors it was given, the sandbox
+uid (when there is one) with no way back up (``PR_SET_NO_NEW_PRIVS``), resource limits (no
+core files, a cap on file size and, with a uid of its own, on processes), first in line for
+the OOM killer.
+
+:func:`preimport` (forks share what it imported): the installed packages and ``common``
+modules the labs' files name (:func:`grading.sandbox.zygote_client.lab_imports`), some
+standard library, and all of it when the sandbox uid cannot read the interpreter's files.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import pkgutil
+import resource
+import signal
+import sys
+
+from grading.sandbox.zygote_client import PREIMPORTABLE
+
+# ---- confine -----------------------------------------------------------------------------
+
+
+FILE_SIZE_LIMIT = 256 * 2**20
+NPROC_LIMIT = 512
+
+
+def readable_by(uid: int | None, gid: int | None) -> bool:
+    """Can ``uid`` read the interpreter's standard library? (Forks a probe that drops to it.)"""
+    if uid is None:
+        return True
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - in the child
+        code = 1
+        try:
+            drop_privileges(uid, gid)
+            os.listdir(os.path.dirname(os.__file__))
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 0
+
+
+def drop_privileges(uid: int | None, gid: int | None) -> None:
+    if uid is None:
+        return
+    os.setgroups([])
+    os.setgid(uid if gid is None else gid)
+    os.setuid(uid)
+    if os.getuid() != uid or os.geteuid() != uid:
+        raise OSError("could not switch to the sandbox user")
+
+
+def no_new_privileges() -> None:
+    """setuid binaries (su, sudo, mount) cannot raise this process's privileges (Linux)."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
+        except (OSError, AttributeError):
+            pass
+
+
+def limit_resources(switched: bool) -> None:
+    limits = [(resource.RLIMIT_CORE, 0), (resource.RLIMIT_FSIZE, FILE_SIZE_LIMIT)]
+    if switched:  # counts the uid's processes: only meaningful for a uid of its own
+        limits.append((resource.RLIMIT_NPROC, NPROC_LIMIT))
+    for which, value in limits:
+        try:
+            _, hard = resource.getrlimit(which)
+            value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+            resource.setrlimit(which, (value, value))
+        except (OSError, ValueError):
+            pass
+    try:  # the first process the kernel kills when memory runs out: never the trusted one
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("1000")
+    except OSError:
+        pass
+
+
+def enter_sandbox(fds: dict[int, int], uid: int | None, gid: int | None, cwd: str) -> None:
+    """In a freshly forked child: a new session, only ``fds`` open (``{target: source}``),
+    the sandbox uid, resource limits, ``cwd``."""
+    import fcntl
+
+    signal.set_wakeup_fd(-1)
+    for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_DFL)
+    os.setsid()
+    high = {target: fcntl.fcntl(fd, fcntl.F_DUPFD, 256) for target, fd in fds.items()}
+    for target, fd in high.items():
+        os.dup2(fd, target, inheritable=target <= 2)
+    os.closerange(max(fds) + 1, os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 65536)
+    no_new_privileges()
+    drop_privileges(uid, gid)
+    limit_resources(uid is not None)
+    os.umask(0o007)
+    os.chdir(cwd)
+
+
+# ---- preimport ---------------------------------------------------------------------------
+
+
+SKIP_STDLIB = {"antigravity", "this", "idlelib", "tkinter", "turtle", "turtledemo", "__main__",
+               "lib2to3", "ensurepip", "pydoc_data", "test", "msvcrt", "winreg", "winsound",
+               "_winapi", "nt", "msilib", "_msi", "_overlapped", "_wmi", "ntpath", "_scproxy",
+               "_dbm", "_gdbm", "dbm", "curses", "_curses", "_curses_panel", "readline",
+               "distutils", "venv"}
+COMMON_STDLIB = ("heapq", "bisect", "dataclasses", "itertools", "functools", "collections",
+                 "math", "cmath", "typing", "enum", "hashlib", "struct", "random", "copy",
+                 "operator", "statistics", "fractions", "decimal", "array", "string", "re",
+                 "json", "textwrap", "inspect", "ast", "tokenize", "linecache", "contextlib",
+                 "warnings", "weakref", "abc", "numbers", "queue", "threading", "time",
+                 "pathlib", "argparse", "datetime", "socket", "tempfile", "shutil", "uuid",
+                 "multiprocessing", "multiprocessing.connection", "concurrent.futures",
+                 "pprint", "traceback", "dis", "codeop", "zlib", "base64", "binascii")
+
+
+def preimport(modules: list[str], full_stdlib: bool) -> None:
+    """What the workers will import, imported once here (forks share it): ``modules`` (the
+    installed packages and ``common`` modules the labs' files name, see
+    :func:`grading.sandbox.zygote_client.lab_imports`) and some standard library (all of it when
+    the sandbox uid cannot read the interpreter's files)."""
+    stdlib = set(getattr(sys, "stdlib_module_names", ())) - SKIP_STDLIB
+    names = list(COMMON_STDLIB) + (sorted(stdlib) if full_stdlib else [])
+    from common.device import configure_triton
+
+    configure_triton()  # TRITON_INTERPRET before anything imports triton
+    names += [n for n in modules if n.split(".")[0] in PREIMPORTABLE | stdlib]
+    names += ["common.loader", "common.testing"]
+    for name in names:
+        _try_import(name)
+    if full_stdlib:  # and the submodules imported lazily (multiprocessing.popen_fork, ...)
+        for name in sorted(stdlib):
+            module = sys.modules.get(name)
+            for info in pkgutil.walk_packages(getattr(module, "__path__", []), name + "."):
+                parts = info.name.split(".")[1:]
+                if not any(p in SKIP_STDLIB or p.startswith("test") or p == "__main__"
+                           for p in parts):
+                    _try_import(info.name)
+
+
+def _try_import(name: str) -> None:
+    try:
+        importlib.import_module(name)
+    except BaseException:  # noqa: BLE001 - a module this platform lacks
+        pass
