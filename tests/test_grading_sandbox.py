@@ -14,7 +14,11 @@ points on ``mul(a, b)``; the expected score is what the submitted code earns hon
   (the lab has an instructor's hidden test with a secret in it);
 - lab-04: an endless loop inside a hypothesis ``@given`` test and five ``os._exit`` calls;
   the other tests of the lab must still be graded;
-- lab-05: an honest, correct submission (the later lab the conftest attack aimed at).
+- lab-05: an honest, correct submission (the later lab the conftest attack aimed at);
+- lab-06: returns an object whose ``__eq__`` is always true (and ``__ne__`` always false,
+  ``__bool__`` true): comparisons and truth tests never run the graded code;
+- lab-07: returns an object-dtype numpy array of such objects (``==`` on it is elementwise,
+  ``np.array_equal`` said True): only numeric arrays cross.
 
 A second run, without the user switch (``COURSE_SANDBOX_UIDS=none``: a student's laptop),
 shows what the process split alone defends. ``test_the_proxy_*`` check what crosses
@@ -155,6 +159,8 @@ LABS = {  # lab -> tests (a test_hidden file is added to lab-03)
     "lab-03-hidden": MUL_TESTS,
     "lab-04-crashes": CRASH_TESTS,
     "lab-05-honest": MUL_TESTS,
+    "lab-06-liar": MUL_TESTS,
+    "lab-07-object-array": MUL_TESTS,
 }
 
 
@@ -252,7 +258,36 @@ def mul(a, b):
 """,
         "lab-04-crashes": CRASH_STARTER,
         "lab-05-honest": MUL_SOLUTION,
+        "lab-06-liar": LIAR + """
+
+def mul(a, b):
+    return Liar()
+""",
+        "lab-07-object-array": "import numpy as np\n" + LIAR + """
+
+def mul(a, b):
+    return np.array([Liar(), Liar()], dtype=object)
+""",
     }
+
+
+LIAR = """
+class Liar:
+    def __eq__(self, other):
+        return True
+
+    def __ne__(self, other):
+        return False
+
+    def __bool__(self):
+        return True
+
+    def __hash__(self):
+        return 0
+
+    def __repr__(self):
+        return "6"
+"""
 
 
 EXPECTED = {  # (score, possible) the submitted code earns honestly
@@ -262,6 +297,8 @@ EXPECTED = {  # (score, possible) the submitted code earns honestly
     "lab-03-hidden": (0, 9),
     "lab-04-crashes": (4, 10),
     "lab-05-honest": (6, 6),
+    "lab-06-liar": (0, 6),
+    "lab-07-object-array": (0, 6),
 }
 
 
@@ -581,6 +618,34 @@ class Manager:
 
     def take(self, n):
         return self.pool.allocate(n)
+
+
+class Liar:
+    def __eq__(self, other):
+        return True
+
+    __ne__ = __lt__ = __gt__ = lambda self, other: False
+    __bool__ = lambda self: True
+
+
+def liar():
+    return Liar()
+
+
+def liars():
+    return [1, Liar()]
+
+
+def object_array():
+    return np.array([Liar(), Liar()], dtype=object)
+
+
+def state_of_liars():
+    return State(Liar(), np.ones(2))
+
+
+def raises_with_a_liar():
+    raise ValueError(Liar())
 '''
 PROXY_SCRIPT = '''
 import os
@@ -704,6 +769,29 @@ def test_a_lab_script_runs_in_the_sandbox(tmp_path):
     assert np.array_equal(np.load(tmp_path / "state.npy"), np.ones(3))
     uid = int(output.split()[1])
     assert (uid != os.getuid()) if SWITCHED else uid == os.getuid()
+
+
+def test_comparisons_and_truth_tests_never_run_the_graded_code():
+    liar = impl.liar()
+    with pytest.raises(TypeError, match="does not let it be compared"):
+        assert liar == 6
+    with pytest.raises(TypeError, match="does not let it be compared"):
+        assert liar != 5
+    with pytest.raises(TypeError, match="does not let it be tested for truth"):
+        assert liar
+
+
+def test_only_plain_data_comes_back_and_a_wrong_type_says_what_was_expected():
+    with pytest.raises(BaseException, match="numpy array of dtype object.*the grader accepts "
+                       "numeric numpy arrays"):
+        impl.object_array()
+    with pytest.raises(BaseException, match="an object of the class Liar .*at result.1."):
+        impl.liars()
+    with pytest.raises(BaseException, match="at result.m"):
+        impl.state_of_liars()
+    with pytest.raises(ValueError) as info:
+        impl.raises_with_a_liar()
+    assert not any(type(a).__name__.startswith("Remote") for a in info.value.args)
 
 
 class Pool(RuleBasedStateMachine):

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from grading.plugin.remote import (
+    NUMERIC_KINDS,
     SELF,
     GradingError,
     MethodReply,
@@ -37,6 +38,7 @@ from grading.plugin.remote import (
     WorkerTimeout,
     build_exception,
     describe_exit,
+    plain_result,
 )
 from grading.plugin.sandboxes import current_deadline, replace_sandbox
 from grading.sandbox import frames, wire
@@ -91,7 +93,8 @@ def _copy_into(dst: Any, src: Any) -> None:
         return
     import numpy as np
 
-    if isinstance(dst, np.ndarray) and isinstance(src, np.ndarray) and src.shape == dst.shape:
+    if (isinstance(dst, np.ndarray) and type(src) is np.ndarray and src.shape == dst.shape
+            and src.dtype.kind in NUMERIC_KINDS):  # never an object array: no graded code
         if dst.flags.writeable:
             np.copyto(dst, src, casting="unsafe")
 
@@ -192,7 +195,7 @@ class Client:
         if kind == "self":
             return SELF
         apply_changes(args, kwargs, reply[2])
-        return reply[1]
+        return plain_result(reply[1], what)
 
     def _receive(self, deadline: float, what: str, importing: bool = False) -> tuple:
         __tracebackhide__ = True

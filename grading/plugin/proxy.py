@@ -63,6 +63,7 @@ from grading.plugin.remote import (
     WorkerCrashed,
     WorkerError,
     WorkerTimeout,
+    plain_result,
 )
 from grading.plugin.sandboxes import (
     DEFAULT_CALL_LIMIT,
@@ -117,7 +118,8 @@ def build_module(client: Client, manifest: dict[str, Any], trusted_file: Path) -
     module.__file__ = str(trusted_file)
     if doc_entry is not None and doc_entry[0] == "value":
         try:
-            module.__doc__ = wire.loads_untrusted(doc_entry[1], client.handle)
+            doc = wire.loads_untrusted(doc_entry[1], client.handle)
+            module.__doc__ = doc if type(doc) is str else None
         except Exception:  # noqa: BLE001
             pass
     for name, entry in manifest.items():
@@ -133,10 +135,11 @@ def build_module(client: Client, manifest: dict[str, Any], trusted_file: Path) -
                 value = _trusted_module(entry[1])
                 if value is None:
                     continue
-            else:
-                value = wire.loads_untrusted(entry[1], client.handle)
-        except Exception:  # noqa: BLE001 - a name the grader cannot stand in for is left out
-            continue
+            else:  # a constant of the graded module: plain data only
+                value = plain_result(wire.loads_untrusted(entry[1], client.handle),
+                                     f"{trusted_file.name}'s {name}", live=False)
+        except (Exception, GradingError):  # noqa: BLE001 - a name the grader cannot stand in
+            continue  # for is left out
         setattr(module, name, value)
     return module
 

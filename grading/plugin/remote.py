@@ -15,9 +15,12 @@ given type, else its nearest such base class with the student's class name in fr
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import inspect
 import pickle
 import signal
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -74,6 +77,11 @@ for _cls in (GradingError, WorkerTimeout, WorkerCrashed, WorkerError):
     _cls.__module__ = "builtins"  # reports read "WorkerTimeout: ...", not a module path
 
 
+def _text(value: Any) -> str:
+    """A string the worker sent, or nothing (``str()`` of anything else could run its code)."""
+    return value if type(value) is str else ""
+
+
 def describe_exit(code: int | None) -> str:
     if code is None:
         return "the worker stopped answering"
@@ -106,7 +114,7 @@ def _instance(cls: type, text: str) -> BaseException:
 def _not_an_exception(info: dict[str, Any], mro: list, what: str) -> BaseException | None:
     """What the graded code raised that is not an ordinary ``Exception`` (or not sendable)."""
     qualname = mro[0][1]
-    message = str(info.get("message", ""))
+    message = _text(info.get("message"))
     if info.get("transfer"):
         return WorkerError(f"{what} returned a value that cannot be sent back: {message}")
     if mro[0] == ("builtins", "SystemExit"):
@@ -128,10 +136,11 @@ def _same_or_nearest(info: dict[str, Any], mro: list, handle: Callable[[Any], An
         try:
             exc = wire.loads_untrusted(info["exception"], handle)
             if isinstance(exc, Exception):
+                _plain(exc.args, "the graded code", "", 0)  # no remote object in its args
                 return exc
-        except Exception:  # noqa: BLE001 - rebuild it from its message below
+        except (Exception, NotPlainData):  # noqa: BLE001 - rebuilt from its message below
             pass
-    message = str(info.get("message", ""))
+    message = _text(info.get("message"))
     for m, q in mro:
         try:
             found = wire.resolve_global(m, q)
@@ -143,22 +152,140 @@ def _same_or_nearest(info: dict[str, Any], mro: list, handle: Callable[[Any], An
     return _instance(Exception, f"{mro[0][1]}: {message}")
 
 
+def _mro(info: dict[str, Any]) -> list[tuple[str, str]]:
+    """The exception's classes as ``(module, qualname)`` strings, most derived first."""
+    found = []
+    entries = info.get("mro")
+    for entry in entries if type(entries) is list else []:
+        if type(entry) in (tuple, list) and len(entry) == 2 and all(
+                type(x) is str for x in entry):
+            found.append((entry[0], entry[1]))
+    return found or [("builtins", "Exception")]
+
+
 def build_exception(info: dict[str, Any], what: str, handle: Callable[[Any], Any]) -> BaseException:
     """The trusted process's version of an exception the graded code raised."""
-    mro = [tuple(x) for x in info.get("mro") or [("builtins", "Exception")]]
+    if type(info) is not dict:
+        return WorkerError(f"{what}: the worker sent an error the grader cannot read")
+    mro = _mro(info)
     exc = _not_an_exception(info, mro, what)
     if isinstance(exc, GradingError):
         return exc
     if exc is None:
         exc = _same_or_nearest(info, mro, handle)
     for note in info.get("notes") or []:  # the graded code's own notes, as in-process
-        _add_note(exc, str(note)[:300])
+        _add_note(exc, _text(note)[:300])
     if info.get("where"):  # not a note: pytest.raises(match=...) also matches notes
         try:
-            exc.__graded_where__ = str(info["where"])[:200]
+            exc.__graded_where__ = _text(info["where"])[:200]
         except AttributeError:
             pass
     return exc
+
+
+# ---- plain data --------------------------------------------------------------------------
+
+
+PLAIN_TYPES = ("numeric numpy arrays, torch CPU tensors, Python numbers, str, bytes, None, "
+               "and tuples, lists, dicts and sets of those (or the lab's given types)")
+_SCALARS = frozenset((type(None), bool, int, float, complex, str, bytes))
+NUMERIC_KINDS = "biufc"  # numpy dtype kinds: bool, int, uint, float, complex
+MAX_DEPTH = 32
+
+
+class NotPlainData(WorkerError):
+    """A result of the graded code that is not plain data of a declared type."""
+
+
+def plain_result(value: Any, what: str, *, live: bool = True) -> Any:
+    """``value`` as plain data of a declared type (:data:`PLAIN_TYPES`), checked on the trusted
+    side, the lab's given types rebuilt field by field; raises :class:`NotPlainData` saying
+    what was expected. ``live``: a remote object may be the whole result (a class of the
+    lab's API, lab-07's ``BlockPool``), never a part of one."""
+    if live and isinstance(value, RemoteObject):
+        return value
+    return _plain(value, what, "", 0)
+
+
+def _not_plain(what: str, path: str, found: str) -> NotPlainData:
+    where = f" (at result{path})" if path else ""
+    return NotPlainData(f"{what} returned {found}{where}: the grader accepts {PLAIN_TYPES}")
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, RemoteObject):
+        return f"an object of the class {value._short} it defined"
+    cls = type(value)
+    return f"a {cls.__module__}.{cls.__qualname__}"
+
+
+def _plain_library(value: Any, what: str, path: str) -> tuple[bool, Any]:
+    """numpy and torch values: ``(True, value)`` if plain."""
+    cls = type(value)
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and cls is numpy.ndarray:
+        if value.dtype.kind not in NUMERIC_KINDS or value.dtype.fields is not None:
+            raise _not_plain(what, path, f"a numpy array of dtype {value.dtype}")
+        return True, value
+    if numpy is not None and isinstance(value, numpy.generic):
+        ok = cls.__module__ == "numpy" and value.dtype.kind in NUMERIC_KINDS
+        return ok, value
+    if numpy is not None and cls is numpy.dtype or wire.is_plain_tensor(value):
+        return True, value
+    torch = sys.modules.get("torch")
+    if torch is not None and (isinstance(value, torch.dtype | torch.device)
+                              or cls is torch.Size):
+        return True, value
+    return False, None
+
+
+def _plain(value: Any, what: str, path: str, depth: int) -> Any:
+    if depth > MAX_DEPTH:
+        raise _not_plain(what, path, f"data nested more than {MAX_DEPTH} levels deep")
+    cls = type(value)
+    if cls in _SCALARS:
+        return value
+    ok, found = _plain_library(value, what, path)
+    if ok:
+        return found
+    if cls in (list, tuple):
+        return cls(_plain(v, what, f"{path}[{i}]", depth + 1) for i, v in enumerate(value))
+    if cls in (set, frozenset):
+        return cls(_plain(v, what, f"{path} item", depth + 1) for v in value)
+    if cls is dict:
+        return {_plain(k, what, f"{path} key", depth + 1): _plain(v, what, f"{path}[{k!r}]",
+                                                                  depth + 1)
+                for k, v in value.items()}
+    if not isinstance(value, RemoteObject) and wire.is_data_class(cls) and (
+            wire.allowed_by_name(cls)):
+        return _rebuild(value, what, path, depth)
+    raise _not_plain(what, path, _describe(value))
+
+
+def _rebuild(value: Any, what: str, path: str, depth: int) -> Any:
+    """A given type (the trusted process's own class) rebuilt from its checked fields."""
+    cls = type(value)
+    if isinstance(value, enum.Enum):
+        return value
+    try:
+        if isinstance(value, BaseException):
+            return cls(*_plain(value.args, what, path, depth + 1))
+        if isinstance(value, tuple):  # a NamedTuple
+            return cls(*(_plain(v, what, f"{path}.{f}", depth + 1)
+                         for f, v in zip(cls._fields, value)))
+        fields = {f.name: _plain(getattr(value, f.name), what, f"{path}.{f.name}", depth + 1)
+                  for f in dataclasses.fields(cls)}
+        init = {f.name for f in dataclasses.fields(cls) if f.init}
+        built = cls(**{k: v for k, v in fields.items() if k in init})
+        for k, v in fields.items():
+            if k not in init:
+                object.__setattr__(built, k, v)
+        return built
+    except NotPlainData:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the given type rejects the fields
+        raise _not_plain(what, path, f"a {cls.__qualname__} the grader cannot rebuild ({exc})"
+                         ) from None
 
 
 # ---- remote ------------------------------------------------------------------------------
@@ -264,6 +391,18 @@ def _special(name: str, *, wrap: Any = None) -> Any:
     return method
 
 
+def _refused(doing: str) -> Any:
+    def method(self: RemoteObject, *args: Any) -> Any:
+        __tracebackhide__ = True
+        raise TypeError(
+            f"{self._short} is an object of a class the submitted code defined (it stays in "
+            f"the sandboxed worker); the grader does not let it {doing}: a test compares "
+            "plain data, such as what its methods return")
+
+    method.__name__ = f"refused ({doing})"
+    return method
+
+
 class RemoteObject:
     """An object that lives in the worker (an instance of a class the student defined)."""
 
@@ -336,8 +475,16 @@ class RemoteObject:
     __len__ = _special("len")
     __iter__ = _special("iter")
     __next__ = _special("next")
-    __bool__ = _special("bool")
-    __hash__ = _special("hash")
+    # Comparisons and truth tests never run the graded code: an object that says it equals
+    # anything would pass ``assert result == expected``. Tests compare what its methods return.
+    __bool__ = _refused("be tested for truth")
+    __eq__ = _refused("be compared (==)")
+    __ne__ = _refused("be compared (!=)")
+    __lt__ = _refused("be compared (<)")
+    __le__ = _refused("be compared (<=)")
+    __gt__ = _refused("be compared (>)")
+    __ge__ = _refused("be compared (>=)")
+    __hash__ = object.__hash__  # by identity, in this process
     __int__ = _special("int")
     __float__ = _special("float")
     __index__ = _special("index")
@@ -345,12 +492,6 @@ class RemoteObject:
     __getitem__ = _special("getitem")
     __setitem__ = _special("setitem")
     __delitem__ = _special("delitem")
-    __eq__ = _special("eq")
-    __ne__ = _special("ne")
-    __lt__ = _special("lt")
-    __le__ = _special("le")
-    __gt__ = _special("gt")
-    __ge__ = _special("ge")
     __enter__ = _special("enter")
     __exit__ = _special("exit")
     __array__ = _special("array")
