@@ -472,7 +472,8 @@ def runs(tmp_path_factory) -> dict:
         "solution": (clean, start(clean, "solution", "solution.json")),
         "hostile": (
             hostile,
-            start(hostile, "starter", "h.json", "--lab", "0,1", "--test-timeout", "2"),
+            # limits no busy machine reaches for a call that returns at once (CI is shared)
+            start(hostile, "starter", "h.json", "--lab", "0,1", "--test-timeout", "20"),
         ),
         "imports": (
             hostile,
@@ -481,7 +482,7 @@ def runs(tmp_path_factory) -> dict:
         "hangs": (
             hostile,
             # in the test process (--no-sandbox), where code can ignore the per-test alarm
-            start(hostile, "starter", "hangs.json", "--lab", "2", "--test-timeout", "1",
+            start(hostile, "starter", "hangs.json", "--lab", "2", "--test-timeout", "5",
                   "--no-sandbox"),
         ),
         "release": (release, start(release, "starter", "results.json")),
@@ -559,14 +560,14 @@ def test_each_hostile_test_costs_only_itself_with_its_reason(runs):
     assert out["test_i_a_test_after_the_crashes_still_runs"]["score"] == 1  # ran after a re-run
     assert out["test_l_a_test_after_the_loops_still_runs"]["score"] == 1
     expected = {
-        "test_b_an_endless_loop_times_out": "timed out after 2 s (the per-test limit) in loop",
+        "test_b_an_endless_loop_times_out": "timed out after 20 s (the per-test limit) in loop",
         "test_c_sys_exit_is_a_failure": "sys.exit(4)",
         "test_d_megabytes_of_prints_do_not_block": "NotImplementedError: TODO: stop printing",
         "test_e_nan_is_explained": "NaN reached the output",
         "test_f_skip_from_graded_code_is_a_failure": "called pytest.skip()",
         "test_g_os_exit_kills_the_process": "the worker exited with code 3 in hard_exit",
         "test_h_a_segfault_kills_the_process": "the worker crashed with signal SIGSEGV",
-        "test_j_an_endless_loop_inside_given_costs_only_itself": "timed out after 2 s",
+        "test_j_an_endless_loop_inside_given_costs_only_itself": "timed out after 20 s",
         "test_k_a_failing_property_stops_at_its_first_counterexample": "Failing test case:",
     }
     for test, reason in expected.items():
@@ -599,10 +600,10 @@ def test_a_test_that_ignores_its_time_limit_is_stopped_and_costs_only_itself(run
     lab = by_lab(results)["lab-02-hangs"]
     assert (lab["score"], lab["possible"]) == (1, 6)
     deaf = output_of(results, "lab-02-hangs", "test_a_hangs_beyond_the_reach_of_the_alarm")
-    assert "timed out after 1 s (the per-test limit) during this test" in deaf
+    assert "timed out after 5 s (the per-test limit) during this test" in deaf
     assert "test_b_runs_after_the_hang" not in " ".join(lab["problems"])
     slow = output_of(results, "lab-02-hangs", "test_c_sleeps_past_its_limit")
-    assert slow.startswith("timed out after 1 s (the per-test limit)")
+    assert slow.startswith("timed out after 5 s (the per-test limit)")
 
 
 def test_a_lab_that_outlives_its_time_limit_is_killed_and_timed_out_tests_extend_it(tmp_path):

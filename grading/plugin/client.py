@@ -102,6 +102,11 @@ def _copy_into(dst: Any, src: Any) -> None:
 # ---- client ------------------------------------------------------------------------------
 
 
+# A function (or method) whose calls timed out this many times fails its later calls at
+# once: a lab whose every function loops forever costs MAX_TIMEOUTS test limits per function.
+MAX_TIMEOUTS = 2
+
+
 class Client:
     """The current worker of one lab: starts it on demand, restarts it after a death."""
 
@@ -115,6 +120,7 @@ class Client:
         self.objects: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
         self.last_death = ""
         self.methods: set[tuple[str, str]] = set()  # (class, name): a method of every object
+        self.timeouts: dict[str, int] = {}  # what -> how many calls of it timed out
 
     # -- life cycle --
 
@@ -163,6 +169,12 @@ class Client:
         if os.getpid() != self.pid:
             raise WorkerError(f"{what}: the sandboxed module cannot be called from a process "
                               "forked by the test (use common.testing.LabScript)") from None
+        timed_out = self.timeouts.get(what, 0)
+        if timed_out >= MAX_TIMEOUTS:
+            raise WorkerTimeout(
+                f"{what} was not called: it timed out {timed_out} times already in this lab, "
+                f"and after {MAX_TIMEOUTS} time-outs the grader fails a function's later calls "
+                "at once (an endless loop?)") from None
         deadline, limit = current_deadline()
         if time.monotonic() >= deadline:
             raise WorkerTimeout(f"timed out after {limit:g} s (the per-test limit) in {what}: "
@@ -201,10 +213,15 @@ class Client:
         __tracebackhide__ = True
         proc = self.proc
         try:
-            data, _ = frames.recv_frame(proc.sock, deadline, alone=True)
+            data, _ = frames.recv_frame(proc.sock, deadline, max_size=frames.MAX_REPLY,
+                                        alone=True)
         except TimeoutError:
             self._timed_out(what, importing)
-        except (EOFError, OSError, frames.FrameError):
+        except frames.FrameError as exc:  # too large: never read, the worker is out of step
+            self._discard(wait=False)
+            raise WorkerError(f"{what} returned too much: {exc} (the grader's limit for a "
+                              "reply)") from None
+        except (EOFError, OSError):
             self._crashed(what, importing)
         except BaseException:  # the test's own limit, an interrupt: the worker is out of step
             self._discard(wait=False)
@@ -224,6 +241,7 @@ class Client:
         _, limit = current_deadline()
         at = self._stack_where()
         self._discard(wait=False)
+        self.timeouts[what] = self.timeouts.get(what, 0) + 1
         self.last_death = f"it timed out in {what}"
         doing = f"while importing {self.impl}.py" if importing else f"in {what}"
         message = (f"timed out after {limit:g} s (the per-test limit) {doing}: an endless loop, "

@@ -61,6 +61,7 @@ from grading.run.report import (
 from grading.run.runner import (
     DEFAULT_LAB_TIMEOUT,
     DEFAULT_MAX_RESTARTS,
+    DEFAULT_RUN_TIMEOUT,
     DEFAULT_TEST_TIMEOUT,
     Options,
 )
@@ -88,6 +89,13 @@ def _add_limits(p: argparse.ArgumentParser) -> None:
         type=float,
         default=_env_float("GRADE_TEST_TIMEOUT", test),
         help=f"seconds per test (default {test:g}, env GRADE_TEST_TIMEOUT)",
+    )
+    p.add_argument(
+        "--run-timeout",
+        type=float,
+        default=_env_float("GRADE_RUN_TIMEOUT", DEFAULT_RUN_TIMEOUT),
+        help=f"wall-clock seconds for the whole run (default {DEFAULT_RUN_TIMEOUT:g}, env "
+        "GRADE_RUN_TIMEOUT); labs not started by then score 0, not run",
     )
     p.add_argument(
         "--max-restarts",
@@ -228,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         test_timeout=args.test_timeout,
         max_restarts=args.max_restarts,
         sandbox=args.sandbox,
+        run_timeout=args.run_timeout,
     )
     results_path = (args.results or root / "results.json").resolve()
     show_details = args.details if args.details is not None else len(labs) == 1
@@ -261,7 +270,8 @@ def _grade_and_show(args: argparse.Namespace, opts: Options, labs: list[Path],
 
     say(
         f"Grading {opts.impl}.py of {len(labs)} lab(s): at most {opts.test_timeout:g} s per "
-        f"test, {opts.lab_timeout:g} s per lab\n"
+        f"test, {opts.lab_timeout:g} s per lab ({opts.lab_bound():g} s with timed-out tests), "
+        f"{opts.run_timeout:g} s in all\n"
     )
     say(table.header())
     report = grade(

@@ -120,6 +120,11 @@ DEFAULT_MAX_RESTARTS = 5
 OUTPUT_TAIL_BYTES = 20_000
 POLL_SECONDS = 0.5
 RESTART_ALLOWANCE = 15.0  # seconds: starting pytest again (torch, triton) on a busy machine
+# At most this many timed-out tests extend a lab's limit; a lab takes at most
+# lab_timeout + MAX_EXTENDING_TIMEOUTS * (test_timeout + grace + RESTART_ALLOWANCE) seconds
+# (430 s at the defaults), and the whole run at most run_timeout.
+MAX_EXTENDING_TIMEOUTS = 5
+DEFAULT_RUN_TIMEOUT = 3600.0
 
 @dataclass
 class Options:
@@ -132,6 +137,19 @@ class Options:
     sandbox: bool = True  # the graded code runs in a sandboxed worker (grading.plugin.proxy)
     uid_blocks: dict[str, tuple[int, int]] = field(default_factory=dict)  # lab -> its uids
     mother: Any = None  # the run's warm zygote (grading.sandbox.zygote_client.Mother), if any
+    run_timeout: float = DEFAULT_RUN_TIMEOUT  # the whole run's cap, seconds
+    run_deadline: float | None = None  # time.monotonic() at which the run's cap is reached
+
+    def run_left(self) -> float:
+        """Seconds left before the run's cap (infinite before the run starts)."""
+        if self.run_deadline is None:
+            return float("inf")
+        return self.run_deadline - time.monotonic()
+
+    def lab_bound(self) -> float:
+        """The most seconds one lab can take, however its tests time out."""
+        per_test = self.test_timeout + hard_stop_grace(self.test_timeout) + RESTART_ALLOWANCE
+        return self.lab_timeout + MAX_EXTENDING_TIMEOUTS * per_test
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -167,7 +185,7 @@ def timeout_allowance(events: list[dict], test_timeout: float) -> float:
 
     The lab's limit is for the tests that end by themselves: a hang costs only its own test
     (its limit plus the watchdog's grace, and a restart of pytest after a hard stop), never
-    the tests after it.
+    the tests after it. At most :data:`MAX_EXTENDING_TIMEOUTS` of them extend it.
     """
     per_test = test_timeout + hard_stop_grace(test_timeout)
     soft = sum(
@@ -175,7 +193,8 @@ def timeout_allowance(events: list[dict], test_timeout: float) -> float:
         for e in events
         if e.get("event") == "result" and str(e.get("message", "")).startswith("timed out after")
     )
-    hard = sum(1 for e in events if e.get("event") == "timeout")
+    hard = min(MAX_EXTENDING_TIMEOUTS, sum(1 for e in events if e.get("event") == "timeout"))
+    soft = min(soft, MAX_EXTENDING_TIMEOUTS - hard)  # bounded: see MAX_EXTENDING_TIMEOUTS
     return soft * per_test + hard * (per_test + RESTART_ALLOWANCE)
 
 
@@ -185,7 +204,7 @@ def _wait(proc: subprocess.Popen, log: Path, limit: float, opts: Options) -> tup
     start = time.monotonic()
     while True:
         allowance = timeout_allowance(_read_events(log), opts.test_timeout)
-        left = start + limit + allowance - time.monotonic()
+        left = min(start + limit + allowance - time.monotonic(), opts.run_left())
         if left <= 0:
             _kill_group(proc)
             return True, allowance

@@ -15,6 +15,7 @@ import time
 
 HEADER = struct.Struct("!Q")
 MAX_FRAME = 1 << 30  # 1 GiB: far above any lab's arrays, far below a memory bomb
+MAX_REPLY = 64 << 20  # a worker's reply to the trusted side: 64 MiB, checked before reading it
 MAX_FDS = 8
 
 

@@ -192,11 +192,12 @@ class Mode:
     uids: tuple[int, int] | None
     reason: str = ""
 
-    def describe(self) -> str:
+    def describe(self, blocks: list[tuple[int, int]] | None = None) -> str:
+        """In words; ``blocks``: every lab's uid block of the run (else this mode's)."""
         if self.uids is not None:
-            return (f"user switch: the graded code runs as uids {self.uids[0] + 1}-"
-                    f"{self.uids[1] - 1} in a scratch copy; it cannot read the tests or "
-                    "write the source tree or the results")
+            ranges = ", ".join(f"{first + 1}-{stop - 1}" for first, stop in blocks or [self.uids])
+            return (f"user switch: the graded code runs as uids {ranges} in a scratch copy; "
+                    "it cannot read the tests or write the source tree or the results")
         return (f"process split only ({self.reason}): the graded code runs in a separate "
                 "worker process, so it cannot patch the tests or the grader, but it has the "
                 "grader's own file permissions")

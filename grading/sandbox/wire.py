@@ -33,6 +33,7 @@ import io
 import pickle
 import re
 import sys
+import threading
 from typing import Any
 
 # ---- wire values -------------------------------------------------------------------------
@@ -81,6 +82,10 @@ def _tensor(data: Any, dtype: str, size: tuple, stride: tuple, requires_grad: bo
     size, stride = tuple(int(n) for n in size), tuple(int(s) for s in stride)
     if len(size) != len(stride) or min((*size, *stride, 0)) < 0:
         raise ValueError("bad tensor size/stride")
+    numel = 1
+    for n in size:
+        numel *= n
+    _charge(numel * target.itemsize)  # a view of one element may claim billions of them
     span = 0 if 0 in size else 1 + sum((n - 1) * s for n, s in zip(size, stride))
     if span > data.shape[0]:
         raise ValueError("tensor strides reach past its data")
@@ -326,8 +331,33 @@ class SafeUnpickler(pickle.Unpickler):
         return self._on_handle(pid)
 
 
-def loads_untrusted(data: bytes, on_handle: Any) -> Any:
-    return SafeUnpickler(data, on_handle).load()
+MAX_DECODED = 256 << 20  # bytes a reply may hold once decoded (a tensor's logical size)
+_decoding = threading.local()
+
+
+class DecodedTooLarge(ValueError):
+    """A reply that would decode to more than :data:`MAX_DECODED` bytes."""
+
+
+def _charge(nbytes: int) -> None:
+    """Count ``nbytes`` against the reply being decoded; raise before building past it."""
+    left = getattr(_decoding, "left", None)
+    if left is None:
+        return
+    if nbytes > left:
+        raise DecodedTooLarge(f"the reply decodes to more than {MAX_DECODED >> 20} MiB (the "
+                              "grader's limit for a result)")
+    _decoding.left = left - nbytes
+
+
+def loads_untrusted(data: bytes, on_handle: Any, max_decoded: int = MAX_DECODED) -> Any:
+    """What the worker sent, decoded by :class:`SafeUnpickler` within ``max_decoded`` bytes
+    (its frame's bytes, plus what its tensors claim beyond them)."""
+    _decoding.left = max(0, max_decoded - len(data))
+    try:
+        return SafeUnpickler(data, on_handle).load()
+    finally:
+        _decoding.left = None
 
 
 # ---- leaves ------------------------------------------------------------------------------

@@ -267,6 +267,7 @@ def run(root: Path) -> int:
         for name, attr in (
             ("GRADE_LAB_TIMEOUT", "lab_timeout"),
             ("GRADE_TEST_TIMEOUT", "test_timeout"),
+            ("GRADE_RUN_TIMEOUT", "run_timeout"),
         ):
             if os.environ.get(name):
                 setattr(opts, attr, float(os.environ[name]))
