@@ -10,11 +10,13 @@ together in one fixture.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import zipfile
 from pathlib import Path
@@ -360,8 +362,13 @@ def clean_project(root: Path) -> Path:
     return root
 
 
-def no_triton(folder: Path) -> Path:
-    """A folder whose ``triton`` package refuses to import (put on PYTHONPATH)."""
+def no_triton() -> Path:
+    """A folder whose ``triton`` package refuses to import (put on PYTHONPATH). Every user
+    may read it: the grader's pre-flight checks that the sandbox users can read the packages
+    on its path (else it falls back to the process split)."""
+    folder = Path(tempfile.mkdtemp(prefix="no-triton-"))
+    folder.chmod(0o755)
+    atexit.register(shutil.rmtree, folder, True)
     (folder / "triton").mkdir(parents=True, exist_ok=True)
     (folder / "triton" / "__init__.py").write_text(
         'raise ImportError("the fake labs of the grader tests do not use triton")\n'
@@ -461,7 +468,7 @@ def runs(tmp_path_factory) -> dict:
     build_release(clean, release, quiet=True)
     ag, names, modes = simulated_gradescope(clean, tmp)
 
-    fast = no_triton(tmp / "no-triton")
+    fast = no_triton()
 
     calls = tmp / "calls.txt"
 
@@ -873,7 +880,7 @@ def test_instructors_hidden_tests_are_graded_and_never_released(tmp_path):
     course = fake_project(tmp_path / "course")
     lab = write_lab(course, "lab-01-mul", MUL_STARTER, MUL_TESTS, MUL_SOLUTION)
     (lab / "test_hidden_extra.py").write_text(HIDDEN_TESTS.lstrip())
-    proc = start_grading(course, "solution", "r.json", pythonpath=no_triton(tmp_path / "no-triton"))
+    proc = start_grading(course, "solution", "r.json", pythonpath=no_triton())
     text, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, text
     results = json.loads((course / "r.json").read_text())

@@ -18,7 +18,13 @@ points on ``mul(a, b)``; the expected score is what the submitted code earns hon
 - lab-06: returns an object whose ``__eq__`` is always true (and ``__ne__`` always false,
   ``__bool__`` true): comparisons and truth tests never run the graded code;
 - lab-07: returns an object-dtype numpy array of such objects (``==`` on it is elementwise,
-  ``np.array_equal`` said True): only numeric arrays cross.
+  ``np.array_equal`` said True): only numeric arrays cross;
+- lab-08: multiplies correctly, but leaves a 1 MB file and a folder in ``/tmp`` (once enough
+  to fail every later lab: a ``/tmp/pytest-of-root`` owned by another user): each lab's
+  test process has a temp folder of its own, and what the lab's uids leave in the shared
+  temp folders is removed when the lab ends;
+- lab-09: multiplies through the float64 reference the tests use (``common.reference``),
+  which is not in the sandbox.
 
 A second run, without the user switch (``COURSE_SANDBOX_UIDS=none``: a student's laptop),
 shows what the process split alone defends. ``test_the_proxy_*`` check what crosses
@@ -42,6 +48,7 @@ from pathlib import Path
 import pytest
 
 from grading.run.report import validate_gradescope
+from grading.sandbox import host
 from grading.sandbox.host import UID_RANGE, choose_mode
 from grading.tools import autograder
 
@@ -162,6 +169,8 @@ LABS = {  # lab -> tests (a test_hidden file is added to lab-03)
     "lab-05-honest": MUL_TESTS,
     "lab-06-liar": MUL_TESTS,
     "lab-07-object-array": MUL_TESTS,
+    "lab-08-temp": MUL_TESTS,
+    "lab-09-reference": MUL_TESTS,
 }
 
 
@@ -269,6 +278,27 @@ def mul(a, b):
 def mul(a, b):
     return np.array([Liar(), Liar()], dtype=object)
 """,
+        "lab-08-temp": f"""
+import os
+
+for folder in ("/tmp", "/var/tmp", "/dev/shm"):
+    try:
+        os.makedirs(os.path.join(folder, {marks.name!r} + "-dir"), exist_ok=True)
+        with open(os.path.join(folder, {marks.name!r} + "-file"), "wb") as f:
+            f.write(bytes(1 << 20))
+    except OSError:
+        pass
+
+
+def mul(a, b):
+    return a * b
+""",
+        "lab-09-reference": """
+def mul(a, b):
+    from common.reference import to_float64
+
+    return int(to_float64(a) * b)
+""",
     }
 
 
@@ -300,6 +330,8 @@ EXPECTED = {  # (score, possible) the submitted code earns honestly
     "lab-05-honest": (6, 6),
     "lab-06-liar": (0, 6),
     "lab-07-object-array": (0, 6),
+    "lab-08-temp": (6, 6),
+    "lab-09-reference": (0, 6),
 }
 
 
@@ -341,8 +373,10 @@ def start(tmp: Path, uids: str | None) -> dict:
     results = ag / "results" / "results.json"
     for name, text in attacks(ag / "source", results, marks).items():
         (sub / f"lab{name[4:6]}_starter.py").write_text(text.lstrip())
-    no_triton = tmp / "no-triton" / "triton"
-    no_triton.mkdir(parents=True)
+    # readable by the sandbox users: the grader's pre-flight checks the packages on its path
+    no_triton = Path(tempfile.mkdtemp(prefix="no-triton-")) / "triton"
+    no_triton.parent.chmod(0o755)
+    no_triton.mkdir()
     (no_triton / "__init__.py").write_text('raise ImportError("not in these labs")\n')
     env = dict(os.environ, AUTOGRADER_ROOT=str(ag), AUTOGRADER_PYTHON=sys.executable,
                TRITON_INTERPRET="1", PYTHONPATH=str(no_triton.parent), GRADE_TEST_TIMEOUT="3",
@@ -354,7 +388,8 @@ def start(tmp: Path, uids: str | None) -> dict:
         env["COURSE_SANDBOX_UIDS"] = uids
     proc = subprocess.Popen(["bash", str(ag / "source" / "run_autograder")], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    return {"proc": proc, "results": results, "marks": marks, "source": ag / "source"}
+    return {"proc": proc, "results": results, "marks": marks, "source": ag / "source",
+            "no_triton": no_triton.parent}
 
 
 def finish(run: dict) -> dict:
@@ -364,8 +399,12 @@ def finish(run: dict) -> dict:
     time.sleep(2.0)  # a daemon that survived would rewrite results.json meanwhile
     raw = run["results"].read_text()
     out = {"results": json.loads(raw), "output": output, "raw": raw, "source": run["source"],
-           "marks": sorted(p.name for p in run["marks"].iterdir())}
+           "marks": sorted(p.name for p in run["marks"].iterdir()), "marks_dir": run["marks"]}
     shutil.rmtree(run["marks"], ignore_errors=True)
+    shutil.rmtree(run["no_triton"], ignore_errors=True)
+    for folder in ("/tmp", "/var/tmp", "/dev/shm"):  # what lab-08 left without the switch
+        shutil.rmtree(Path(folder, run["marks"].name + "-dir"), ignore_errors=True)
+        Path(folder, run["marks"].name + "-file").unlink(missing_ok=True)
     return out
 
 
@@ -458,6 +497,14 @@ def test_a_double_forked_daemon_cannot_rewrite_the_results(switched):
 
 
 @pytest.mark.slow
+def test_nothing_a_lab_leaves_in_the_shared_temp_folders_outlives_it(switched):
+    token = Path(switched["marks_dir"]).name
+    for folder in ("/tmp", "/var/tmp", "/dev/shm"):
+        for suffix in ("-dir", "-file"):
+            assert not Path(folder, token + suffix).exists(), f"{folder}/{token}{suffix} stayed"
+
+
+@pytest.mark.slow
 def test_hidden_tests_are_neither_readable_nor_shown(switched):
     results, raw = switched["results"], switched["raw"]
     assert SECRET not in raw and "the hidden test's own message" not in results["output"]
@@ -479,6 +526,24 @@ def test_a_loop_inside_given_and_five_exits_cost_only_their_tests(switched):
         "test_b_endless_loop_inside_given"]["output"]
     for n in range(5):
         assert "the worker exited with code 3 in leave" in tests[f"test_c_os_exit[{n}]"]["output"]
+
+
+def test_python_the_sandbox_users_cannot_read_falls_back_to_the_process_split(
+        tmp_path, monkeypatch):
+    """The pre-flight: a project (or its .venv) inside a folder only root may enter would
+    fail every Triton test in the sandbox; the run falls back to the process split and
+    says why, in the report and in results.json."""
+    monkeypatch.delenv("COURSE_SANDBOX_UIDS", raising=False)
+    if _user_switch_reason() is not None:
+        pytest.skip(f"the user switch needs root ({_user_switch_reason()})")
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    (private / "package.py").write_text("")
+    monkeypatch.setattr(host, "python_files", lambda: [str(private / "package.py")])
+    mode, blocks = choose_mode(2)
+    assert mode.uids is None and blocks == []
+    assert "process split only (the sandbox users cannot read " in mode.describe()
+    assert str(private / "package.py") in mode.describe()
 
 
 # ---- without it (a student's laptop): the process split alone --------------------------------
@@ -660,6 +725,12 @@ def forever():
         pass
 
 
+def reference():
+    from common.reference import reference_attention
+
+    return reference_attention is not None
+
+
 def huge_view():
     return torch.zeros(1).expand(500_000_000)  # one element, claiming 2 GB
 
@@ -812,6 +883,11 @@ def test_only_plain_data_comes_back_and_a_wrong_type_says_what_was_expected():
     with pytest.raises(ValueError) as info:
         impl.raises_with_a_liar()
     assert not any(type(a).__name__.startswith("Remote") for a in info.value.args)
+
+
+def test_the_reference_is_not_importable_from_graded_code():
+    with pytest.raises(ImportError, match="common.reference"):
+        impl.reference()
 
 
 def test_replies_are_bounded_before_they_are_decoded():

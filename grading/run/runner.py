@@ -28,8 +28,9 @@ from typing import Any
 
 from grading.plugin.time_limits import hard_stop_grace
 from grading.run.discovery import GRADED_PATTERNS, PROJECT_ROOT
-from grading.sandbox.host import ENV_UIDS, Mode, SandboxError, kill_block
+from grading.sandbox.host import ENV_UIDS, Mode, SandboxError, kill_block, remove_files_of
 from grading.sandbox.lab_sandbox import ENV_ENABLE, ENV_ZYGOTE, LabSandbox
+from grading.sandbox.zygote_client import ENV_DIR
 
 # ---- lab run -----------------------------------------------------------------------------
 
@@ -247,7 +248,10 @@ def run_pytest(
         if deselect:
             (Path(tmp) / "deselect.txt").write_text("\n".join(sorted(deselect)), encoding="utf-8")
             args += ["--points-deselect", str(Path(tmp) / "deselect.txt")]
-        env = dict(os.environ, LAB_IMPL=opts.impl)
+        private_tmp = Path(tmp) / "tmp"  # the test process's own: no lab can reach it
+        private_tmp.mkdir(mode=0o700)
+        env = dict(os.environ, LAB_IMPL=opts.impl, TMPDIR=str(private_tmp))
+        env.setdefault(ENV_DIR, tempfile.gettempdir())  # scratch copies: where the uids reach
         env["PYTHONPATH"] = os.pathsep.join(
             [str(opts.root), *filter(None, [os.environ.get("PYTHONPATH")])]
         )
@@ -279,6 +283,7 @@ def run_pytest(
                 box.close()  # the sandbox: its processes and its scratch copy
             if block is not None:  # and anything else of the lab's sandbox uids
                 kill_block(block)
+                remove_files_of(block)
         return Run(
             events=_read_events(log),
             returncode=returncode,

@@ -213,25 +213,69 @@ def _uid_in_use(uid: int, running: set[int]) -> bool:
         return uid in running
 
 
+PYTHON_PACKAGES = ("numpy", "torch", "triton", "hypothesis", "pytest")
+
+
+def python_files() -> list[str]:
+    """What the sandbox uids must read to run the graded code: the packages the labs use
+    (where this interpreter has them), whose submodules a worker may import late. (An
+    unreadable standard library is imported whole by the zygote instead, before it forks.)"""
+    import importlib.util
+
+    paths: list[str] = []
+    for name in PYTHON_PACKAGES:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is not None and spec.origin and os.path.isfile(spec.origin):
+            paths += [os.path.dirname(spec.origin), spec.origin]
+    return paths
+
+
+def _first_unreadable(paths: list[str]) -> str:
+    for path in paths:
+        try:
+            if os.path.isdir(path):
+                os.listdir(path)
+            else:
+                with open(path, "rb") as f:
+                    f.read(1)
+        except OSError:
+            return path
+    return ""
+
+
 def can_switch_user(uid: int) -> str | None:
-    """``None`` if this process can run a child as ``uid``, else why not."""
+    """``None`` if this process can run a child as ``uid`` and that child can read the
+    interpreter and the labs' packages (:func:`python_files`, the pre-flight), else why not."""
     if not hasattr(os, "setuid") or not hasattr(os, "fork"):
         return "this platform has no user switch"
     if os.geteuid() != 0:
         return "not running as root"
+    paths = python_files()
+    read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - in the child
         code = 1
         try:
+            os.close(read_end)
             os.setgroups([])
             os.setgid(uid)
             os.setuid(uid)
+            os.write(write_end, _first_unreadable(paths).encode()[:4000])
             code = 0
         finally:
             os._exit(code)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        unreadable = pipe.read().decode(errors="replace")
     _, status = os.waitpid(pid, 0)
     if os.waitstatus_to_exitcode(status) != 0:
         return f"cannot switch to uid {uid} here (a user namespace without it?)"
+    if unreadable:
+        return (f"the sandbox users cannot read {unreadable} (is the project or its Python "
+                "inside a folder only its owner may enter, such as a mktemp -d or /root?)")
     return None
 
 
@@ -305,8 +349,37 @@ def choose_mode(labs: int = 1) -> tuple[Mode, list[tuple[int, int]]]:
         return Mode(None, str(exc)), []
     reason = can_switch_user(blocks[0][0])
     if reason is not None:
+        release(blocks)
         return Mode(None, reason), []
     return Mode(blocks[0]), blocks
+
+
+SHARED_TEMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm")  # writable by every uid
+
+
+def remove_files_of(block: tuple[int, int], dirs: tuple[str, ...] = SHARED_TEMP_DIRS
+                    ) -> list[str]:
+    """Remove what the uids of ``block`` left at the top of the shared temp folders (the
+    lab's own temp folder is in its scratch copy, removed with it); returns the paths."""
+    lo, hi = block
+    removed = []
+    for folder in dict.fromkeys(dirs):
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                if not lo <= entry.stat(follow_symlinks=False).st_uid < hi:
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path, ignore_errors=True)
+                else:
+                    os.unlink(entry.path)
+                removed.append(entry.path)
+            except OSError:
+                continue
+    return removed
 
 
 def kill_block(block: tuple[int, int]) -> None:

@@ -103,13 +103,17 @@ def _chown_tree(path: Path, gid: int, dir_mode: int, file_mode: int) -> None:
 # What of the project the sandbox runs: ``common`` and the grader's sandbox package (the
 # zygote and the worker), never its plugin, its run or its tools.
 SANDBOX_CODE = ("common", "grading/sandbox")
+# ... less the float64 reference the tests compare with: graded code cannot import it.
+HIDDEN_FROM_SANDBOX = ("reference.py",)
 
 
 def copy_code(root: Path, scratch: Path, owned_by_root: bool) -> None:
-    """Copy :data:`SANDBOX_CODE` of ``root`` into ``scratch`` (read-only to the sandbox)."""
+    """Copy :data:`SANDBOX_CODE` of ``root`` into ``scratch`` (read-only to the sandbox),
+    without :data:`HIDDEN_FROM_SANDBOX`."""
     for rel in SANDBOX_CODE:
         shutil.copytree(root / rel, scratch / rel, symlinks=True,
-                        ignore=shutil.ignore_patterns("*.tmp", "__pycache__"))
+                        ignore=shutil.ignore_patterns("*.tmp", "__pycache__",
+                                                      *HIDDEN_FROM_SANDBOX))
     shutil.copy2(root / "grading" / "__init__.py", scratch / "grading" / "__init__.py")
     if owned_by_root:
         copy_code_owner(scratch)
