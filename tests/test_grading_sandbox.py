@@ -21,7 +21,8 @@ points on ``mul(a, b)``; the expected score is what the submitted code earns hon
   ``np.array_equal`` said True): only numeric arrays cross;
 - lab-08: multiplies correctly, but leaves a 1 MB file and a folder in ``/tmp`` (once enough
   to fail every later lab: a ``/tmp/pytest-of-root`` owned by another user): each lab's
-  test process has a temp folder of its own, and what the lab's uids leave in the shared
+  test process has a temp folder of its own, with the user switch the graded code's
+  ``/tmp`` is its lab's own (a mount namespace), and what the lab's uids leave in the shared
   temp folders is removed when the lab ends;
 - lab-09: multiplies through the float64 reference the tests use (``common.reference``),
   which is not in the sandbox.
@@ -366,7 +367,9 @@ def start(tmp: Path, uids: str | None) -> dict:
         for info in zf.infolist():
             (ag / "source" / info.filename).chmod((info.external_attr >> 16) & 0o777)
     (ag / "results").mkdir()
-    marks = Path(tempfile.mkdtemp(prefix="attack-marks-"))  # where the attacks may write
+    # where the attacks may write: not in /tmp, which is each lab's own with the user switch
+    shared = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+    marks = Path(tempfile.mkdtemp(prefix="attack-marks-", dir=shared))
     marks.chmod(0o777)
     sub = ag / "submission"
     sub.mkdir()
@@ -725,6 +728,12 @@ def forever():
         pass
 
 
+def write_tmp(name):
+    with open(os.path.join("/tmp", name), "w") as f:
+        f.write("left by the graded code")
+    return os.path.exists(os.path.join("/tmp", name))
+
+
 def reference():
     from common.reference import reference_attention
 
@@ -777,7 +786,7 @@ def test_the_graded_code_runs_in_another_process():
 def test_the_tests_are_not_readable_with_the_user_switch():
     if not SWITCHED:
         pytest.skip("without the user switch the worker has the grader's permissions")
-    with pytest.raises(PermissionError):
+    with pytest.raises((PermissionError, FileNotFoundError)):  # not even there: its own /tmp
         impl.read(__file__)
 
 
@@ -883,6 +892,16 @@ def test_only_plain_data_comes_back_and_a_wrong_type_says_what_was_expected():
     with pytest.raises(ValueError) as info:
         impl.raises_with_a_liar()
     assert not any(type(a).__name__.startswith("Remote") for a in info.value.args)
+
+
+def test_with_the_user_switch_the_graded_code_has_a_tmp_of_its_own():
+    name = f"proxy-lab-tmp-{os.getpid()}"
+    try:
+        assert impl.write_tmp(name) is True
+        assert os.path.exists(os.path.join("/tmp", name)) is not SWITCHED
+    finally:
+        if os.path.exists(os.path.join("/tmp", name)):
+            os.unlink(os.path.join("/tmp", name))
 
 
 def test_the_reference_is_not_importable_from_graded_code():

@@ -1,10 +1,10 @@
 """Inside the sandbox: a freshly forked child enters it, and what a zygote imports before it
 forks.
 
-:func:`enter_sandbox`: a new session, only the file descriptors it was given, the sandbox
-uid (when there is one) with no way back up (``PR_SET_NO_NEW_PRIVS``), resource limits (no
-core files, a cap on file size and, with a uid of its own, on processes), first in line for
-the OOM killer.
+:func:`enter_sandbox`: a new session, only the file descriptors it was given, with the
+user switch its lab's own ``/tmp`` (:func:`private_temp`) and the sandbox uid with no way
+back up (``PR_SET_NO_NEW_PRIVS``), resource limits (no core files, a cap on file size and,
+with a uid of its own, on processes), first in line for the OOM killer.
 
 :func:`preimport` (forks share what it imported): the installed packages and ``common``
 modules the labs' files name (:func:`grading.sandbox.zygote_client.lab_imports`), some
@@ -67,6 +67,59 @@ def no_new_privileges() -> None:
             pass
 
 
+PRIVATE_TEMP_DIRS = ("/tmp", "/var/tmp")  # /dev/shm stays: shared memory needs a tmpfs
+_CLONE_NEWNS, _MS_BIND, _MS_REC, _MS_PRIVATE, _MNT_DETACH = 0x20000, 0x1000, 0x4000, 0x40000, 2
+
+
+def private_temp(tmp: str | None) -> bool:
+    """Linux, as root: a mount namespace of this process's own in which ``/tmp`` and
+    ``/var/tmp`` are its lab's ``tmp`` folder (``<scratch>/tmp``, removed with the scratch
+    copy), so that nothing one lab writes there reaches another lab. The scratch copy, which
+    usually lives in ``/tmp``, is mounted back at its own path. False, with nothing changed,
+    where the kernel or the container does not allow it (the grader then removes what the
+    lab's uids left in the shared temp folders when the lab ends)."""
+    if not tmp or not sys.platform.startswith("linux") or os.path.basename(tmp) != "tmp":
+        return False
+    scratch = os.path.dirname(tmp)
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.unshare(_CLONE_NEWNS) != 0 or libc.mount(
+                b"none", b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    fds: list[int] = []
+    bound: list[bytes] = []
+    try:  # descriptors opened in the new namespace: mount sources that the binds cannot hide
+        fds = [os.open(scratch, os.O_RDONLY | os.O_DIRECTORY),
+               os.open(tmp, os.O_RDONLY | os.O_DIRECTORY)]
+        keep, lab_tmp = (f"/proc/self/fd/{fd}".encode() for fd in fds)
+        for target in PRIVATE_TEMP_DIRS:
+            if os.path.isdir(target) and not os.path.islink(target):
+                if libc.mount(lab_tmp, target.encode(), None, _MS_BIND, None) != 0:
+                    raise OSError(f"cannot mount over {target}")
+                bound.append(target.encode())
+        if not os.path.isdir(tmp):  # the scratch copy was inside one: mount it back
+            os.makedirs(scratch, exist_ok=True)
+            if libc.mount(keep, scratch.encode(), None, _MS_BIND, None) != 0:
+                raise OSError("cannot mount the scratch copy back")
+            bound.insert(0, scratch.encode())
+        return os.path.isdir(tmp) or _undo(libc, bound)
+    except OSError:
+        return _undo(libc, bound)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _undo(libc: object, bound: list[bytes]) -> bool:
+    for target in reversed(bound):
+        libc.umount2(target, _MNT_DETACH)  # type: ignore[attr-defined]
+    return False
+
+
 def limit_resources(switched: bool) -> None:
     limits = [(resource.RLIMIT_CORE, 0), (resource.RLIMIT_FSIZE, FILE_SIZE_LIMIT)]
     if switched:  # counts the uid's processes: only meaningful for a uid of its own
@@ -98,6 +151,8 @@ def enter_sandbox(fds: dict[int, int], uid: int | None, gid: int | None, cwd: st
     for target, fd in high.items():
         os.dup2(fd, target, inheritable=target <= 2)
     os.closerange(max(fds) + 1, os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 65536)
+    if uid is not None:
+        private_temp(os.environ.get("TMPDIR"))
     no_new_privileges()
     drop_privileges(uid, gid)
     limit_resources(uid is not None)

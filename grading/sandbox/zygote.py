@@ -21,6 +21,7 @@ The worker's side is :mod:`grading.sandbox.worker`; entering the sandbox,
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import selectors
@@ -36,6 +37,16 @@ from grading.sandbox import frames, host
 from grading.sandbox.confine import preimport, readable_by
 from grading.sandbox.worker import run_script, run_worker
 from grading.sandbox.zygote_client import lab_imports
+
+
+def _own_common(scratch: str) -> None:
+    """A lab's zygote forked from the run's warm one: ``common``'s modules still to be
+    imported come from the lab's scratch copy (which may hold the reference), not the warm
+    zygote's."""
+    common = sys.modules.get("common")
+    if common is not None and hasattr(common, "__path__"):
+        common.__path__[:] = [os.path.join(scratch, "common")]
+        importlib.invalidate_caches()
 
 
 class Zygote:
@@ -177,6 +188,7 @@ class Zygote:
                 os.environ.clear()
                 os.environ.update(config["env"])
                 sys.path.insert(0, config["cwd"])
+                _own_common(config["cwd"])
                 preimport(lab_imports(Path(config["lab_dir"])), full_stdlib=False)
                 Zygote(config).serve()
             except BaseException:  # noqa: BLE001

@@ -103,17 +103,35 @@ def _chown_tree(path: Path, gid: int, dir_mode: int, file_mode: int) -> None:
 # What of the project the sandbox runs: ``common`` and the grader's sandbox package (the
 # zygote and the worker), never its plugin, its run or its tools.
 SANDBOX_CODE = ("common", "grading/sandbox")
-# ... less the float64 reference the tests compare with: graded code cannot import it.
+# ... less the float64 reference the tests compare with: graded code cannot import it,
+# unless its lab's given provided.py imports it (lab-02 measures SDPA against it).
 HIDDEN_FROM_SANDBOX = ("reference.py",)
+REFERENCE_MODULE = "common.reference"
 
 
-def copy_code(root: Path, scratch: Path, owned_by_root: bool) -> None:
+def gives_reference(lab_dir: Path) -> bool:
+    """Does the lab's given ``provided.py`` import :data:`REFERENCE_MODULE` (read, never
+    run; the submitted starter has no say)?"""
+    path = lab_dir / "provided.py"
+    try:
+        tree = ast.parse(path.read_bytes())
+    except (OSError, SyntaxError, ValueError):
+        return False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == REFERENCE_MODULE:
+            return True
+        if isinstance(node, ast.Import) and any(a.name == REFERENCE_MODULE for a in node.names):
+            return True
+    return False
+
+
+def copy_code(root: Path, scratch: Path, owned_by_root: bool, reference: bool = False) -> None:
     """Copy :data:`SANDBOX_CODE` of ``root`` into ``scratch`` (read-only to the sandbox),
-    without :data:`HIDDEN_FROM_SANDBOX`."""
+    without :data:`HIDDEN_FROM_SANDBOX` (``reference``: with it)."""
+    hidden = () if reference else HIDDEN_FROM_SANDBOX
     for rel in SANDBOX_CODE:
         shutil.copytree(root / rel, scratch / rel, symlinks=True,
-                        ignore=shutil.ignore_patterns("*.tmp", "__pycache__",
-                                                      *HIDDEN_FROM_SANDBOX))
+                        ignore=shutil.ignore_patterns("*.tmp", "__pycache__", *hidden))
     shutil.copy2(root / "grading" / "__init__.py", scratch / "grading" / "__init__.py")
     if owned_by_root:
         copy_code_owner(scratch)
@@ -129,8 +147,8 @@ def make_scratch(root: Path, lab: Path, impl: str, gid: int | None, base: Path |
                  ) -> Path:
     """The scratch tree of one lab (see the module docstring); returns its root."""
     scratch = Path(tempfile.mkdtemp(prefix="course-sandbox-", dir=base))
-    copy_code(root, scratch, owned_by_root=False)
     src = root / "labs" / lab.name
+    copy_code(root, scratch, owned_by_root=False, reference=gives_reference(src))
     _copy_lab(src, scratch / "labs" / lab.name, impl)
     for name in ("home", "tmp", "out"):
         (scratch / name).mkdir()
