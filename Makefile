@@ -99,7 +99,7 @@ test-lab: $(DEPS)
 
 grade: $(DEPS)
 	@echo ">> grading LAB_IMPL=$(LAB_IMPL) $(if $(LAB),lab $(LAB),all labs)"
-	LAB_IMPL=$(LAB_IMPL) $(PY) -m common.grading $(if $(LAB),--lab $(LAB))
+	LAB_IMPL=$(LAB_IMPL) $(PY) -m grading $(if $(LAB),--lab $(LAB))
 
 bench: $(DEPS)
 	@echo ">> benchmarking the lab kernels"
@@ -145,14 +145,14 @@ help::
 	@echo "make mutants [LAB=03] every planted mistake under tests/mutants must fail its lab's tests"
 
 release: $(DEPS)
-	$(PY) -m common.grading.release --out "$(OUT)" $(if $(FORCE),--force)
+	$(PY) -m grading.tools.release --out "$(OUT)" $(if $(FORCE),--force)
 
 autograder: $(DEPS)
-	$(PY) -m common.grading.autograder $(if $(OUT),--out "$(OUT)")
+	$(PY) -m grading.tools.autograder $(if $(OUT),--out "$(OUT)")
 
 mutants: $(DEPS)
 	@echo ">> planting each mistake of tests/mutants/ in a scratch copy of the solution"
-	$(PY) -m common.grading.mutants $(if $(LAB),--lab $(LAB))
+	$(PY) -m grading.tools.mutants $(if $(LAB),--lab $(LAB))
 
 figures: $(DEPS)
 	@echo ">> drawing every lab's figures from the lab's own code"
