@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 import pathlib
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -306,3 +307,57 @@ def test_the_captured_report_was_compiled_from_this_tree_and_every_sm_90_config_
                f"{r['problems']}" for r in rows.values()
                if r["arch"] == f"sm_{GATE_ARCH}" and r["problems"]]
     assert not failing, "configs that fail the sm_90 checks: " + "; ".join(failing)
+
+
+# ---- the launch plan, judged (bench/gpu_plan.py): canned rows, no compile ----------------------
+
+
+def _row(mma_kind: str, blocks_per_sm: int = 2, stages: int = 3) -> dict:
+    return {"mma_kind": mma_kind, "dots": 2, "num_warps": 4, "num_stages": stages,
+            "spill_stores": 0, "spill_loads": 0, "occupancy": {"blocks_per_sm": blocks_per_sm}}
+
+
+def _entry(lab: str, config: str):
+    return GPU_KERNELS[_index(lab, config)]
+
+
+def test_a_plan_with_16_row_prefill_tiles_fails_with_the_reason():
+    from bench.gpu_plan import bench_work, judge
+    from common import launch_plan as lp
+
+    entry = _entry("lab-03", "gqa32/8")
+    planned = entry.plan(lp.H100)
+    assert planned.tiles["block_m"] >= 64
+    sixteen = replace(planned, tiles={"block_m": 16, "block_n": 32})
+    verdict = judge(entry, sixteen, lp.H100, _row("HMMA x32", 4), bench_work(entry))
+    assert verdict["bound"] == "compute"
+    assert any("16-row query tiles" in p for p in verdict["problems"]), verdict["problems"]
+    assert any("wgmma" in p for p in verdict["problems"]), verdict["problems"]
+    good = judge(entry, planned, lp.H100, _row("HGMMA x24, HMMA x8", 1), bench_work(entry))
+    assert not good["problems"], good["problems"]
+    assert good["model_fraction"] <= 0.75  # a model, never above its stated ceiling
+
+
+def test_a_sub_wave_decode_grid_at_batch_1_fails_with_the_reason():
+    from bench.gpu_plan import bench_work, judge
+    from common import launch_plan as lp
+
+    entry = _entry("lab-04", "planned split")
+    unsplit = replace(entry.plan(lp.H100), splits=1, grid=(1, 8))
+    verdict = judge(entry, unsplit, lp.H100, _row("HMMA x12", 8), bench_work(entry))
+    assert verdict["bound"] == "memory"
+    assert any("sub-wave grid: 8 CTAs on 132 SMs" in p for p in verdict["problems"])
+    planned = judge(entry, entry.plan(lp.H100), lp.H100, _row("HMMA x12", 8), bench_work(entry))
+    assert not planned["problems"] and planned["ctas"] >= 132, planned
+
+
+def test_littles_law_needs_bandwidth_times_latency_per_sm():
+    from bench.gpu_plan import bench_work, judge
+    from common import launch_plan as lp
+
+    entry = _entry("lab-04", "planned split")
+    verdict = judge(entry, entry.plan(lp.H100), lp.H100, _row("HMMA x12", 1, 2),
+                    bench_work(entry))  # fmt: skip
+    assert verdict["needed_kb"] == round(3.35e12 * 600e-9 / 132 / 1024, 1)
+    assert verdict["in_flight_kb"] == 8.0  # 1 CTA x 1 stage ahead x 16 keys x 256 x 2 B
+    assert any("Little's law" in f for f in verdict["flags"])
