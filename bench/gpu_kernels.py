@@ -196,7 +196,7 @@ def varlen_prefill(heads: int, kv_heads: int) -> LaunchFn:
                     HEAD_DIM_V=d, HEAD_DIM_V_PAD=dot_tile(d), BLOCK_M=block_m,
                     BLOCK_Q=block_m // group, BLOCK_N=tiles["block_n"],
                     DOT_PRECISION=_precision(dtype))  # fmt: skip
-        return Launch(args, _need(lab).gpu_launch(block_m, tiles["block_n"]))
+        return Launch(args, _need(lab).gpu_launch(block_m, tiles["block_n"], d))
 
     return launch
 

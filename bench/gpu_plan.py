@@ -102,7 +102,7 @@ def judge(entry: GpuKernel, plan: Plan, target: Target, row: dict[str, Any],
     grid_factor = min(1.0, ctas / (target.sms * math.ceil(ctas / target.sms)))
     busy = min(1.0, ctas / target.sms)
     if bound == "compute":
-        factor = 1.0 if mma_ok or target.arch < 90 else 0.5
+        factor = 1.0 if mma_ok or target.arch < 90 or not row["dots"] else 0.5
     else:
         factor = min(1.0, in_flight / needed) if needed else 1.0
     roof_us = max(nbytes / (target.hbm_tbps * 1e6), flops / (target.tensor_tflops * 1e6))

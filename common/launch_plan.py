@@ -163,19 +163,28 @@ def varlen_prefill(
 ) -> Plan:
     """Lab 03's GQA-packed varlen prefill: ``block_m`` rows = ``block_m // group`` query tokens
     x the group (``query_tile_rows`` of the average packed length, at least the group),
-    ``block_n`` keys (64 beside a 64+-row tile, else 32), 8 warps from a 64 x 64 tile, 3
-    stages; grid ``(T // BLOCK_Q + B, KVH)`` as the launcher computes it."""
+    ``block_n`` keys (64 beside a 64+-row tile at d > 64, else 32), warps and stages from
+    ``prefill_launch``; grid ``(T // BLOCK_Q + B, KVH)`` as the launcher computes it."""
     packed = group * max(1, num_tokens // max(1, num_seqs))
     block_m = max(query_tile_rows(packed, head_dim, target), _pow2_at_least(group))
     if target.interpreter:
         return Plan({"block_m": block_m, "block_n": 16}, 4, 1,
                     grid=(num_tokens // (block_m // group) + num_seqs, num_kv_heads),
                     why="interpreter: tiny tiles")  # fmt: skip
-    block_n = 64 if block_m >= 64 else 32
-    warps = 8 if block_m * block_n >= 64 * 64 else 4
+    # 64 keys beside a 128-row tile at d > 64; at d <= 64, 128 x 64 spills on sm_80 with 4
+    # warps and on sm_100 with 8, 128 x 32 with 8 warps does not (``make gpu-report``)
+    block_n = 64 if block_m >= 64 and _pow2_at_least(head_dim) > 64 else 32
     grid = (num_tokens // (block_m // group) + num_seqs, num_kv_heads)
-    return Plan({"block_m": block_m, "block_n": block_n}, warps, 3, grid=grid,
-                why=f"{packed} packed rows per sequence: {block_m}-row tiles")  # fmt: skip
+    return Plan({"block_m": block_m, "block_n": block_n},
+                **prefill_launch(block_m, block_n, head_dim), grid=grid,
+                why=f"{packed} packed rows per sequence: {block_m}-row tiles")
+
+
+def prefill_launch(block_m: int, block_n: int, head_dim: int) -> dict[str, int]:
+    """Lab 03's ``num_warps`` / ``num_stages`` for a ``block_m x block_n`` tile: 8 warps from
+    64 x 64 elements (4 run out of registers at d = 128: K/V are gathered through per-key
+    pointers), else 4; 3 stages."""
+    return {"num_warps": 8 if block_m * block_n >= 64 * 64 else 4, "num_stages": 3}
 
 
 def paged_decode(batch: int, num_kv_heads: int, group: int, head_dim: int, target: Target) -> Plan:

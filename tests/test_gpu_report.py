@@ -307,6 +307,9 @@ def test_the_captured_report_was_compiled_from_this_tree_and_every_sm_90_config_
                f"{r['problems']}" for r in rows.values()
                if r["arch"] == f"sm_{GATE_ARCH}" and r["problems"]]
     assert not failing, "configs that fail the sm_90 checks: " + "; ".join(failing)
+    plans = [f"{p['kernel']} [{p['config']}] {p['arch']}: {p['problems']}"
+             for p in report.get("plan_checks", []) if p["problems"]]  # fmt: skip
+    assert report.get("plan_checks") and not plans, "launch plans that fail: " + "; ".join(plans)
 
 
 # ---- the launch plan, judged (bench/gpu_plan.py): canned rows, no compile ----------------------

@@ -37,20 +37,12 @@ from common.triton_env import (
 # Rows of the GQA-packed query tile (block_m) and keys per K/V tile (block_n). On a GPU the
 # launch plan picks them (common/launch_plan.py, ``varlen_prefill``: FlashInfer's rule, 128
 # rows when a sequence packs more than 64 query rows, 64 above 16, else 16; 64 keys beside a
-# 64+-row tile); the interpreter keeps 16 x 16 so CPU tests stay fast.
+# 64+-row tile at d > 64, else 32); the interpreter keeps 16 x 16 so CPU tests stay fast.
 INTERPRETER_TILES = {"block_m": 16, "block_n": 16}
-# Warps per program: 4 up to a 64 x 32 tile; 8 from 64 x 64 on, where 4 warps run out of
-# registers at d = 128 (the K and V tiles are gathered through per-key pointers).
-WIDE_TILE = 64 * 64
-# K/V tiles in flight (software pipelining): 3, Triton's CUDA default, written out so the
-# launch does not depend on a default (``make gpu-report`` compiles exactly this).
-GPU_NUM_STAGES = 3
-
-
-def gpu_launch(block_m: int, block_n: int) -> dict[str, int]:
+def gpu_launch(block_m: int, block_n: int, head_dim: int = 128) -> dict[str, int]:
     """``num_warps`` and ``num_stages`` of the varlen kernel for a ``block_m x block_n`` tile
-    (ignored by the interpreter)."""
-    return {"num_warps": 8 if block_m * block_n >= WIDE_TILE else 4, "num_stages": GPU_NUM_STAGES}
+    (ignored by the interpreter): the launch plan's (``launch_plan.prefill_launch``)."""
+    return launch_plan.prefill_launch(block_m, block_n, head_dim)
 
 # ---------------------------------------------------------------------------------------
 # NumPy inputs
@@ -317,6 +309,6 @@ def launch_varlen_prefill(
         GROUP=group, PAGE_SIZE=page_size, BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_N=block_n,
         HEAD_DIM=head_dim, HEAD_DIM_PAD=dot_tile(head_dim),
         HEAD_DIM_V=head_dim_v, HEAD_DIM_V_PAD=dot_tile(head_dim_v),
-        DOT_PRECISION=dot_precision(q.dtype), **gpu_launch(block_m, block_n),
+        DOT_PRECISION=dot_precision(q.dtype), **gpu_launch(block_m, block_n, head_dim),
     )  # fmt: skip
     return out, lse
