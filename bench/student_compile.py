@@ -2,6 +2,7 @@
 
     python -m bench.student_compile --lab 05            # LAB_IMPL's file (default starter)
     python -m bench.student_compile --lab 05 --impl solution
+    python -m bench.student_compile --grade [--lab 05]  # make grade: the grader, then this
 
 The interpreter runs a kernel as Python: it accepts code no GPU compiler does (a plain
 Python global read inside ``@triton.jit``), ignores ``input_precision`` and never wraps a
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import pathlib
 import re
+import subprocess
 import sys
 
 from bench.gpu_compile import Task, run_tasks
@@ -98,21 +100,28 @@ def check_lab(
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.student_compile", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    p.add_argument("--lab", required=True, help="lab number, e.g. 05")
+    p.add_argument("--lab", help="lab number, e.g. 05 (default: every lab with a kernel)")
     p.add_argument("--impl", choices=("starter", "solution"), default=None,
                    help="default: LAB_IMPL (starter)")  # fmt: skip
+    p.add_argument("--grade", action="store_true",
+                   help="run the grader (python -m common.grading) first: make grade")
     args = p.parse_args(argv)
-    labs = sorted({e.lab for e in GPU_KERNELS if e.lab.split("-")[1] == args.lab.zfill(2)})
-    if not labs:
-        print(f">> lab {args.lab}: no Triton kernel to compile", file=sys.stderr)
-        return 0
+    status = 0
+    if args.grade:
+        cmd = [sys.executable, "-m", "common.grading", *(["--lab", args.lab] if args.lab else [])]
+        status = subprocess.run(cmd, check=False).returncode
     impl = args.impl or lab_impl()
-    found = check_lab(labs[0], impl)
-    print(f">> {labs[0]} ({impl}.py) compiled for sm_{ARCH} on the CPU: "
-          f"{'ok' if not found else f'{len(found)} problem(s)'}", file=sys.stderr)  # fmt: skip
-    for text in found:
-        print(f"   {text}", file=sys.stderr)
-    return 1 if found else 0
+    labs = sorted({e.lab for e in GPU_KERNELS
+                   if args.lab is None or e.lab.split("-")[1] == args.lab.zfill(2)})  # fmt: skip
+    for lab in labs:
+        print(f">> {lab} ({impl}.py): its kernels compiled for sm_{ARCH} on the CPU "
+              "(cached in build/gpu-report/)", file=sys.stderr)  # fmt: skip
+        found = check_lab(lab, impl)
+        print(f"   {'ok' if not found else f'{len(found)} problem(s)'}", file=sys.stderr)
+        for text in found:
+            print(f"   {text}", file=sys.stderr)
+        status = status or (1 if found else 0)
+    return status
 
 
 if __name__ == "__main__":
