@@ -92,6 +92,19 @@ def verdict(report: dict) -> list[str]:
         f"{len(gate)} pass.",
         "",
     ]
+    checks = report.get("plan_checks") or []
+    if checks:
+        bad = [c for c in checks if c["problems"]]
+        flagged = [c for c in checks if c["flags"] and not c["problems"]]
+        lines += [
+            f"Launch plans judged at the bench shapes (below): {len(checks)} kernel x arch, "
+            f"{len(checks) - len(bad)} pass (wgmma / tcgen05 where compute-bound, no sub-wave "
+            f"grid for a main launch, no spills), {len(flagged)} flagged: "
+            + ("; ".join(sorted({f"{c['kernel']} [{c['config']}]: {c['flags'][0]}"
+                                 for c in flagged if c["arch"] == SUMMARY_ARCH})) or "none")
+            + ".",
+            "",
+        ]  # fmt: skip
     if failing:
         lines += ["Failing configs (a launcher should not use them on that arch):", ""]
         lines += _table(
