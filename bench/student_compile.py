@@ -16,7 +16,7 @@ changed) at the lab's GPU tiles, and the compiled code is checked:
   has no ``inputPrecision = tf32`` on a dot of f32 tensors);
 * 64-bit offsets: in the Triton IR, every ``tt.addptr`` chain that starts at a pointer
   argument which can address more than 2^31 elements in production (a KV cache, a dense
-  ``[B, H, L, d]`` tensor, a varlen ``[T, H, d]`` tensor: ``BIG``) adds at least one
+  ``[B, H, L, d]`` tensor, lab 03's varlen ``[T, H, d]`` tensors: ``BIG``) adds at least one
   ``i64`` offset. A chain of only ``i32`` offsets computes ``index * stride`` in 32 bits,
   which wraps past 2^31 (a 1M-token cache at 8 KV heads x 128 dims already holds 2^30).
 """
@@ -35,7 +35,11 @@ from common.loader import lab_impl
 
 ARCH = 90
 LABS = pathlib.Path(__file__).resolve().parent.parent / "labs"
-BIG = re.compile(r"cache|^(Q|K|V|O|DO|DQ|DK|DV|Out)$|^(q_ptr|out_ptr)$")
+# Pointers that address more than 2^31 elements at production sizes: KV caches, dense
+# [B, H, L, d] tensors (labs 00, 05), lab 03's varlen [T, H, d] queries and outputs (a
+# 1M-token batch x 32 heads x 128 dims); a decode step's [B, H, d] q / out stay far below.
+BIG = re.compile(r"cache|^(Q|K|V|O|DO|DQ|DK|DV|Out)$")
+BIG_IN_LAB = {"lab-03-causal-prefill-attention": re.compile(r"^(q_ptr|out_ptr)$")}
 
 
 def lab_tasks(
@@ -78,8 +82,10 @@ def problems(task: Task, check: str, outcome: dict) -> list[str]:
                          f"({r['regs']} registers per thread)")  # fmt: skip
         if r["dots"] and not r["mma"]:
             found.append(f"{name}: {r['dots']} tl.dot but no tensor-core MMA in the SASS")
+    lab_big = BIG_IN_LAB.get(GPU_KERNELS[task.entry].lab)
     narrow = [arg for arg, widths in (r.get("first_offsets") or {}).items()
-              if BIG.search(arg) and widths == ["i32"]]  # fmt: skip
+              if (BIG.search(arg) or (lab_big and lab_big.search(arg)))
+              and widths == ["i32"]]  # fmt: skip
     if narrow:
         found.append(f"{name}: 32-bit offsets into {', '.join(narrow)}: index * stride wraps "
                      "past 2^31 elements on a production-size tensor; widen the large index "

@@ -364,3 +364,40 @@ def test_littles_law_needs_bandwidth_times_latency_per_sm():
     assert verdict["needed_kb"] == round(3.35e12 * 600e-9 / 132 / 1024, 1)
     assert verdict["in_flight_kb"] == 8.0  # 1 CTA x 1 stage ahead x 16 keys x 256 x 2 B
     assert any("Little's law" in f for f in verdict["flags"])
+
+
+TTIR = """
+tt.func @_k(%k_cache_ptr: !tt.ptr<f32>, %q_ptr: !tt.ptr<f32>, %out_ptr: !tt.ptr<f32>) {
+%0 = tt.splat %k_cache_ptr : !tt.ptr<f32> -> tensor<16x!tt.ptr<f32>>
+%1 = tt.addptr %0, %offs : tensor<16x!tt.ptr<f32>>, tensor<16xi32>
+%q_1 = tt.addptr %q_ptr, %b : !tt.ptr<f32>, i64
+%q_2 = tt.splat %q_1 : !tt.ptr<f32> -> tensor<16x!tt.ptr<f32>>
+%q_3 = tt.addptr %q_2, %d : tensor<16x!tt.ptr<f32>>, tensor<16xi32>
+%s = tt.dot %a, %b, %c, inputPrecision = tf32 : tensor<4x4xf32> * tensor<4x4xf32> -> tensor<4x4xf32>
+%t = tt.dot %a, %b, %c : tensor<4x4xf32> * tensor<4x4xf32> -> tensor<4x4xf32>
+%u = tt.dot %e, %f, %c, inputPrecision = tf32 : tensor<4x4xf16> * tensor<4x4xf16> -> tensor<4x4xf32>
+"""
+
+
+def test_the_compiled_ir_shows_tf32_dots_on_float32_and_32_bit_offset_chains():
+    from bench.gpu_compile import first_offsets, tf32_dots_on_f32
+
+    assert tf32_dots_on_f32(TTIR) == 1  # the ieee dot prints no precision; fp16 is exact
+    widths = first_offsets(TTIR)
+    assert widths["k_cache_ptr"] == ["i32"], "the whole cache offset is 32-bit: flagged"
+    assert widths["q_ptr"] == ["i32", "i64"], "widened once on the chain: fine"
+    assert "out_ptr" not in widths
+
+
+def test_student_compile_names_32_bit_offsets_into_a_cache_and_tf32_dots():
+    from bench.student_compile import problems
+
+    index = _index("lab-04", "planned split")
+    result = {"tf32_dots_on_f32": 2, "first_offsets": {"k_cache_ptr": ["i32"], "q_ptr": ["i32"]},
+              "spill_stores": 0, "spill_loads": 0, "dots": 2, "mma": {"HMMA": 2}, "regs": 64}
+    found = problems(Task(index, "fp32", 128, 90), "fp32", {"status": "ok", "result": result})
+    assert any("TF32" in p for p in found) and any("k_cache_ptr" in p for p in found)
+    assert not any("q_ptr" in p for p in found), "a decode step's q is small: not flagged"
+    error = problems(Task(index, "bf16", 128, 90), "bf16",
+                     {"status": "error", "reason": "CompilationError: NameError('LOG2E')"})
+    assert error and "does not compile for sm_90" in error[0] and "LOG2E" in error[0]
