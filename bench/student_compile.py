@@ -10,7 +10,8 @@ Python global read inside ``@triton.jit``), ignores ``input_precision`` and neve
 Triton's bundled ptxas for sm_90 (cached in ``build/gpu-report/``: seconds when nothing
 changed) at the lab's GPU tiles, and the compiled code is checked:
 
-* it compiles (else the compiler's message);
+* it compiles (else the compiler's message) and reads global memory (an empty ``pass``
+  body compiles too: it earns nothing);
 * bf16 at the bench head dim: no spills, a tensor-core MMA for the ``tl.dot`` s;
 * float32 inputs: no ``tl.dot`` rounds them to TF32 (the Triton IR of the float32 compile
   has no ``inputPrecision = tf32`` on a dot of f32 tensors);
@@ -71,6 +72,8 @@ def problems(task: Task, check: str, outcome: dict) -> list[str]:
         return [f"{name} ({task.dtype}, d={task.head_dim}) does not compile for sm_{ARCH}: "
                 f"{outcome['reason'][-1500:]}"]  # fmt: skip
     r, found = outcome["result"], []
+    if not any((r.get("loads") or {}).values()):
+        return [f"{name}: the compiled kernel reads no global memory: it is not written yet"]
     if check == "fp32" and r.get("tf32_dots_on_f32"):
         found.append(f"{name}: {r['tf32_dots_on_f32']} tl.dot on float32 inputs round them to "
                      "TF32 on a GPU (the interpreter computes in full float32): pass "
