@@ -394,7 +394,8 @@ def test_student_compile_names_32_bit_offsets_into_a_cache_and_tf32_dots():
 
     index = _index("lab-04", "planned split")
     result = {"tf32_dots_on_f32": 2, "first_offsets": {"k_cache_ptr": ["i32"], "q_ptr": ["i32"]},
-              "spill_stores": 0, "spill_loads": 0, "dots": 2, "mma": {"HMMA": 2}, "regs": 64}
+              "spill_stores": 0, "spill_loads": 0, "dots": 2, "mma": {"HMMA": 2}, "regs": 64,
+              "loads": {"LDG": 8}}
     found = problems(Task(index, "fp32", 128, 90), "fp32", {"status": "ok", "result": result})
     assert any("TF32" in p for p in found) and any("k_cache_ptr" in p for p in found)
     assert not any("q_ptr" in p for p in found), "a decode step's q is small: not flagged"
