@@ -20,10 +20,12 @@ skipped with the reason printed.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import ModuleType
 from typing import Any
 
+from common import launch_plan as lp
+from common.launch_plan import Plan, Target
 from common.triton_env import LOG2E, dot_precision, dot_tile
 
 ARCHS = (80, 90, 100)  # sm_80 (A100), sm_90 (H100), sm_100 (B200)
@@ -54,6 +56,9 @@ class Launch:
 
 
 LaunchFn = Callable[[Lab, str, int], Launch]
+# The launch plan at the entry's bench shape for a target (bench d, bf16): its grid and,
+# in ``notes["stage_bytes"]``, the global-memory bytes one CTA loads per pipeline stage.
+PlanFn = Callable[[Target], Plan]
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,9 @@ class GpuKernel:
     dtypes: tuple[str, ...] = DTYPES
     head_dims: tuple[int, ...] = HEAD_DIMS
     summary_head_dim: int = 0  # the head dim of the report's summary row (0: 128 if compiled)
+    plan: PlanFn | None = None  # the launch plan the report judges (None: not judged)
+    role: str = "main"  # "main": the plan's default launch; "helper" (a merge) or
+    # "comparison" (a non-default option): grid flags are shown, not failed
 
     @property
     def summary_dims(self) -> int:
@@ -163,15 +171,15 @@ def paged_decode(heads: int, kv_heads: int) -> LaunchFn:
 
 def varlen_prefill(heads: int, kv_heads: int) -> LaunchFn:
     """``varlen_prefill_triton``: q ``[16384, H, d]``, caches ``[1024, 16, KVH, d]``, tables
-    ``[8, 128]``. GQA-packed tile: ``BLOCK_M = max(GPU_TILES["block_m"], dot_tile(group))``,
-    ``BLOCK_Q = BLOCK_M // group`` (``provided.gqa_tiles``); launch options
+    ``[8, 128]``. GQA-packed tile from the launch plan (``launch_plan.varlen_prefill`` on the
+    H100), ``BLOCK_Q = BLOCK_M // group`` (``provided.gqa_tiles``); launch options
     ``provided.gpu_launch(BLOCK_M, BLOCK_N)``."""
 
     def launch(lab: Lab, dtype: str, d: int) -> Launch:
-        tiles = _need(lab).GPU_TILES
         tokens, seqs, blocks, page = 16384, 8, 128, 16
         group = heads // kv_heads
-        block_m = max(tiles["block_m"], dot_tile(group))
+        tiles = lp.varlen_prefill(tokens, seqs, kv_heads, group, d, lp.H100).tiles
+        block_m = tiles["block_m"]
         cache = strides(seqs * blocks, page, kv_heads, d)
         args: dict[str, Any] = {
             "q_ptr": Ptr(dtype), "k_cache_ptr": Ptr(dtype), "v_cache_ptr": Ptr(dtype),
@@ -188,7 +196,7 @@ def varlen_prefill(heads: int, kv_heads: int) -> LaunchFn:
                     HEAD_DIM_V=d, HEAD_DIM_V_PAD=dot_tile(d), BLOCK_M=block_m,
                     BLOCK_Q=block_m // group, BLOCK_N=tiles["block_n"],
                     DOT_PRECISION=_precision(dtype))  # fmt: skip
-        return Launch(args, _need(lab).gpu_launch(block_m, tiles["block_n"]))
+        return Launch(args, _need(lab).gpu_launch(block_m, tiles["block_n"], d))
 
     return launch
 
@@ -198,18 +206,24 @@ def varlen_prefill(heads: int, kv_heads: int) -> LaunchFn:
 SPLIT_CONTEXT = 65536  # the bench's target shape: batch 1, 64k tokens, gqa32/8
 
 
+def split_plan(target: Target) -> Plan:
+    """Lab 04's plan at batch 1, 64k context, gqa32/8, d 128."""
+    return lp.split_kv_decode(1, 8, 4, 128, SPLIT_CONTEXT, target)
+
+
 def split_partition(num_segments: int | None) -> LaunchFn:
     """``split_kv_decode_triton``'s partition kernel: q ``[1, 32, d]``, caches ``[4096, 16, 8,
-    d]``, partials ``[1, 32, splits, d]`` fp32; ``num_segments`` None = partitions of
-    ``provided.DEFAULT_PARTITION_SIZE`` tokens; launch options
+    d]``, partials ``[1, 32, splits, d]`` fp32; ``num_segments`` None = the launch plan's
+    partitions (``launch_plan.split_kv_decode`` on the H100); launch options
     ``provided.PARTITION_LAUNCH``."""
 
     def launch(lab: Lab, dtype: str, d: int) -> Launch:
         provided = _need(lab)
         heads, kv_heads, page = 32, 8, 16
         blocks = SPLIT_CONTEXT // page
-        size = provided.DEFAULT_PARTITION_SIZE
-        splits = num_segments or -(-SPLIT_CONTEXT // size)
+        plan = split_plan(lp.H100)
+        size = plan.tiles["partition_size"]
+        splits = num_segments or plan.splits
         group = heads // kv_heads
         cache = strides(blocks, page, kv_heads, d)
         args: dict[str, Any] = {
@@ -234,19 +248,19 @@ def split_partition(num_segments: int | None) -> LaunchFn:
     return launch
 
 
-def merge_partitions(splits: int) -> LaunchFn:
+def merge_partitions(splits: int | None) -> LaunchFn:
     """``split_kv_decode_triton``'s merge kernel: fp32 partials ``[1, 32, splits, d]``, out
     ``[1, 32, d]`` in the entry's dtype; launch options ``provided.MERGE_LAUNCH``."""
 
     def launch(lab: Lab, dtype: str, d: int) -> Launch:
         provided = _need(lab)
-        heads = 32
+        heads, splits_ = 32, splits or split_plan(lp.H100).splits
         args: dict[str, Any] = {
             "part_out_ptr": Ptr("fp32"), "part_lse_ptr": Ptr("fp32"), "out_ptr": Ptr(dtype),
-            "lse_ptr": Ptr("fp32"), "num_partitions": splits,
+            "lse_ptr": Ptr("fp32"), "num_partitions": splits_,
         }  # fmt: skip
-        args.update(zip(("stride_ob", "stride_oh", "stride_op"), strides(1, heads, splits, d)))
-        args.update(zip(("stride_lb", "stride_lh"), strides(1, heads, splits)))
+        args.update(zip(("stride_ob", "stride_oh", "stride_op"), strides(1, heads, splits_, d)))
+        args.update(zip(("stride_lb", "stride_lh"), strides(1, heads, splits_)))
         args.update(zip(("stride_fb", "stride_fh"), strides(1, heads, d)))
         args.update(zip(("stride_sb", "stride_sh"), strides(1, heads)))
         args.update(HEAD_DIM_V=d, BLOCK_P=provided.GPU_TILES["block_p"], BLOCK_DV=dot_tile(d),
@@ -395,6 +409,81 @@ def primer(kernel: str) -> LaunchFn:
     return launch
 
 
+# ---- the launch plans at the bench shapes (bf16, the bench head dim) --------------------------
+
+
+def _kv_stage(block_n: int, d: int = 128, dv: int | None = None) -> int:
+    """bf16 bytes of one K and one V tile of ``block_n`` keys."""
+    return block_n * (d + (dv or d)) * 2
+
+
+def _at(plan: Plan, grid: tuple[int, ...], stage_bytes: int) -> Plan:
+    return replace(plan, grid=grid, notes={**plan.notes, "stage_bytes": stage_bytes})
+
+
+def forward_plan(t: Target) -> Plan:
+    """Lab 00 at b1 h32 L16k d128: grid ``(L / block_m, B * H)``, a K/V tile per stage."""
+    p = lp.flash_forward(128, t)
+    return _at(p, (BWD_LEN // p.tiles["block_m"], BWD_HEADS), _kv_stage(p.tiles["block_n"]))
+
+
+def backward_plan(kernel: str) -> PlanFn:
+    """Lab 05 at b1 h32 L16k d128: dK/dV streams Q and dO tiles (grid ``(L / block_n, H)``),
+    dQ streams K and V (grid ``(L / block_m, H)``), the preprocess O and dO rows."""
+
+    def plan(t: Target) -> Plan:
+        p = lp.flash_backward(128, t)
+        bm, bn = p.tiles["block_m"], p.tiles["block_n"]
+        if kernel == "dkdv":
+            return _at(p, (BWD_LEN // bn, BWD_HEADS), _kv_stage(bm))
+        return _at(p, (BWD_LEN // bm, BWD_HEADS), _kv_stage(bn if kernel == "dq" else bm))
+
+    return plan
+
+
+def paged_plan(heads: int, kv_heads: int) -> PlanFn:
+    """Lab 01 at b64 ctx4k d128: one CTA per (sequence, KV head)."""
+    return lambda t: _at(p := lp.paged_decode(64, kv_heads, heads // kv_heads, 128, t), p.grid,
+                         _kv_stage(p.tiles["block_n"]))  # fmt: skip
+
+
+def prefill_plan(heads: int, kv_heads: int) -> PlanFn:
+    """Lab 03 at 8 x 2k tokens d128: grid ``(T // BLOCK_Q + B, KVH)``."""
+    return lambda t: _at(
+        p := lp.varlen_prefill(16384, 8, kv_heads, heads // kv_heads, 128, t), p.grid,
+        _kv_stage(p.tiles["block_n"]))  # fmt: skip
+
+
+def split_partition_plan(num_segments: int | None) -> PlanFn:
+    """Lab 04's partition kernel at b1 64k: the plan's splits, or a fixed segment count."""
+
+    def plan(t: Target) -> Plan:
+        p = split_plan(t)
+        splits = num_segments or p.splits
+        return _at(replace(p, splits=splits), (splits, 8), _kv_stage(p.tiles["block_n"]))
+
+    return plan
+
+
+def merge_plan(t: Target) -> Plan:
+    """Lab 04's merge kernel: one CTA per (sequence, head), ``block_p`` fp32 partials a step."""
+    p = split_plan(t)
+    return _at(replace(p, num_warps=4, num_stages=3), (1, 32), p.tiles["block_p"] * 128 * 4)
+
+
+def window_plan(heads: int, kv_heads: int, d: int, window: int | None) -> PlanFn:
+    """Lab 06's window decode at b64 ctx4k."""
+    return lambda t: _at(
+        p := lp.window_decode(64, kv_heads, heads // kv_heads, d, 4096, window, t), p.grid,
+        _kv_stage(p.tiles["block_n"], d))  # fmt: skip
+
+
+def mla_plan(heads: int) -> PlanFn:
+    """Lab 06's MLA decode at b64 ctx4k, d_c 512 + 64 rotary dims: one latent row per key."""
+    return lambda t: _at(p := lp.mla_decode(64, heads, 512, 4096, t), p.grid,
+                         p.tiles["block_n"] * (512 + MLA_ROPE_DIM) * 2)  # fmt: skip
+
+
 # ---- the table ------------------------------------------------------------------------------
 
 LAB00 = "lab-00-online-softmax"
@@ -408,37 +497,44 @@ WIDE = {"dtypes": ("bf16",), "head_dims": (128,)}  # extra configs: the bench dt
 
 GPU_KERNELS: tuple[GpuKernel, ...] = (
     GpuKernel(LAB00, "_flash_attn_fwd_kernel", "non-causal", flash_forward(False), "flash",
-              "prefill mha b1 L16k d128 non-causal"),
+              "prefill mha b1 L16k d128 non-causal", plan=forward_plan),
     GpuKernel(LAB00, "_flash_attn_fwd_kernel", "causal", flash_forward(True), "flash",
-              "prefill mha b1 L16k d128 causal"),
-    GpuKernel(LAB01, "_paged_decode_kernel", "gqa32/8", paged_decode(32, 8), "decode"),
-    GpuKernel(LAB01, "_paged_decode_kernel", "group 32", paged_decode(32, 1), "decode", **WIDE),
-    GpuKernel(LAB03, "_varlen_prefill_kernel", "gqa32/8", varlen_prefill(32, 8), "varlen"),
+              "prefill mha b1 L16k d128 causal", plan=forward_plan),
+    GpuKernel(LAB01, "_paged_decode_kernel", "gqa32/8", paged_decode(32, 8), "decode",
+              plan=paged_plan(32, 8)),
+    GpuKernel(LAB01, "_paged_decode_kernel", "group 32", paged_decode(32, 1), "decode", **WIDE,
+              plan=paged_plan(32, 1), role="comparison"),
+    GpuKernel(LAB03, "_varlen_prefill_kernel", "gqa32/8", varlen_prefill(32, 8), "varlen",
+              plan=prefill_plan(32, 8)),
     GpuKernel(LAB03, "_varlen_prefill_kernel", "group 32", varlen_prefill(32, 1), "varlen",
-              **WIDE),  # fmt: skip
-    GpuKernel(LAB04, "_split_kv_partition_kernel", "16 segments", split_partition(16), "split"),
-    GpuKernel(LAB04, "_split_kv_partition_kernel", "partitions of 512", split_partition(None),
-              "split"),  # fmt: skip
-    GpuKernel(LAB04, "_merge_partitions_kernel", "16 segments", merge_partitions(16), "split"),
+              **WIDE, plan=prefill_plan(32, 1)),  # fmt: skip
+    GpuKernel(LAB04, "_split_kv_partition_kernel", "16 segments", split_partition(16), "split",
+              plan=split_partition_plan(16), role="comparison"),
+    GpuKernel(LAB04, "_split_kv_partition_kernel", "planned split", split_partition(None),
+              "split", plan=split_partition_plan(None)),  # fmt: skip
+    GpuKernel(LAB04, "_merge_partitions_kernel", "planned split", merge_partitions(None),
+              "split", plan=merge_plan, role="helper"),
     GpuKernel(LAB05, "_bwd_preprocess_kernel", "Delta", bwd_preprocess, "backward",
-              "prefill mha b1 L16k d128 causal"),
+              "prefill mha b1 L16k d128 causal", plan=backward_plan("pre"), role="helper"),
     GpuKernel(LAB05, "_bwd_dkdv_kernel", "non-causal", flash_bwd("dkdv", False), "backward",
-              "prefill mha b1 L16k d128 non-causal"),
+              "prefill mha b1 L16k d128 non-causal", plan=backward_plan("dkdv")),
     GpuKernel(LAB05, "_bwd_dkdv_kernel", "causal", flash_bwd("dkdv", True), "backward",
-              "prefill mha b1 L16k d128 causal"),
+              "prefill mha b1 L16k d128 causal", plan=backward_plan("dkdv")),
     GpuKernel(LAB05, "_bwd_dq_kernel", "non-causal", flash_bwd("dq", False), "backward",
-              "prefill mha b1 L16k d128 non-causal"),
+              "prefill mha b1 L16k d128 non-causal", plan=backward_plan("dq")),
     GpuKernel(LAB05, "_bwd_dq_kernel", "causal", flash_bwd("dq", True), "backward",
-              "prefill mha b1 L16k d128 causal"),
+              "prefill mha b1 L16k d128 causal", plan=backward_plan("dq")),
     GpuKernel(LAB06, "_window_sink_decode_kernel", "gqa64/8 window 128 + sinks",
               window_sink_decode(64, 8, True), "window", "decode gqa64/8 b64 ctx4k d64 window128",
-              summary_head_dim=64),
+              summary_head_dim=64, plan=window_plan(64, 8, 64, WINDOW)),
     GpuKernel(LAB06, "_window_sink_decode_kernel", "gqa32/8 no window, no sinks",
-              window_sink_decode(32, 8, False), "window", "decode gqa32/8 b64 ctx4k d128"),
+              window_sink_decode(32, 8, False), "window", "decode gqa32/8 b64 ctx4k d128",
+              plan=window_plan(32, 8, 128, None)),
     GpuKernel(LAB06, "_mla_decode_kernel", "128 heads", mla_decode(128), "mla",
-              "decode mla128 b64 ctx4k d512+64", head_dims=(512,)),
+              "decode mla128 b64 ctx4k d512+64", head_dims=(512,), plan=mla_plan(128)),
     GpuKernel(LAB06, "_mla_decode_kernel", "16 heads (TP8)", mla_decode(16), "mla",
-              "decode mla16 b64 ctx4k d512+64", dtypes=("bf16",), head_dims=(512,)),
+              "decode mla16 b64 ctx4k d512+64", dtypes=("bf16",), head_dims=(512,),
+              plan=mla_plan(16)),
 )
 
 # lab-09's kernels, fp16 (float32 tl.dot in "ieee" precision has no tensor-core instruction)

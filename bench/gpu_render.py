@@ -92,6 +92,19 @@ def verdict(report: dict) -> list[str]:
         f"{len(gate)} pass.",
         "",
     ]
+    checks = report.get("plan_checks") or []
+    if checks:
+        bad = [c for c in checks if c["problems"]]
+        flagged = [c for c in checks if c["flags"] and not c["problems"]]
+        lines += [
+            f"Launch plans judged at the bench shapes (below): {len(checks)} kernel x arch, "
+            f"{len(checks) - len(bad)} pass (wgmma / tcgen05 where compute-bound, no sub-wave "
+            f"grid for a main launch, no spills), {len(flagged)} flagged: "
+            + ("; ".join(sorted({f"{c['kernel']} [{c['config']}]: {c['flags'][0]}"
+                                 for c in flagged if c["arch"] == SUMMARY_ARCH})) or "none")
+            + ".",
+            "",
+        ]  # fmt: skip
     if failing:
         lines += ["Failing configs (a launcher should not use them on that arch):", ""]
         lines += _table(
@@ -170,6 +183,45 @@ def bounds(report: dict) -> list[str]:
     return lines + [""]
 
 
+def plans(report: dict) -> list[str]:
+    """The launch plans judged at the bench shapes (``bench.gpu_plan``), and the model."""
+    checks = report.get("plan_checks") or []
+    if not checks:
+        return []
+    lines = [
+        "## The launch plans at the bench shapes (bf16; a MODEL of the speed, not a measurement)",
+        "",
+        "Per kernel and target: the plan of `common/launch_plan.py` (tiles, warps/stages, KV "
+        "splits, grid), CTAs per SM from the compiled occupancy, waves = CTAs / (SMs x CTAs "
+        "per SM), compute- or memory-bound at the bench shape (FLOP/byte against the "
+        "target's ridge), whether the SASS has the arch's wide MMA (wgmma = HGMMA on sm_90, "
+        "tcgen05 = UTC*MMA on sm_100), bytes in flight per SM against Little's law, the "
+        "roofline bound, the bound over the SMs the grid can occupy, and the modelled "
+        "fraction of the roof (assumptions below). FAIL = a problem; flag = shown, not "
+        "failed (helpers, comparison configs, and a split the kernel does not implement).",
+        "",
+    ]
+    lines += _table(
+        ["kernel [config]", "arch", "tiles", "w/s", "splits", "grid (CTAs)", "CTAs/SM",
+         "waves", "bound (FLOP/B vs ridge)", "wide MMA", "in flight / needed per SM (KB)",
+         "roof (µs)", "plan bound (µs)", "model: fraction of roof (µs)", "verdict"],
+        [[f"{c['lab'].split('-')[1]} `{c['kernel']}` [{c['config']}]", c["arch"],
+          " ".join(f"{k.replace('block_', '')}={v}" for k, v in c["tiles"].items()),
+          f"{c['num_warps']}/{c['num_stages']}", c["splits"],
+          f"{'x'.join(map(str, c['grid']))} ({c['ctas']})", c["ctas_per_sm"], c["waves"],
+          f"{c['bound']} ({c['intensity']:g} vs {c['ridge']:g})",
+          "yes" if c["wide_mma"] else "no", f"{c['in_flight_kb']:g} / {c['needed_kb']:g}",
+          f"{c['roof_us']:g}", f"{c['plan_bound_us']:g}",
+          f"{c['model_fraction']:.2f} ({c['model_us']:g})",
+          "; ".join(["FAIL: " + p for p in c["problems"]] + ["flag: " + f for f in c["flags"]])
+          or "ok"] for c in checks],
+    )  # fmt: skip
+    lines += ["", "Model assumptions (the fraction is a model, not a measurement):", ""]
+    lines += [f"- {a}" for a in report.get("model_assumptions", [])]
+    lines += ["", "Target figures:", ""] + [f"- {a}" for a in report.get("target_sources", [])]
+    return lines + [""]
+
+
 def all_rows(report: dict) -> list[str]:
     lines = ["## Every config", ""]
     lines += _table(
@@ -230,6 +282,6 @@ def how_to_read(report: dict) -> list[str]:
 
 
 def markdown(report: dict) -> str:
-    parts = header(report) + verdict(report) + summary(report) + bounds(report)
+    parts = header(report) + verdict(report) + summary(report) + bounds(report) + plans(report)
     parts += all_rows(report) + how_to_read(report)
     return "\n".join(parts).rstrip() + "\n"

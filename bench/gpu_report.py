@@ -14,7 +14,10 @@ benchmark shapes. Nothing runs on a GPU: these are compiled facts, not timings.
 
 Checks (each config, every arch): no spills; static + dynamic shared memory within the
 arch's per-block limit; a tensor-core MMA in the SASS of every kernel whose Triton IR has a
-``tl.dot``. ``--strict`` exits 1 when a check fails; a compile error always exits 1.
+``tl.dot``. Then the launch plan is judged at each kernel's bench shape (``bench.gpu_plan``):
+wgmma / tcgen05 where compute-bound, no sub-wave grid for a main launch, bytes in flight
+against Little's law, and the expected speed as a model. ``--strict`` exits 1 when a check
+fails; a compile error always exits 1.
 """
 
 from __future__ import annotations
@@ -30,7 +33,9 @@ from typing import Any
 
 from bench.gpu_compile import DEFAULT_CACHE, SCHEMA, Task, run_tasks
 from bench.gpu_kernels import ARCHS, GPU_KERNELS, GpuKernel
+from bench.gpu_plan import MODEL_ASSUMPTIONS, plan_checks
 from bench.gpu_render import write_report
+from common.launch_plan import TARGET_SOURCES
 from common.loader import default_impl
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -351,6 +356,9 @@ def build_report(command: str, tasks: list[Task], outcomes: list[dict]) -> dict:
         "errors": [r for r in rows if r["status"] == "error"],
         "skipped": [dict(zip(("lab", "kernel", "config", "reason"), s)) for s in skipped],
         "lower_bounds": lower_bounds(entries),
+        "plan_checks": plan_checks([r for r in rows if r["status"] == "ok"]),
+        "model_assumptions": list(MODEL_ASSUMPTIONS),
+        "target_sources": list(TARGET_SOURCES),
     }
 
 
@@ -372,8 +380,12 @@ def summarize_run(report: dict, tasks: list[Task], outcomes: list[dict], wall: f
     for r in failing:
         print(f"   FAIL {r['kernel']} [{r['config']}] {r['dtype']} d{r['head_dim']} {r['arch']}: "
               f"{'; '.join(r['problems'])}", file=sys.stderr)  # fmt: skip
+    plan_failing = [p for p in report.get("plan_checks", []) if p["problems"]]
+    for p in plan_failing:
+        print(f"   PLAN FAIL {p['kernel']} [{p['config']}] {p['arch']}: "
+              f"{'; '.join(p['problems'])}", file=sys.stderr)  # fmt: skip
     print(f">> wrote {out.with_suffix('.md')} and {out.with_suffix('.json')}", file=sys.stderr)
-    return 1 if report["errors"] or (strict and failing) else 0
+    return 1 if report["errors"] or (strict and (failing or plan_failing)) else 0
 
 
 if __name__ == "__main__":

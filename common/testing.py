@@ -264,3 +264,30 @@ class LabScript:
         except (ProcessLookupError, PermissionError):
             pass  # everyone already exited
         self.proc.wait()
+
+
+def sm90_kernels(test_file: str) -> list[str]:
+    """The ``@triton.jit`` kernels of the lab beside ``test_file`` that ``make gpu-report``
+    compiles (``bench/gpu_kernels.py``); [] where bench/ is absent."""
+    try:
+        from bench.student_compile import kernels_of
+    except ImportError:
+        return []
+    return kernels_of(Path(test_file).resolve().parent.name)
+
+
+def assert_compiles_for_sm_90(test_file: str, kernel: str) -> None:
+    """Compile ``kernel`` of the lab beside ``test_file`` (``LAB_IMPL``'s file) for sm_90 with
+    Triton's bundled ptxas, on the CPU (``bench.student_compile``: cached, seconds when
+    nothing changed); fail with the compiler's message, or with what the compiled code shows
+    that the interpreter hides (TF32 dots on float32 inputs, spills, 32-bit offsets)."""
+    import pytest
+
+    from bench.student_compile import check_lab
+    from common.loader import lab_impl
+
+    lab = Path(test_file).resolve().parent
+    found = check_lab(lab.name, lab_impl(), kernel, str(lab.parent))
+    if found:
+        pytest.fail("compiled for an H100 (sm_90) on the CPU:\n" + "\n".join(found),
+                    pytrace=False)  # fmt: skip

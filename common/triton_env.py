@@ -121,6 +121,19 @@ def on_interpreter(t: Any = None) -> bool:
     return t is not None and getattr(getattr(t, "device", None), "type", "cuda") != "cuda"
 
 
+def launch_target(t: Any = None) -> Any:
+    """The ``common.launch_plan.Target`` a launch on ``t`` runs on: the interpreter's, or the
+    CUDA device's (compute capability and SM count read from torch)."""
+    from common import launch_plan
+
+    if on_interpreter(t):
+        return launch_plan.INTERPRETER
+    import torch
+
+    props = torch.cuda.get_device_properties(getattr(t, "device", None) or 0)
+    return launch_plan.target_for(props.major * 10 + props.minor, props.multi_processor_count)
+
+
 def dot_precision(dtype: Any) -> str:
     """``input_precision`` for ``tl.dot`` on inputs of ``dtype``.
 

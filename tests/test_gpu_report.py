@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 import pathlib
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -306,3 +307,98 @@ def test_the_captured_report_was_compiled_from_this_tree_and_every_sm_90_config_
                f"{r['problems']}" for r in rows.values()
                if r["arch"] == f"sm_{GATE_ARCH}" and r["problems"]]
     assert not failing, "configs that fail the sm_90 checks: " + "; ".join(failing)
+    plans = [f"{p['kernel']} [{p['config']}] {p['arch']}: {p['problems']}"
+             for p in report.get("plan_checks", []) if p["problems"]]  # fmt: skip
+    assert report.get("plan_checks") and not plans, "launch plans that fail: " + "; ".join(plans)
+
+
+# ---- the launch plan, judged (bench/gpu_plan.py): canned rows, no compile ----------------------
+
+
+def _row(mma_kind: str, blocks_per_sm: int = 2, stages: int = 3) -> dict:
+    return {"mma_kind": mma_kind, "dots": 2, "num_warps": 4, "num_stages": stages,
+            "spill_stores": 0, "spill_loads": 0, "occupancy": {"blocks_per_sm": blocks_per_sm}}
+
+
+def _entry(lab: str, config: str):
+    return GPU_KERNELS[_index(lab, config)]
+
+
+def test_a_plan_with_16_row_prefill_tiles_fails_with_the_reason():
+    from bench.gpu_plan import bench_work, judge
+    from common import launch_plan as lp
+
+    entry = _entry("lab-03", "gqa32/8")
+    planned = entry.plan(lp.H100)
+    assert planned.tiles["block_m"] >= 64
+    sixteen = replace(planned, tiles={"block_m": 16, "block_n": 32})
+    verdict = judge(entry, sixteen, lp.H100, _row("HMMA x32", 4), bench_work(entry))
+    assert verdict["bound"] == "compute"
+    assert any("16-row query tiles" in p for p in verdict["problems"]), verdict["problems"]
+    assert any("wgmma" in p for p in verdict["problems"]), verdict["problems"]
+    good = judge(entry, planned, lp.H100, _row("HGMMA x24, HMMA x8", 1), bench_work(entry))
+    assert not good["problems"], good["problems"]
+    assert good["model_fraction"] <= 0.75  # a model, never above its stated ceiling
+
+
+def test_a_sub_wave_decode_grid_at_batch_1_fails_with_the_reason():
+    from bench.gpu_plan import bench_work, judge
+    from common import launch_plan as lp
+
+    entry = _entry("lab-04", "planned split")
+    unsplit = replace(entry.plan(lp.H100), splits=1, grid=(1, 8))
+    verdict = judge(entry, unsplit, lp.H100, _row("HMMA x12", 8), bench_work(entry))
+    assert verdict["bound"] == "memory"
+    assert any("sub-wave grid: 8 CTAs on 132 SMs" in p for p in verdict["problems"])
+    planned = judge(entry, entry.plan(lp.H100), lp.H100, _row("HMMA x12", 8), bench_work(entry))
+    assert not planned["problems"] and planned["ctas"] >= 132, planned
+
+
+def test_littles_law_needs_bandwidth_times_latency_per_sm():
+    from bench.gpu_plan import bench_work, judge
+    from common import launch_plan as lp
+
+    entry = _entry("lab-04", "planned split")
+    verdict = judge(entry, entry.plan(lp.H100), lp.H100, _row("HMMA x12", 1, 2),
+                    bench_work(entry))  # fmt: skip
+    assert verdict["needed_kb"] == round(3.35e12 * 600e-9 / 132 / 1024, 1)
+    assert verdict["in_flight_kb"] == 8.0  # 1 CTA x 1 stage ahead x 16 keys x 256 x 2 B
+    assert any("Little's law" in f for f in verdict["flags"])
+
+
+TTIR = """
+tt.func @_k(%k_cache_ptr: !tt.ptr<f32>, %q_ptr: !tt.ptr<f32>, %out_ptr: !tt.ptr<f32>) {
+%0 = tt.splat %k_cache_ptr : !tt.ptr<f32> -> tensor<16x!tt.ptr<f32>>
+%1 = tt.addptr %0, %offs : tensor<16x!tt.ptr<f32>>, tensor<16xi32>
+%q_1 = tt.addptr %q_ptr, %b : !tt.ptr<f32>, i64
+%q_2 = tt.splat %q_1 : !tt.ptr<f32> -> tensor<16x!tt.ptr<f32>>
+%q_3 = tt.addptr %q_2, %d : tensor<16x!tt.ptr<f32>>, tensor<16xi32>
+%s = tt.dot %a, %b, %c, inputPrecision = tf32 : tensor<4x4xf32> * tensor<4x4xf32> -> tensor<4x4xf32>
+%t = tt.dot %a, %b, %c : tensor<4x4xf32> * tensor<4x4xf32> -> tensor<4x4xf32>
+%u = tt.dot %e, %f, %c, inputPrecision = tf32 : tensor<4x4xf16> * tensor<4x4xf16> -> tensor<4x4xf32>
+"""
+
+
+def test_the_compiled_ir_shows_tf32_dots_on_float32_and_32_bit_offset_chains():
+    from bench.gpu_compile import first_offsets, tf32_dots_on_f32
+
+    assert tf32_dots_on_f32(TTIR) == 1  # the ieee dot prints no precision; fp16 is exact
+    widths = first_offsets(TTIR)
+    assert widths["k_cache_ptr"] == ["i32"], "the whole cache offset is 32-bit: flagged"
+    assert widths["q_ptr"] == ["i32", "i64"], "widened once on the chain: fine"
+    assert "out_ptr" not in widths
+
+
+def test_student_compile_names_32_bit_offsets_into_a_cache_and_tf32_dots():
+    from bench.student_compile import problems
+
+    index = _index("lab-04", "planned split")
+    result = {"tf32_dots_on_f32": 2, "first_offsets": {"k_cache_ptr": ["i32"], "q_ptr": ["i32"]},
+              "spill_stores": 0, "spill_loads": 0, "dots": 2, "mma": {"HMMA": 2}, "regs": 64,
+              "loads": {"LDG": 8}}
+    found = problems(Task(index, "fp32", 128, 90), "fp32", {"status": "ok", "result": result})
+    assert any("TF32" in p for p in found) and any("k_cache_ptr" in p for p in found)
+    assert not any("q_ptr" in p for p in found), "a decode step's q is small: not flagged"
+    error = problems(Task(index, "bf16", 128, 90), "bf16",
+                     {"status": "error", "reason": "CompilationError: NameError('LOG2E')"})
+    assert error and "does not compile for sm_90" in error[0] and "LOG2E" in error[0]

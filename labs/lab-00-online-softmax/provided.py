@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from common import launch_plan
 from common.checks import positive_int as positive_int  # given: ValueError naming the argument
 from common.triton_env import (
     DEVICE,
@@ -23,7 +24,6 @@ from common.triton_env import (
     cdiv,
     check_kernel_dtype,
     default_scale,
-    dot_tile,
     tl,
 )
 
@@ -137,12 +137,7 @@ def gpu_tiles(head_dim: int) -> dict[str, int]:
     registers, 60 bytes), with 3 stages on sm_100 (8 bytes; ``make gpu-report`` with the
     pinned triton 3.7.1, compiled, not run).
     """
-    d_pad = dot_tile(head_dim)
-    if d_pad <= 64:
-        return {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 2}
-    if d_pad <= 128:
-        return {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 3}
-    return {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 2}
+    return launch_plan.flash_forward(head_dim, launch_plan.H100).config  # common/launch_plan.py
 
 
 # CUDA's limits on a launch grid: x up to 2^31 - 1 programs, y and z up to 65,535.

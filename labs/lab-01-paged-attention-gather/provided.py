@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from common import launch_plan
 from common.checks import (
     check_block_table,
     check_paged_batch,
@@ -25,10 +26,12 @@ from common.triton_env import check_kernel_dtype
 # Tile sizes of paged_decode_triton (tokens per K/V tile), picked with
 # common.triton_env.tile_config. 64 tokens keep enough bytes in flight on a GPU; 16 keeps
 # the interpreter fast while a tile still crosses cache-block boundaries.
-GPU_TILES = {"block_n": 64}
+# The GPU values are the launch plan's (common/launch_plan.py, ``paged_decode``).
+_GPU_PLAN = launch_plan.paged_decode(64, 8, 4, 128, launch_plan.H100)
+GPU_TILES = dict(_GPU_PLAN.tiles)
 INTERPRETER_TILES = {"block_n": 16}
 # Launch options on a GPU (the interpreter ignores them).
-GPU_LAUNCH = {"num_warps": 4, "num_stages": 2}
+GPU_LAUNCH = _GPU_PLAN.launch
 
 
 def check_slot_mapping_inputs(

@@ -946,3 +946,20 @@ def test_triton_kernel_on_a_gpu_at_llama_size_matches_a_float32_reference(
     assert_close(out, want_out, what=f"out ({dtype})", atol=atol, rtol=rtol,
                  wrong_answers={GQA_MISCONCEPTION: wrong_out} if num_kv_heads > 1 else None)
     assert_close(lse, want_lse, what=f"lse ({dtype})", atol=atol, rtol=rtol)
+
+
+# ---- compiled for an H100 on the CPU: what the interpreter cannot see (bench/student_compile.py)
+import common.testing  # noqa: E402
+
+SM90_KERNELS = common.testing.sm90_kernels(__file__)  # []: no bench/ (the grader's copy)
+if SM90_KERNELS:
+
+    @pytest.mark.points(1)
+    @pytest.mark.triton
+    @pytest.mark.gpu_compile
+    @pytest.mark.parametrize("kernel", SM90_KERNELS)
+    def test_kernel_compiles_for_sm_90_with_ieee_dots_no_spills_and_64_bit_offsets(kernel: str):
+        """The kernel compiles for sm_90 with the bundled ptxas (a plain Python global read
+        in a kernel runs on the interpreter and does not compile for a GPU), float32 inputs
+        keep ieee dots, the lab's GPU tiles do not spill, large tensors get 64-bit offsets."""
+        common.testing.assert_compiles_for_sm_90(__file__, kernel)

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from common import launch_plan
 from common.checks import (
     check_block_table,
     check_heads,
@@ -27,27 +28,21 @@ from common.triton_env import (
     default_scale,
     dot_precision,
     dot_tile,
+    launch_target,
     log2e_scale,
+    on_interpreter,
     tile_config,
 )
 
-# Rows of the GQA-packed query tile (block_m) and keys per K/V tile (block_n). On a GPU these
-# are vLLM 0.33.0's unified-attention sizes (BLOCK_M = 16; a K/V tile of 32 keys for prefill,
-# ``_get_tile_size`` in vllm/v1/attention/ops/triton_unified_attention.py).
-GPU_TILES = {"block_m": 16, "block_n": 32}
+# Rows of the GQA-packed query tile (block_m) and keys per K/V tile (block_n). On a GPU the
+# launch plan picks them (common/launch_plan.py, ``varlen_prefill``: FlashInfer's rule, 128
+# rows when a sequence packs more than 64 query rows, 64 above 16, else 16; 64 keys beside a
+# 64+-row tile at d > 64, else 32); the interpreter keeps 16 x 16 so CPU tests stay fast.
 INTERPRETER_TILES = {"block_m": 16, "block_n": 16}
-# Warps per program: 4 (vLLM's default) up to a 64 x 32 tile; 8 from 64 x 64 on, where 4 warps
-# run out of registers at d = 128 (the K and V tiles are gathered through per-key pointers).
-WIDE_TILE = 64 * 64
-# K/V tiles in flight (software pipelining): 3, Triton's CUDA default, written out so the
-# launch does not depend on a default (``make gpu-report`` compiles exactly this).
-GPU_NUM_STAGES = 3
-
-
-def gpu_launch(block_m: int, block_n: int) -> dict[str, int]:
+def gpu_launch(block_m: int, block_n: int, head_dim: int = 128) -> dict[str, int]:
     """``num_warps`` and ``num_stages`` of the varlen kernel for a ``block_m x block_n`` tile
-    (ignored by the interpreter)."""
-    return {"num_warps": 8 if block_m * block_n >= WIDE_TILE else 4, "num_stages": GPU_NUM_STAGES}
+    (ignored by the interpreter): the launch plan's (``launch_plan.prefill_launch``)."""
+    return launch_plan.prefill_launch(block_m, block_n, head_dim)
 
 # ---------------------------------------------------------------------------------------
 # NumPy inputs
@@ -192,16 +187,22 @@ def metadata_on_host(
     return tables.reshape(tuple(block_tables.shape)), qsl, lens
 
 
-def gqa_tiles(q: Any, group: int, block_m: int | None, block_n: int | None) -> tuple[int, int, int]:
+def gqa_tiles(
+    q: Any, group: int, block_m: int | None, block_n: int | None, num_seqs: int = 1
+) -> tuple[int, int, int]:
     """``(BLOCK_M, BLOCK_Q, BLOCK_N)``: rows per query tile, query tokens per tile, keys per
-    K/V tile.
+    K/V tile. On a GPU the defaults are the launch plan's for ``q [T, H, d]`` cut into
+    ``num_seqs`` sequences (``common.launch_plan.varlen_prefill``).
 
     A tile's ``BLOCK_M`` rows hold ``BLOCK_Q = BLOCK_M // group`` query tokens times the
     ``group`` query heads that share one KV head (vLLM 0.33.0: ``BLOCK_M = 16 if
     num_queries_per_kv <= 16 else next_power_of_2(num_queries_per_kv)``).
     """
+    gpu = None if on_interpreter(q) else launch_plan.varlen_prefill(
+        int(q.shape[0]), num_seqs, 1, group, int(q.shape[2]), launch_target(q)).tiles
     config = tile_config(
-        q, gpu=GPU_TILES, interpreter=INTERPRETER_TILES, block_m=block_m, block_n=block_n
+        q, gpu=gpu or INTERPRETER_TILES, interpreter=INTERPRETER_TILES, block_m=block_m,
+        block_n=block_n,
     )
     rows = config["block_m"]
     if block_m is None:
@@ -290,7 +291,7 @@ def launch_varlen_prefill(
     )
     num_tokens, num_heads, head_dim = (int(s) for s in q.shape)
     _, page_size, num_kv_heads, head_dim_v = (int(s) for s in v_cache.shape)
-    block_m, block_q, block_n = gqa_tiles(q, group, block_m, block_n)
+    block_m, block_q, block_n = gqa_tiles(q, group, block_m, block_n, int(seq_lens.shape[0]))
 
     out = torch.empty((num_tokens, num_heads, head_dim_v), dtype=q.dtype, device=q.device)
     lse = torch.empty((num_tokens, num_heads), dtype=torch.float32, device=q.device)
@@ -308,6 +309,6 @@ def launch_varlen_prefill(
         GROUP=group, PAGE_SIZE=page_size, BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_N=block_n,
         HEAD_DIM=head_dim, HEAD_DIM_PAD=dot_tile(head_dim),
         HEAD_DIM_V=head_dim_v, HEAD_DIM_V_PAD=dot_tile(head_dim_v),
-        DOT_PRECISION=dot_precision(q.dtype), **gpu_launch(block_m, block_n),
+        DOT_PRECISION=dot_precision(q.dtype), **gpu_launch(block_m, block_n, head_dim),
     )  # fmt: skip
     return out, lse

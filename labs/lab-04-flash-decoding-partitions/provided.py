@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from common import launch_plan
 from common.checks import check_paged_batch, host_max_seq_len
 from common.triton_env import (
     LOG2E,
@@ -25,6 +26,7 @@ from common.triton_env import (
     default_scale,
     dot_precision,
     dot_tile,
+    launch_target,
     log2e_scale,
     on_interpreter,
     tile_config,
@@ -45,11 +47,13 @@ CUDA_MAX_GRID_YZ = 65_535
 # GPU vLLM 0.33.0's TILE_SIZE_DECODE for 2-byte dtypes, 16; with 4 warps, d = 128 and 64-token
 # tiles the kernel runs out of registers on sm_90), block_p = partitions per step of the merge
 # kernel. Override them with the launchers' keyword arguments.
-GPU_TILES = {"block_n": 16, "block_p": 16}
+# The GPU values are the launch plan's (common/launch_plan.py, ``split_kv_decode``).
+_GPU_PLAN = launch_plan.split_kv_decode(1, 8, 4, 128, 65536, launch_plan.H100)
+GPU_TILES = {"block_n": _GPU_PLAN.tiles["block_n"], "block_p": _GPU_PLAN.tiles["block_p"]}
 INTERPRETER_TILES = {"block_n": 16, "block_p": 16}
 # Launch options on a GPU (the interpreter ignores them), written out rather than left to
 # Triton's defaults (4 warps, 3 stages) so ``make gpu-report`` compiles exactly what runs.
-PARTITION_LAUNCH = {"num_warps": 4, "num_stages": 2}
+PARTITION_LAUNCH = _GPU_PLAN.launch
 MERGE_LAUNCH = {"num_warps": 4, "num_stages": 3}
 
 
@@ -189,12 +193,15 @@ class SplitKVLaunch(NamedTuple):
 
 def plan_split_kv(
     q: Any, k_cache: Any, v_cache: Any, block_tables: Any, seq_lens: Any,
-    partition_size: int, scale: float | None, num_segments: int | None,
+    partition_size: int | None, scale: float | None, num_segments: int | None,
     block_n: int | None, max_seq_len: int | None,
 ) -> SplitKVLaunch:
     """Check the inputs (``ValueError`` naming the argument) and size the launch. Reads no
-    device value when ``max_seq_len`` is given."""
-    partition_size = check_count(partition_size, "partition_size")
+    device value when ``max_seq_len`` is given. ``partition_size=None``: the launch plan's
+    (``common.launch_plan.split_kv_decode``: on a GPU, enough splits for two CTAs per SM when
+    ``batch x KV heads`` is below the SM count; 512 tokens on the interpreter)."""
+    if partition_size is not None:
+        partition_size = check_count(partition_size, "partition_size")
     if num_segments is not None:
         num_segments = check_count(num_segments, "num_segments")
     for t, name in ((q, "q"), (k_cache, "k_cache"), (v_cache, "v_cache")):
@@ -208,6 +215,9 @@ def plan_split_kv(
     batch, num_heads, head_dim = (int(s) for s in q.shape)
     block_size, num_kv_heads = int(k_cache.shape[1]), int(k_cache.shape[2])
     max_seq_len = host_max_seq_len(seq_lens, block_tables, block_size, max_seq_len)
+    planned = launch_plan.split_kv_decode(batch, num_kv_heads, group, head_dim, max_seq_len,
+                                          launch_target(q))  # fmt: skip
+    partition_size = partition_size or planned.tiles["partition_size"]
     tiles = tile_config(q, gpu=GPU_TILES, interpreter=INTERPRETER_TILES, block_n=block_n)
     splits = num_splits(max_seq_len, partition_size, num_segments)
     partition_grid, merge_grid = split_kv_grids(batch, num_heads, num_kv_heads, splits)
@@ -244,7 +254,7 @@ def split_kv_decode(partition_kernel: Any, merge_kernel: Any) -> Callable[..., A
         v_cache: Any,
         block_tables: Any,
         seq_lens: Any,
-        partition_size: int = DEFAULT_PARTITION_SIZE,
+        partition_size: int | None = None,
         scale: float | None = None,
         *,
         num_segments: int | None = None,
@@ -261,7 +271,9 @@ def split_kv_decode(partition_kernel: Any, merge_kernel: Any) -> Callable[..., A
                 are never read. seq_lens: ``[B]`` int32 (0 allowed).
             partition_size: tokens per split when ``num_segments`` is None: any int >= 1
                 (the kernel gathers token by token, so it need not be a multiple of the
-                block size). The grid then grows with the longest sequence.
+                block size). The grid then grows with the longest sequence. None: the
+                launch plan's (512 on the interpreter; on a GPU enough splits to fill the
+                SMs, ``common.launch_plan.split_kv_decode``).
             num_segments: instead, cut every sequence into this many segments of whole K/V
                 tiles (vLLM's 3D path uses 16): the grid no longer depends on the batch's
                 lengths, so one captured CUDA graph serves every step.

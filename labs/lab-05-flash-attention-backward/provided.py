@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from common import launch_plan
 from common.checks import positive_int as positive_int  # given: ValueError naming the argument
 from common.triton_env import (
     DEVICE,
@@ -29,7 +30,6 @@ from common.triton_env import (
     cdiv,
     check_kernel_dtype,
     default_scale,
-    dot_tile,
     tl,
 )
 
@@ -191,12 +191,7 @@ def gpu_tiles(head_dim: int) -> dict[str, int]:
     and, at d = 128, 3 stages: with 4 warps at d = 64 the dK/dV kernel spills on sm_80, and
     with 2 stages at d = 128 the dQ kernel does (``make gpu-report``, compiled, not run).
     """
-    d_pad = dot_tile(head_dim)
-    if d_pad <= 64:
-        return {"block_m": 64, "block_n": 64, "num_warps": 8, "num_stages": 2}
-    if d_pad <= 128:
-        return {"block_m": 64, "block_n": 64, "num_warps": 8, "num_stages": 3}
-    return {"block_m": 32, "block_n": 32, "num_warps": 4, "num_stages": 1}
+    return launch_plan.flash_backward(head_dim, launch_plan.H100).config  # common/launch_plan.py
 
 
 # CUDA's limit on grid axis 0 (axes 1 and 2 stop at 65,535, which B x H can pass).

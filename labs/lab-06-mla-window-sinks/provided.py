@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from common import launch_plan
 from common.checks import (
     check_decode_inputs,
     check_paged_batch,
@@ -25,19 +26,21 @@ KV_KINDS = ("mha", "mqa", "gqa", "mla")
 
 # Tile sizes, picked with common.triton_env.tile_config. The window kernel is lab 01's: 64
 # tokens per K/V tile on a GPU, 16 on the interpreter (so small tests cross several tiles).
-WINDOW_GPU_TILES = {"block_n": 64}
+_WINDOW_PLAN = launch_plan.window_decode(64, 8, 8, 64, 4096, 128, launch_plan.H100)
+WINDOW_GPU_TILES = dict(_WINDOW_PLAN.tiles)
 WINDOW_INTERPRETER_TILES = {"block_n": 16}
-WINDOW_GPU_LAUNCH = {"num_warps": 4, "num_stages": 2}
+WINDOW_GPU_LAUNCH = _WINDOW_PLAN.launch
 # The MLA kernel puts up to block_h query heads in the rows of one tile; with fewer heads the
 # tile has dot_tile(num_heads) rows. Its K/V tile is one 576-wide latent row per token, so it
-# takes fewer tokens per tile than the window kernel. On a GPU 32 heads per tile, not
-# FlashMLA's BLOCK_SIZE_M = 64: at 64 x 512 (d_c = 512) the fp32 accumulator plus the query
-# tile need more than 255 registers per thread with 8 warps, and ptxas spills on sm_90 (16 to
-# 356 bytes for block_n 16 or 32, 8 or 16 warps: `make gpu-report`, captured_outputs/
-# gpu-report.md); 32 x 512 compiles clean on sm_80/90/100. The interpreter keeps 64.
-MLA_GPU_TILES = {"block_h": 32, "block_n": 32}
+# takes fewer tokens per tile than the window kernel. On a GPU the launch plan's tile
+# (common/launch_plan.py, ``mla_decode``): 64 heads per tile, FlashMLA's BLOCK_SIZE_M, so the
+# latent cache is read once per 64 heads and the tile is a wgmma on sm_90; 64 x 512 with 32
+# keys per tile and 8 warps compiles without spills on sm_80/90/100 (`make gpu-report`,
+# captured_outputs/gpu-report.md: compiled, not run). The interpreter keeps 64 x 16.
+_MLA_PLAN = launch_plan.mla_decode(64, 128, 512, 4096, launch_plan.H100)
+MLA_GPU_TILES = dict(_MLA_PLAN.tiles)
 MLA_INTERPRETER_TILES = {"block_h": 64, "block_n": 16}
-MLA_GPU_LAUNCH = {"num_warps": 8, "num_stages": 2}
+MLA_GPU_LAUNCH = _MLA_PLAN.launch
 
 
 class ModelKV(NamedTuple):

@@ -356,7 +356,7 @@ def mla_decode_triton(
         scale: defaults to ``1 / sqrt(d_c + d_rope)`` (FlashMLA's default); a model passes
             its own (DeepSeek-V3: ``1 / sqrt(d_nope + d_rope)``, times its YaRN factor).
         block_n: tokens per tile (None = 32 on a GPU, 16 on the interpreter).
-        block_h: query heads per tile at most (None = 32 on a GPU, 64 on the interpreter);
+        block_h: query heads per tile at most (None = 64 on a GPU and on the interpreter);
             a tile has ``min(block_h, dot_tile(H))`` rows.
         max_seq_len: the longest ``seq_lens`` entry if the caller knows it (no host sync).
 
