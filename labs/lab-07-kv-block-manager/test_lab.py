@@ -934,6 +934,23 @@ def test_simulate_preempts_the_newest_request_and_it_recomputes_later():
 
 
 @pytest.mark.points(2)
+def test_a_preempted_request_goes_back_to_the_front_of_the_waiting_queue():
+    # Block size 2, two blocks. Step 0: R0 ([1]) and R1 ([2, 3]) take a block each. Step 1:
+    # R2 arrives and waits; R1 needs a second block, none is free, so R1 is preempted and
+    # rejoins the waiting queue AHEAD of R2 (vLLM: self.waiting.prepend_request). R0
+    # finishes. Step 2: R1 (3 tokens, both blocks) is admitted first; R2 runs at step 3.
+    workload = [(0, [1], 2), (0, [2, 3], 2), (1, [4], 1)]
+    stats = impl.simulate(workload, num_blocks=2, block_size=2, max_num_seqs=4)
+    assert stats.preemptions == 1
+    assert stats.finish_step == (1, 2, 3), (
+        f"finish steps {stats.finish_step}, expected (1, 2, 3): a preempted request goes back "
+        "to the FRONT of the waiting queue (vLLM: self.waiting.prepend_request(preempted_req)), "
+        "not behind requests that arrived after it (waiting.appendleft, not append)"
+    )
+    assert stats.used_slots == (3, 2, 3, 1)
+
+
+@pytest.mark.points(2)
 def test_simulate_counts_prefix_cache_hits_on_a_shared_system_prompt():
     system = list(range(100, 108))  # two full blocks of 4
     workload = [(0, system + [1, 2, 3], 2), (1, system + [4, 5, 6], 2), (5, system + [7, 8, 9], 1)]
