@@ -18,7 +18,17 @@ from hypothesis import strategies as st
 
 from common import load_impl, prefix_mask, reference_attention
 from common.reference import reference_attention_backward, to_float64
-from common.testing import ODD_HEAD_DIMS, assert_close, host_syncs, peak_memory, tolerance
+from common.testing import (
+    LAYOUTS,
+    ODD_HEAD_DIMS,
+    assert_close,
+    assert_no_races,
+    host_syncs,
+    kernel_memory,
+    peak_memory,
+    strided_view,
+    tolerance,
+)
 
 impl = load_impl(__file__)
 
@@ -575,12 +585,15 @@ def triton_misconceptions(q, k, v, do, causal, tiles, scale=None):
 
 
 def check_triton(case, tiles=(None, None), *, causal=False, scale=None, what="", tol=None,
-                 want=None, poison=None, rows=None, no_host_sync=False):
+                 want=None, poison=None, rows=None, no_host_sync=False, layout=None,
+                 skip=0, poison_rows=None, nan_hint=NAN_HINT):
     """Run flash_attention_backward_triton on ``case`` and grade dq, dk, dv against float64.
 
-    ``poison(k, v)`` NaN-poisons keys after the forward ran; ``rows`` restricts the graded
-    query rows of dq (and keys of dk, dv) to ``[:rows]``; ``no_host_sync`` also requires
-    that the launcher copies nothing from the device to the host.
+    ``poison(k, v)`` NaN-poisons keys after the forward ran, ``poison_rows`` the first rows
+    of q, o, lse and dO; ``rows`` restricts the graded
+    query rows of dq (and keys of dk, dv) to ``[:rows]``, ``skip`` to ``[skip:]``;
+    ``no_host_sync`` also requires that the launcher copies nothing from the device to the
+    host; ``layout`` passes every input as a ``strided_view``.
     """
     q, k, v, o, lse, do = case
     want = want or reference_bhld_backward(q, k, v, do, causal, scale)
@@ -588,6 +601,12 @@ def check_triton(case, tiles=(None, None), *, causal=False, scale=None, what="",
     if poison is not None:
         k, v = k.clone(), v.clone()
         poison(k, v)
+    if poison_rows is not None:  # rows [0, poison_rows) of q, o, lse, dO
+        q, o, lse, do = (x.clone() for x in (q, o, lse, do))
+        for x in (q, o, lse, do):
+            x[:, :, :poison_rows] = float("nan")
+    if layout is not None:
+        q, k, v, o, lse, do = (strided_view(x, layout) for x in (q, k, v, o, lse, do))
     got, syncs = host_syncs(impl.flash_attention_backward_triton, q, k, v, o, lse, do,
                             causal=causal, scale=scale, block_m=tiles[0], block_n=tiles[1])
     assert not (no_host_sync and syncs), (
@@ -601,10 +620,10 @@ def check_triton(case, tiles=(None, None), *, causal=False, scale=None, what="",
     what = (f"{what}B={b} H={h} KVH={k.shape[1]} Lq={lq} Lk={k.shape[2]} d={d} {q.dtype} "
             f"causal={causal} block_m={tiles[0]} block_n={tiles[1]}")
     atol, rtol = tol or tolerance(q.dtype)
-    cut = slice(None) if rows is None else (slice(None), slice(None), slice(0, rows))
+    cut = (slice(None), slice(None), slice(skip, rows))
     for name, g, w in zip(NAMES, got, want):
         assert_close(to_float64(g)[cut], np.asarray(w)[cut], what=f"{name} ({what})",
-                     atol=atol, rtol=rtol, nan_hint=NAN_HINT,
+                     atol=atol, rtol=rtol, nan_hint=nan_hint,
                      wrong_answers={m: np.asarray(x)[cut] for m, x in wrong[name].items()})
 
 
@@ -672,6 +691,59 @@ def test_triton_backward_in_float16():
     # as on a GPU, so the gradients carry about 1e-3 relative error
     check_triton(torch_case(1, 2, 1, 24, 24, 32, torch.float16, seed=9, causal=True),
                  (16, 32), causal=True, tol=(1e-2, 1e-2))
+
+
+@pytest.mark.triton
+@pytest.mark.points(1)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_triton_backward_reads_transposed_and_sliced_views_through_their_strides(layout):
+    """"transposed": [B, L, H, d] storage viewed as [B, H, L, d]; "sliced": every other row
+    of a bigger storage at an offset, NaN between the rows. Same gradients as contiguous."""
+    import torch
+
+    case = torch_case(1, 4, 2, 24, 24, 16, torch.float32, seed=19, causal=True)
+    check_triton(case, (16, 16), causal=True, layout=layout, what=f"{layout} views, ",
+                 nan_hint=f"NaN with {layout} views: NaN sits between the rows of a sliced "
+                 "view, so a kernel stepped with a stride it assumed instead of the tensor's "
+                 "own (pass every .stride(), or make the inputs contiguous first)")
+
+
+@pytest.mark.triton
+@pytest.mark.points(1)
+def test_triton_backward_programs_store_disjoint_gradients_no_atomics_needed():
+    """On the interpreter: no two programs of one launch store to the same element of
+    Delta, dK, dV or dQ (GQA: one dK/dV program sums its whole query group)."""
+    import torch
+
+    q, k, v, o, lse, do = torch_case(1, 4, 2, 37, 37, 16, torch.float32, seed=7, causal=True)
+    got, reports = kernel_memory(impl.flash_attention_backward_triton, q, k, v, o, lse, do,
+                                 causal=True, block_m=16, block_n=32)
+    want = reference_bhld_backward(q, k, v, do, True, None)
+    atol, rtol = tolerance("float32")
+    for name, g, w in zip(NAMES, got, want):
+        assert_close(g, w, what=f"{name} (GQA 4q/2kv, causal, 16x32)", atol=atol, rtol=rtol)
+    assert_no_races(reports, "flash_attention_backward_triton")
+
+
+@pytest.mark.triton
+@pytest.mark.points(2)
+@pytest.mark.parametrize("tiles", [(16, 16), (16, 32), (32, 16)], ids=lambda t: f"{t[0]}x{t[1]}")
+def test_triton_causal_dk_dv_never_visit_query_rows_above_the_diagonal(tiles):
+    """Rows 0..31 of q, dO, O and lse are NaN. Under the causal mask keys 32.. are seen by
+    rows 32.. only, so their dK, dV (and dQ of rows 32..) stay finite: a dK/dV loop that
+    starts at query tile 0 and masks P to 0 still multiplies NaN (0 * NaN = NaN)."""
+    import torch
+
+    cut = 32
+    case = torch_case(1, 2, 1, 48, 48, 16, torch.float32, seed=29, causal=True)
+
+    check_triton(case, tiles, causal=True, poison_rows=cut, skip=cut,
+                 what=f"query rows < {cut} NaN-poisoned, graded from row/key {cut}, ",
+                 nan_hint=(f"NaN: query rows 0..{cut - 1} are poisoned, and under the causal "
+                           f"mask no key >= {cut} is seen by them. The dK/dV loop over query "
+                           "tiles must start at the tile holding row start_n * BLOCK_N "
+                           "(lo = start_n * BLOCK_N // BLOCK_M * BLOCK_M), not at 0: masking "
+                           "P to 0 does not help, since dS = P * (dP - Delta) is 0 * NaN"))
 
 
 @pytest.mark.triton
