@@ -55,6 +55,51 @@ def _describe_diff(actual: np.ndarray, expected: np.ndarray) -> str:
     )
 
 
+# A lab's basic value test, once failed, has named the likely cause; later tests of the same
+# half (numpy or Triton) of the same lab then give no hint pointing elsewhere.
+_FAILED_BASICS: dict[tuple[str, bool], str] = {}
+
+
+def _current_test() -> tuple[tuple[str, bool], str] | None:
+    """``((test file, is a Triton test), test name)`` of the running pytest test."""
+    import os
+
+    current = os.environ.get("PYTEST_CURRENT_TEST", "")
+    if "::" not in current:
+        return None
+    path, name = current.split("::", 1)
+    name = name.rsplit(" (", 1)[0]
+    return (path, "triton" in name), name
+
+
+def basic_value_test(test: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark a lab's basic value test: if it fails, later value tests of the same half of the
+    lab (numpy, or Triton: a test whose name says ``triton``) drop their generic hints and
+    point back at it, instead of suggesting other causes for the same wrong numbers."""
+    import functools
+
+    @functools.wraps(test)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return test(*args, **kwargs)
+        except AssertionError:
+            current = _current_test()
+            if current is not None:
+                _FAILED_BASICS.setdefault(current[0], current[1].split("[", 1)[0])
+            raise
+
+    return run
+
+
+def _hint_after_basics(hint: str) -> str:
+    current = _current_test()
+    failed = _FAILED_BASICS.get(current[0]) if current is not None else None
+    if failed is None or current is None or current[1].startswith(failed):
+        return hint
+    return (f"{failed} failed as well: these numbers are most likely wrong for the reason its "
+            "message gives; fix that first")
+
+
 def assert_close(
     actual: Any,
     expected: Any,
@@ -96,6 +141,7 @@ def assert_close(
         if w.shape == a.shape and np.allclose(a, w, atol=max(atol, 1e-9), rtol=max(rtol, 1e-9)):
             raise AssertionError(f"{what} is wrong: {misconception}")
     message = f"{what} differs from the float64 reference: {_describe_diff(a, e)}"
+    hint = _hint_after_basics(hint)
     if hint:
         message += f". {hint}"
     raise AssertionError(message)
@@ -146,8 +192,9 @@ def strided_view(t: Any, layout: str) -> Any:
     ``"transposed"``: dims -3 and -2 swapped in memory (``[B, L, H, d]`` viewed as
     ``[B, H, L, d]``, how models hold activations). ``"sliced"``: a slice of a bigger
     storage: a storage offset, every other row of the last-but-one dim and a padded last
-    dim; the unused elements around a float view are NaN, so a kernel that steps with the
-    wrong stride reads NaN (integer views: 0). Tensors with fewer than 2 (transposed: 3) dims come back as is.
+    dim; the unused elements around a float view are NaN (integer views: 0), so a kernel
+    that steps with the wrong stride reads NaN. Tensors with fewer than 2 (transposed: 3)
+    dims come back as is.
     """
     import torch
 

@@ -23,6 +23,7 @@ from common.testing import (
     ODD_HEAD_DIMS,
     assert_close,
     assert_no_races,
+    basic_value_test,
     host_syncs,
     kernel_memory,
     peak_memory,
@@ -42,6 +43,20 @@ NO_DELTA = (
 NO_LSE = (
     "P recomputed without subtracting lse: P = exp(S·scale − lse) is the forward's "
     "normalised softmax; exp(S·scale) alone is missing the 1/l of every row"
+)
+P_MISSING_LOG_L = (
+    "P recomputed as exp(S·scale − m), the row max without log l: lse = m + log l holds both "
+    "the max and the denominator, so P = exp(S·scale − lse) (these numbers are l times too big)"
+)
+P_TILE_MAX = (
+    "P recomputed with each tile's own max, exp(S·scale − tile max): the backward needs the "
+    "softmax of the whole row, P = exp(S·scale − lse) with the forward's lse, the same in "
+    "every tile; nothing is rescaled in the backward"
+)
+P_TILE_SOFTMAX = (
+    "P normalised per tile (a softmax inside each K/V tile): each row's probabilities sum to 1 "
+    "over the whole row, not per tile. P = exp(S·scale − lse) with the forward's lse is "
+    "already normalised"
 )
 P_UNSCALED = (
     "the scale was not applied when recomputing P: P = exp(q·k·scale − lse), not exp(q·k − lse)"
@@ -167,6 +182,48 @@ def variant_backward(q, k, v, do, causal, scale=None, *, p_of=None, use_delta=Tr
         return g * ds @ k, g * ds.T @ q, p.T @ do
 
 
+def tile_p(block_k, causal, normalise=False):
+    """p_of for a P recomputed tile by tile with each (row, key tile)'s own max, and
+    (normalise) divided by that tile's own sum: the per-tile softmax mistakes."""
+    def p_of(s, lse, c):
+        t = s * c
+        if causal:
+            t = np.where(causal_mask(*s.shape), t, -np.inf)
+        p = np.zeros_like(t)
+        for k0 in range(0, t.shape[1], block_k):
+            tile = t[:, k0:k0 + block_k]
+            m = tile.max(axis=1, keepdims=True)
+            e = np.exp(tile - np.where(np.isfinite(m), m, 0.0))
+            if normalise:
+                total = e.sum(axis=1, keepdims=True)
+                e = e / np.where(total > 0, total, 1.0)
+            p[:, k0:k0 + block_k] = e
+        return p
+
+    return p_of
+
+
+def row_max_p(causal):
+    """p_of for P = exp(S·scale − m): the row max, without log l."""
+    def p_of(s, lse, c):
+        t = s * c
+        if causal:
+            t = np.where(causal_mask(*s.shape), t, -np.inf)
+        m = t.max(axis=1, keepdims=True)
+        return np.exp(t - np.where(np.isfinite(m), m, 0.0))
+
+    return p_of
+
+
+def p_recompute_variants(causal, block_k):
+    """The P-recompute mistakes that keep P bounded (so they give finite wrong gradients)."""
+    return {
+        P_MISSING_LOG_L: dict(p_of=row_max_p(causal)),
+        P_TILE_MAX: dict(p_of=tile_p(block_k, causal)),
+        P_TILE_SOFTMAX: dict(p_of=tile_p(block_k, causal, normalise=True)),
+    }
+
+
 def diagonal_dropped_visits(lq, lk, block_q, block_k, round_up=False):
     """Pairs an outer-K/inner-Q loop reaches when its Q loop starts one tile too late: after
     the tile that holds the key tile's first key k0, or (round_up) at the first tile that
@@ -188,6 +245,7 @@ def numpy_misconceptions(q, k, v, do, causal, block_q, block_k, scale=None):
         GRAD_SCALE_TWICE: dict(grad_scale=c * c),
         P_UNSCALED: dict(p_of=lambda s, lse, c_: np.exp(s - lse[:, None])),
         P_SCALE_TWICE: dict(p_of=lambda s, lse, c_: np.exp(s * c_ * c_ - lse[:, None])),
+        **p_recompute_variants(causal, block_k),
     }
     if causal:
         variants[DIAGONAL_DROPPED] = dict(
@@ -238,6 +296,7 @@ def run_flash(q, k, v, do, causal, block_q, block_k, scale=None, o_lse=None):
     lq=st.integers(1, 12), lk=st.integers(1, 12), d=st.integers(1, 6), dv=st.integers(1, 6),
     causal=st.booleans(), seed=st.integers(0, 2**16),
 )
+@basic_value_test
 def test_naive_backward_equals_the_float64_autograd_gradients(lq, lk, d, dv, causal, seed):
     q, k, v, do = qkv_do(seed, lq, lk, d, dv)
     with np.errstate(all="ignore"):
@@ -245,7 +304,7 @@ def test_naive_backward_equals_the_float64_autograd_gradients(lq, lk, d, dv, cau
     wrong = numpy_misconceptions(q, k, v, do, causal, 1, 1)
     for w in wrong.values():  # the naive version has no lse, no tiles: only these apply
         for name in (NO_LSE, P_UNSCALED, P_SCALE_TWICE, DIAGONAL_DROPPED, DIAGONAL_ROUNDED_UP,
-                     UNMASKED_P):
+                     UNMASKED_P, P_MISSING_LOG_L, P_TILE_MAX, P_TILE_SOFTMAX):
             w.pop(name, None)
     column_sums = variant_backward(q, k, v, do, causal,
                                    delta_of=lambda p, dp: (p * dp).sum(axis=0, keepdims=True))
@@ -293,6 +352,7 @@ def test_backward_delta_equals_rowsum_of_p_times_dp_without_building_p(lq, lk, d
     block_q=st.integers(1, 12), block_k=st.integers(1, 12), causal=st.booleans(),
     seed=st.integers(0, 2**16),
 )
+@basic_value_test
 def test_flash_backward_equals_the_float64_autograd_gradients(
     lq, lk, d, dv, block_q, block_k, causal, seed
 ):
@@ -331,7 +391,8 @@ def test_causal_tiled_backward_visits_every_diagonal_tile(block_q, block_k):
     got = run_flash(q, k, v, do, True, block_q, block_k)
     check_gradients(got, gradients(q, k, v, do, True), f"causal 23x23, {block_q}x{block_k} tiles",
                     numpy_misconceptions(q, k, v, do, True, block_q, block_k),
-                    hint="look at the tiles that straddle the diagonal")
+                    hint="look at the tiles that straddle the diagonal (causal: the tile "
+                    "that holds a key tile's first key is half visible)")
 
 
 @pytest.mark.points(2)
@@ -379,7 +440,7 @@ def assert_peak_below(lq, lk, block_q, block_k, limit, message):
     scaled = (want_dq, reps * want_dk, reps * want_dv) if lq % 4 == 0 else None
     got = tuple(to_float64(g) for g in got)
     check_gradients((got[0][:4], *got[1:]) if scaled else got[:1],
-                    scaled or (want_dq,), "(memory is fine)",
+                    scaled or (want_dq,), "memory is fine",
                     tol=dict(atol=1e-9, rtol=1e-9),
                     hint="the values are wrong: the other tests say why")
 
@@ -548,6 +609,7 @@ def triton_misconceptions(q, k, v, do, causal, tiles, scale=None):
         GRAD_SCALE_TWICE: dict(grad_scale=c * c),
         P_UNSCALED: dict(p_of=lambda s, lse, c_: np.exp(s - lse[:, None])),
         P_SCALE_TWICE: dict(p_of=lambda s, lse, c_: np.exp(s * c_ * c_ - lse[:, None])),
+        **p_recompute_variants(causal, block_n),
     }
     if scale is None and dot_tile(d) != d:
         padded = 1.0 / math.sqrt(dot_tile(d))
@@ -641,6 +703,7 @@ TRITON_CASES = {
 @pytest.mark.triton
 @pytest.mark.points(1)
 @pytest.mark.parametrize("case", list(TRITON_CASES))
+@basic_value_test
 def test_triton_backward_matches_float64_gradients_at_several_tile_shapes(case):
     import torch
 
