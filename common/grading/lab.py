@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.grading.counting import count_tests
-from common.grading.messages import summarize_collect_error
+from common.grading.messages import import_problem, summarize_collect_error
 from common.grading.results import LabResult, Report, TestResult
 from common.grading.runner import Options, Run, run_pytest
 from common.grading.session import grading_session
@@ -72,7 +72,7 @@ def _run_again(lab: Path, opts: Options, p: _Progress) -> bool:
         p.done[nodeid] = _test_result(event, p.collected)
     errors = run.of("collect_error")
     if errors:
-        p.collect_problem = f"could not import the tests: {errors[0]['message']}"
+        p.collect_problem = import_problem(errors[0]["message"])
         return False
     if p.collected is None:  # died (or stopped) before the tests were collected
         p.collect_problem = _collection_death(run)
@@ -151,7 +151,7 @@ def _collection_death(run: Run) -> str:
         text = "\n".join(
             line.removeprefix("INTERNALERROR> ") for line in run.output_tail.splitlines()
         )
-        return f"could not import the tests: {summarize_collect_error(text)}"
+        return import_problem(summarize_collect_error(text))
     return f"{run.exit_reason()} while importing the tests"
 
 

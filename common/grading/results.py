@@ -96,6 +96,7 @@ TAGS = (
     (r"^skipped", "skipped"),
     (r"^no tests were collected", "no tests"),
     (r"^could not import the tests", "tests cannot be imported"),
+    (r"^(\w+\.py) cannot be imported", r"\1 cannot be imported"),
     (r"timed out after ([\d.]+) s", r"timed out (\1 s)"),
     (r"crashed with signal (\w+)", r"crashed (\1)"),
     (r"interpreter exited with code (-?\d+)", r"exited (code \1)"),
