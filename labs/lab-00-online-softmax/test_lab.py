@@ -23,6 +23,7 @@ from common.testing import (
     ODD_HEAD_DIMS,
     assert_close,
     assert_no_races,
+    basic_value_test,
     host_syncs,
     kernel_memory,
     peak_memory,
@@ -279,6 +280,7 @@ def test_masked_minus_inf_scores_get_zero_probability_without_nan():
     causal=st.booleans(),
     seed=st.integers(0, 2**16),
 )
+@basic_value_test
 def test_flash_attention_forward_equals_the_float64_reference(
     lq, lk, d, dv, block_q, block_k, causal, seed
 ):
@@ -731,6 +733,7 @@ TRITON_RUNS = [
 @pytest.mark.parametrize(
     "case, tiles", TRITON_RUNS, ids=[f"{c}-{m}x{n}" for c, (m, n) in TRITON_RUNS]
 )
+@basic_value_test
 def test_triton_kernel_matches_the_reference_at_several_tile_shapes(case, tiles):
     import torch
 

@@ -28,6 +28,7 @@ from common.testing import (
     ODD_HEAD_DIMS,
     assert_close,
     assert_no_races,
+    basic_value_test,
     head_counts,
     host_syncs,
     kernel_memory,
@@ -369,6 +370,7 @@ def test_gather_kv_returns_the_sequence_in_logical_order(case):
 
 @pytest.mark.points(3)
 @given(case=decode_cases())
+@basic_value_test
 def test_paged_decode_equals_dense_attention_for_any_block_size_length_and_head_layout(case):
     q, ks, vs, paged = case
     out, lse = impl.paged_decode_attention(
@@ -679,6 +681,7 @@ TRITON_CASES = [
 @pytest.mark.parametrize(
     "num_heads, num_kv_heads, head_dim, block_size, lens, padding, block_n", TRITON_CASES
 )
+@basic_value_test
 def test_triton_kernel_equals_dense_attention_at_every_tile_size(
     num_heads, num_kv_heads, head_dim, block_size, lens, padding, block_n
 ):

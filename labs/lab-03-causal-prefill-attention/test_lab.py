@@ -30,6 +30,7 @@ from common.testing import (
     ODD_HEAD_DIMS,
     assert_close,
     assert_no_races,
+    basic_value_test,
     chunkings,
     head_counts,
     host_syncs,
@@ -348,6 +349,7 @@ def check_varlen(result, batch, label, atol=1e-12, rtol=1e-12, hint=""):
     head_dim_v=st.sampled_from([None, 3]),
     seed=st.integers(0, 2**16),
 )
+@basic_value_test
 def test_prefill_matches_the_float64_reference_for_any_length_start_and_heads(
     num_queries, start_pos, extra, heads, head_dim, head_dim_v, seed
 ):
@@ -797,6 +799,7 @@ def tiles(block_m, block_n):
 @pytest.mark.triton
 @pytest.mark.points(3)
 @pytest.mark.parametrize("block_m, block_n", [(None, None), (16, 32), (32, 16)])
+@basic_value_test
 def test_triton_kernel_serves_prefill_chunks_and_decode_rows_in_one_launch(block_m, block_n):
     # d=8 is padded to a tl.dot tile of 16 inside the kernel. A tile of block_m rows holds
     # block_m // G query tokens times the G query heads of one KV head (G = 2 here).

@@ -31,6 +31,7 @@ from common.testing import (
     ODD_HEAD_DIMS,
     assert_close,
     assert_no_races,
+    basic_value_test,
     host_syncs,
     kernel_memory,
     peak_memory,
@@ -580,6 +581,7 @@ WINDOW_TRITON_CASES = [
     "num_heads, num_kv_heads, head_dim, block_size, lens, window, with_sinks, block_n",
     WINDOW_TRITON_CASES,
 )
+@basic_value_test
 def test_triton_window_sink_kernel_equals_the_reference_at_every_tile_size(
     num_heads, num_kv_heads, head_dim, block_size, lens, window, with_sinks, block_n
 ):
