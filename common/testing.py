@@ -53,6 +53,51 @@ def _describe_diff(actual: np.ndarray, expected: np.ndarray) -> str:
     )
 
 
+# A lab's basic value test, once failed, has named the likely cause; later tests of the same
+# half (numpy or Triton) of the same lab then give no hint pointing elsewhere.
+_FAILED_BASICS: dict[tuple[str, bool], str] = {}
+
+
+def _current_test() -> tuple[tuple[str, bool], str] | None:
+    """``((test file, is a Triton test), test name)`` of the running pytest test."""
+    import os
+
+    current = os.environ.get("PYTEST_CURRENT_TEST", "")
+    if "::" not in current:
+        return None
+    path, name = current.split("::", 1)
+    name = name.rsplit(" (", 1)[0]
+    return (path, "triton" in name), name
+
+
+def basic_value_test(test: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark a lab's basic value test: if it fails, later value tests of the same half of the
+    lab (numpy, or Triton: a test whose name says ``triton``) drop their generic hints and
+    point back at it, instead of suggesting other causes for the same wrong numbers."""
+    import functools
+
+    @functools.wraps(test)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return test(*args, **kwargs)
+        except AssertionError:
+            current = _current_test()
+            if current is not None:
+                _FAILED_BASICS.setdefault(current[0], current[1].split("[", 1)[0])
+            raise
+
+    return run
+
+
+def _hint_after_basics(hint: str) -> str:
+    current = _current_test()
+    failed = _FAILED_BASICS.get(current[0]) if current is not None else None
+    if failed is None or current is None or current[1].startswith(failed):
+        return hint
+    return (f"{failed} failed as well: these numbers are most likely wrong for the reason its "
+            "message gives; fix that first")
+
+
 def assert_close(
     actual: Any,
     expected: Any,
@@ -96,6 +141,7 @@ def assert_close(
         if w.shape == a.shape and np.allclose(a, w, atol=max(atol, 1e-9), rtol=max(rtol, 1e-9)):
             raise AssertionError(f"{what} is wrong: {misconception}")
     message = f"{what} differs from the float64 reference: {_describe_diff(a, e)}"
+    hint = _hint_after_basics(hint)
     if hint:
         message += f". {hint}"
     raise AssertionError(message)
@@ -133,6 +179,39 @@ def chunkings(total: int) -> st.SearchStrategy[list[int]]:
         set()
     )
     return cuts.map(lambda c: np.diff([0, *sorted(c), total]).astype(int).tolist())
+
+
+# ---- layouts: the same values in memory a kernel may not assume ----------------------------
+
+LAYOUTS: tuple[str, ...] = ("transposed", "sliced")
+
+
+def strided_view(t: Any, layout: str) -> Any:
+    """A torch tensor with ``t``'s values in a layout no kernel may assume.
+
+    ``"transposed"``: dims -3 and -2 swapped in memory (``[B, L, H, d]`` viewed as
+    ``[B, H, L, d]``, how models hold activations). ``"sliced"``: a slice of a bigger
+    storage: a storage offset, every other row of the last-but-one dim and a padded last
+    dim; the unused elements around a float view are NaN (integer views: 0), so a kernel
+    that steps with the wrong stride reads NaN. Tensors with fewer than 2 (transposed: 3)
+    dims come back as is.
+    """
+    import torch
+
+    if layout == "transposed":
+        if t.dim() < 3:
+            return t
+        return t.transpose(-3, -2).contiguous().transpose(-3, -2)
+    if layout != "sliced":
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if t.dim() < 2:
+        return t
+    *lead, rows, cols = t.shape
+    base = torch.empty((*lead, 2 * rows + 3, cols + 5), dtype=t.dtype, device=t.device)
+    base.fill_(float("nan") if t.dtype.is_floating_point else 0)
+    view = base[..., 3 : 3 + 2 * rows : 2, 2 : 2 + cols]
+    view.copy_(t)
+    return view
 
 
 # ---- instrumented calls: what a test measures about the code under test ---------------------
@@ -208,9 +287,149 @@ def host_syncs(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, 
     return result, list(seen)
 
 
+class _Launch:
+    """What one interpreted kernel launch touched: per tensor argument, the elements each
+    program loaded (mask true) and which program stored each element first."""
+
+    def __init__(self, kernel: str, named: dict[str, Any]) -> None:
+        self.kernel = kernel
+        tensors = [(n, t) for n, t in named.items() if hasattr(t, "data_ptr") and t.numel()]
+        self.names = [n for n, _ in tensors]
+        self.bases = np.array([t.untyped_storage().data_ptr() for _, t in tensors], np.uint64)
+        self.ends = self.bases + np.array([t.untyped_storage().nbytes() for _, t in tensors],
+                                          np.uint64)
+        self.views = {n: (t.data_ptr(), t.element_size(), tuple(t.shape), tuple(t.stride()))
+                      for n, t in tensors}
+        self.loaded: dict[str, int] = {}
+        self.seen: dict[tuple[int, ...], dict[str, set[int]]] = {}
+        self.owner: dict[int, tuple[int, ...]] = {}
+        self.races: list[tuple[str, str, tuple[int, ...], tuple[int, ...]]] = []
+
+    def _split(self, addresses: np.ndarray) -> dict[str, np.ndarray]:
+        out: dict[str, np.ndarray] = {}
+        for i, name in enumerate(self.names):
+            hit = (addresses >= self.bases[i]) & (addresses < self.ends[i])
+            if hit.any():
+                out[name] = addresses[hit]
+        return out
+
+    def element(self, name: str, address: int) -> str:
+        """``name[i, j, ...]`` of the element at ``address`` (or its storage offset)."""
+        start, size, shape, stride = self.views[name]
+        offset = (address - start) // size
+        index, rest = [], offset
+        for dim in sorted(range(len(shape)), key=lambda d: -stride[d]):
+            if stride[dim] == 0:
+                continue
+            index.append((dim, rest // stride[dim]))
+            rest %= stride[dim]
+        coords = dict(index)
+        if rest == 0 and all(0 <= coords.get(d, 0) < n for d, n in enumerate(shape)):
+            return f"{name}[{', '.join(str(coords.get(d, 0)) for d in range(len(shape)))}]"
+        return f"{name} (element {offset} from its start)"
+
+    def load(self, pid: tuple[int, ...], addresses: np.ndarray) -> None:
+        program = self.seen.setdefault(pid, {})
+        for name, hit in self._split(addresses).items():
+            program.setdefault(name, set()).update(int(a) for a in hit)
+
+    def store(self, pid: tuple[int, ...], addresses: np.ndarray) -> None:
+        for name, hit in self._split(addresses).items():
+            for a in map(int, np.unique(hit)):
+                first = self.owner.setdefault(a, pid)
+                if first != pid and len(self.races) < 8:
+                    self.races.append((self.kernel, self.element(name, a), first, pid))
+
+    def report(self) -> dict[str, Any]:
+        loads: dict[str, int] = {}
+        for program in self.seen.values():
+            for name, addresses in program.items():
+                loads[name] = loads.get(name, 0) + len(addresses)
+        return {"kernel": self.kernel, "loads": loads, "races": list(self.races)}
+
+
+@contextlib.contextmanager
+def _recording_interpreter() -> Iterator[list[_Launch]]:
+    import inspect
+
+    from triton.runtime import interpreter
+
+    launches: list[_Launch] = []
+    builder_cls, executor = interpreter.InterpreterBuilder, interpreter.GridExecutor
+    original_load = builder_cls.create_masked_load
+    original_store = builder_cls.create_masked_store
+    original_init = executor._init_args_hst
+
+    def addresses(ptrs: Any, mask: Any) -> np.ndarray:
+        data = np.asarray(ptrs.data, dtype=np.uint64)
+        active = np.broadcast_to(np.asarray(mask.data, dtype=bool), data.shape)
+        return data[active].ravel()
+
+    def load(self: Any, ptrs: Any, mask: Any, *rest: Any) -> Any:
+        if launches:
+            launches[-1].load(tuple(self.grid_idx), addresses(ptrs, mask))
+        return original_load(self, ptrs, mask, *rest)
+
+    def store(self: Any, ptrs: Any, value: Any, mask: Any, *rest: Any) -> Any:
+        if launches:
+            launches[-1].store(tuple(self.grid_idx), addresses(ptrs, mask))
+        return original_store(self, ptrs, value, mask, *rest)
+
+    def init_args(self: Any, args_dev: Any, kwargs: Any) -> Any:
+        args_hst, kwargs_hst = original_init(self, args_dev, kwargs)
+        names = inspect.getfullargspec(self.fn).args
+        named = dict(zip(names, args_hst)) | {k: v for k, v in kwargs_hst.items() if k in names}
+        launches.append(_Launch(self.fn.__name__, named))
+        return args_hst, kwargs_hst
+
+    builder_cls.create_masked_load, builder_cls.create_masked_store = load, store
+    executor._init_args_hst = init_args
+    try:
+        yield launches
+    finally:
+        builder_cls.create_masked_load, builder_cls.create_masked_store = (
+            original_load, original_store)
+        executor._init_args_hst = original_init
+
+
+def kernel_memory(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, list[dict]]:
+    """``(fn(...), one report per Triton kernel launch it made)`` on the interpreter.
+
+    A report is ``{"kernel": name, "loads": {argument: elements loaded, summed over the
+    programs (an element two programs load counts twice, one program loading it twice
+    counts once)}, "races": [(kernel, "out[3, 1, 0]", first program id, second program
+    id), ...]}``: ``races`` lists elements that two different programs of the same launch
+    stored to. The interpreter runs programs one after another, so such a race gives right
+    numbers here and wrong ones on a GPU, where the programs run at once.
+    """
+    remote = getattr(fn, "__instrumented_call__", None)
+    if remote is not None:
+        return remote("kernel_memory", args, kwargs)
+    with _recording_interpreter() as launches:
+        result = fn(*args, **kwargs)
+    return result, [launch.report() for launch in launches]
+
+
+def assert_no_races(reports: list[dict], what: str = "the kernel") -> None:
+    """Fail, naming the element and both program ids, if two programs of one launch stored
+    to the same element (see ``kernel_memory``)."""
+    __tracebackhide__ = True
+    races = [race for report in reports for race in report["races"]]
+    if races:
+        kernel, element, first, second = races[0]
+        raise AssertionError(
+            f"{what}: programs {tuple(first)} and {tuple(second)} of one launch of {kernel} "
+            f"both store {element} ({len(races)} such element(s) seen). On a GPU the "
+            "programs run at the same time and one overwrites the other; the interpreter, "
+            "which runs them in order, hides it. Mask the store to the rows this program "
+            "owns (padding rows of a tile belong to nobody)."
+        )
+
+
 INSTRUMENTS: dict[str, Callable[..., tuple[Any, Any]]] = {
     "peak_memory": peak_memory,
     "host_syncs": host_syncs,
+    "kernel_memory": kernel_memory,
 }
 
 

@@ -121,3 +121,28 @@ def test_assert_close_names_the_matching_misconception():
         assert_close(np.ones(3) * 2, np.ones(3), wrong_answers=wrong)
     with pytest.raises(AssertionError, match="NaN reached"):
         assert_close(np.array([np.nan]), np.array([1.0]))
+
+
+def test_after_a_failed_basic_value_test_later_hints_point_back_at_it(monkeypatch):
+    from common import testing
+
+    monkeypatch.setattr(testing, "_FAILED_BASICS", {})
+    lab = "labs/lab-xx/test_lab.py"
+
+    def hint_of(test_name: str) -> str:
+        monkeypatch.setenv("PYTEST_CURRENT_TEST", f"{lab}::{test_name} (call)")
+        with pytest.raises(AssertionError) as failure:
+            assert_close(np.ones(2), np.zeros(2), hint="look at the diagonal tiles")
+        return str(failure.value)
+
+    @testing.basic_value_test
+    def test_basic():
+        assert_close(np.ones(2), np.zeros(2), hint="look at the diagonal tiles")
+
+    assert "look at the diagonal tiles" in hint_of("test_later")  # nothing failed yet
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", f"{lab}::test_basic[case] (call)")
+    with pytest.raises(AssertionError, match="look at the diagonal tiles"):
+        test_basic()  # the basic test keeps its own hint
+    later = hint_of("test_later")
+    assert "look at the diagonal" not in later and "test_basic failed as well" in later
+    assert "look at the diagonal tiles" in hint_of("test_triton_later"), "the other half"

@@ -44,3 +44,46 @@ def test_triton_computes_a_dot_and_a_softmax_correctly_on_this_machine():
     s = (a.cpu().double() @ b.cpu().double()).numpy()
     want = np.stack([reference_softmax(row) for row in s])
     np.testing.assert_allclose(got, want, atol=1e-5, err_msg="Triton returned garbage")
+
+
+# ---- the interpreter instruments of common.testing (kernel_memory, assert_no_races) ------
+
+
+@triton.jit
+def _rows_kernel(x_ptr, out_ptr, n_rows, ROWS: tl.constexpr, STORE_PADDING: tl.constexpr):
+    """Program p copies rows [p * (ROWS - 1), p * (ROWS - 1) + ROWS - 1) of a [n_rows, 16]
+    tensor: its tile has one padding row, which belongs to the next program."""
+    start = tl.program_id(0) * (ROWS - 1)
+    r = tl.arange(0, ROWS)
+    rows = start + r
+    cols = tl.arange(0, 16)
+    own = (r < ROWS - 1) & (rows < n_rows)
+    x = tl.load(x_ptr + rows[:, None] * 16 + cols[None, :], mask=own[:, None], other=0.0)
+    keep = (rows < n_rows) if STORE_PADDING else own
+    tl.store(out_ptr + rows[:, None] * 16 + cols[None, :], x, mask=keep[:, None])
+
+
+def _copy_rows(x: torch.Tensor, store_padding: bool) -> torch.Tensor:
+    out = torch.zeros_like(x)
+    _rows_kernel[(triton.cdiv(x.shape[0], 15),)](x, out, x.shape[0], ROWS=16,
+                                                  STORE_PADDING=store_padding)
+    return out
+
+
+def test_kernel_memory_counts_loads_and_the_race_check_names_both_programs():
+    from common.testing import assert_no_races, kernel_memory
+    from common.triton_env import on_interpreter
+
+    if not on_interpreter():
+        pytest.skip("the instruments watch Triton's interpreter")
+    x = torch.randn(40, 16)
+    out, reports = kernel_memory(_copy_rows, x, False)
+    assert torch.equal(out, x)
+    assert [r["kernel"] for r in reports] == ["_rows_kernel"]
+    assert reports[0]["loads"] == {"x_ptr": 40 * 16}, reports[0]["loads"]
+    assert_no_races(reports)
+    out, reports = kernel_memory(_copy_rows, x, True)
+    assert torch.equal(out, x), "the interpreter runs programs in order: right numbers"
+    both = r"programs \(0, 0, 0\) and \(1, 0, 0\) .* both store out_ptr\[15, 0\]"
+    with pytest.raises(AssertionError, match=both):
+        assert_no_races(reports)

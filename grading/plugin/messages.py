@@ -156,3 +156,12 @@ def summarize_collect_error(text: str) -> str:
         nonblank = [line for line in lines if line.strip()]
         return clip("\n".join(nonblank[-MAX_LINES:]))
     return clip(exc_line + (f"\n  (at {where})" if where else ""))
+
+
+def import_problem(summary: str) -> str:
+    """The report line for tests that could not be imported: when the error is in the graded
+    file itself (a syntax error in starter.py), say so, not "could not import the tests"."""
+    graded = re.search(r"\(at ((?:starter|solution)\.py):\d+\)", summary)
+    if graded:
+        return f"{graded.group(1)} cannot be imported, so no test could run: {summary}"
+    return f"could not import the tests: {summary}"

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from grading.plugin.messages import summarize_collect_error
+from grading.plugin.messages import import_problem, summarize_collect_error
 from grading.run.discovery import graded_files
 from grading.run.report import LabResult, Report, TestResult
 from grading.run.runner import Options, Run, run_pytest
@@ -211,7 +211,7 @@ def _run_again(lab: Path, opts: Options, p: _Progress) -> bool:
         p.done[nodeid] = _test_result(event, p.collected)
     errors = run.of("collect_error")
     if errors:
-        p.collect_problem = f"could not import the tests: {errors[0]['message']}"
+        p.collect_problem = import_problem(errors[0]["message"])
         return False
     if p.collected is None:  # died (or stopped) before the tests were collected
         p.collect_problem = _collection_death(run)
@@ -290,7 +290,7 @@ def _collection_death(run: Run) -> str:
         text = "\n".join(
             line.removeprefix("INTERNALERROR> ") for line in run.output_tail.splitlines()
         )
-        return f"could not import the tests: {summarize_collect_error(text)}"
+        return import_problem(summarize_collect_error(text))
     return f"{run.exit_reason()} while importing the tests"
 
 

@@ -110,6 +110,7 @@ TAGS = (
     (r"^skipped", "skipped"),
     (r"^no tests were collected", "no tests"),
     (r"^could not import the tests", "tests cannot be imported"),
+    (r"^(\w+\.py) cannot be imported", r"\1 cannot be imported"),
     (r"timed out after ([\d.]+) s", r"timed out (\1 s)"),
     (r"crashed with signal (\w+)", r"crashed (\1)"),
     (r"interpreter exited with code (-?\d+)", r"exited (code \1)"),
@@ -154,12 +155,11 @@ class Table:
 
     def row(self, lab: LabResult | Report) -> str:
         earned, possible = lab.earned, lab.possible
-        if isinstance(lab, Report):
-            passed = sum(x.passed for x in lab.labs)
-            graded = sum(len(x.graded) for x in lab.labs)
-            note, name = "", "Total"
-        else:
-            passed, graded, note, name = lab.passed, len(lab.graded), lab.note(), lab.name
+        # Tests worth points only: a 0-point check of given code passes on an untouched starter
+        scored = [t for x in (lab.labs if isinstance(lab, Report) else [lab]) for t in x.graded
+                  if t.points > 0]
+        passed, graded = sum(t.outcome == "passed" for t in scored), len(scored)
+        note, name = ("", "Total") if isinstance(lab, Report) else (lab.note(), lab.name)
         full = possible > 0 and earned >= possible
         points = f"{fmt_points(earned) + ' / ' + fmt_points(possible):>17}"
         points = self._paint(points, "32" if full else ("33" if earned > 0 else "31"))

@@ -18,7 +18,18 @@ from hypothesis.extra.numpy import arrays
 from common import load_impl, prefix_mask, reference_attention
 from common.loader import load_lab_module
 from common.reference import reference_softmax, to_float64
-from common.testing import ODD_HEAD_DIMS, assert_close, host_syncs, peak_memory, tolerance
+from common.testing import (
+    LAYOUTS,
+    ODD_HEAD_DIMS,
+    assert_close,
+    assert_no_races,
+    basic_value_test,
+    host_syncs,
+    kernel_memory,
+    peak_memory,
+    strided_view,
+    tolerance,
+)
 
 impl = load_impl(__file__)
 provided = load_lab_module(__file__, "provided")  # given code: the launch grid is tested here
@@ -269,6 +280,7 @@ def test_masked_minus_inf_scores_get_zero_probability_without_nan():
     causal=st.booleans(),
     seed=st.integers(0, 2**16),
 )
+@basic_value_test
 def test_flash_attention_forward_equals_the_float64_reference(
     lq, lk, d, dv, block_q, block_k, causal, seed
 ):
@@ -721,6 +733,7 @@ TRITON_RUNS = [
 @pytest.mark.parametrize(
     "case, tiles", TRITON_RUNS, ids=[f"{c}-{m}x{n}" for c, (m, n) in TRITON_RUNS]
 )
+@basic_value_test
 def test_triton_kernel_matches_the_reference_at_several_tile_shapes(case, tiles):
     import torch
 
@@ -835,6 +848,62 @@ def test_triton_with_no_keys_returns_zeros_and_minus_inf_lse():
     assert tuple(out.shape) == (1, 2, 5, 8) and bool((out == 0).all()), "no keys: out is 0"
     assert tuple(lse.shape) == (1, 2, 5) and bool(torch.isneginf(lse).all()), (
         "no keys: lse is -inf (log of an empty sum), not NaN"
+    )
+
+
+@pytest.mark.triton
+@pytest.mark.points(1)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_triton_kernel_reads_transposed_and_sliced_views_through_their_strides(layout):
+    import torch
+
+    from common.triton_env import DEVICE
+
+    # "sliced": a storage offset, every other row, a padded last dim, NaN between the rows
+    q, k, v = torch_qkv(2, 2, 37, 29, 16, 24, torch.float32, DEVICE, seed=17)
+    want = reference_bhld(q, k, v, True)
+    q, k, v = (strided_view(t, layout) for t in (q, k, v))
+    check_triton(q, k, v, True, (16, 32), want=want, what=f"{layout} views, ", nan_hint=(
+        f"NaN from {layout} views: NaN sits between the rows of a sliced view, so the kernel "
+        "stepped with a stride it assumed (contiguous [B, H, L, d]) instead of the tensor's "
+        "own: pass q.stride(), k.stride(), v.stride() and use one stride per dim"))
+
+
+def interpreter_only():
+    from common.triton_env import on_interpreter
+
+    if not on_interpreter():
+        pytest.skip("counts what the kernel touches through Triton's interpreter (CPU only)")
+
+
+@pytest.mark.triton
+@pytest.mark.points(1)
+@pytest.mark.parametrize("tiles", [(16, 16), (16, 32), (32, 16)], ids=lambda t: f"{t[0]}x{t[1]}")
+def test_triton_causal_kernel_never_loads_key_tiles_above_the_diagonal(tiles):
+    import torch
+
+    from common.triton_env import DEVICE
+
+    interpreter_only()
+    block_m, block_n = tiles
+    b, h, lq, d = 1, 2, 64, 16
+    q, k, v = torch_qkv(b, h, lq, lq, d, d, torch.float32, DEVICE, seed=23)
+    (out, lse), reports = kernel_memory(
+        impl.flash_attention_triton, q, k, v, causal=True, block_m=block_m, block_n=block_n
+    )
+    want_out, want_lse = reference_bhld(q, k, v, True)
+    assert_attention_close(out, want_out, what="causal out", atol=2e-5, rtol=2e-5)
+    assert_attention_close(lse, want_lse, what="causal lse", atol=2e-5, rtol=2e-5)
+    assert_no_races(reports, "flash_attention_triton")
+    # query tile m needs keys 0 .. (m + 1) * block_m - 1: whole key tiles up to that bound
+    needed = sum(min(-(-min((m + 1) * block_m, lq) // block_n) * block_n, lq)
+                 for m in range(-(-lq // block_m)))  # fmt: skip
+    loaded = sum(r["loads"].get("K", 0) for r in reports)
+    assert loaded <= b * h * needed * d, (
+        f"the causal kernel loaded {loaded} elements of K where {b * h * needed * d} suffice "
+        f"(Lq = Lk = {lq}, block_m={block_m}, block_n={block_n}): key tiles wholly above the "
+        "diagonal must be skipped by the loop bound hi = min(Lq, (start_m + 1) * BLOCK_M), not "
+        "masked to -inf after loading them. Right numbers, about twice the work"
     )
 
 

@@ -24,10 +24,15 @@ from common.paged import blocks_needed, build_paged_kv, random_kv, random_kv_sha
 from common.reference import reference_attention
 from common.testing import (
     HEAD_RATIOS,
+    LAYOUTS,
     ODD_HEAD_DIMS,
     assert_close,
+    assert_no_races,
+    basic_value_test,
     head_counts,
     host_syncs,
+    kernel_memory,
+    strided_view,
     tolerance,
 )
 from common.triton_env import DEVICE, dot_tile, on_interpreter
@@ -176,13 +181,23 @@ def shares_blocks(paged) -> bool:
 
 
 def run_triton(q: np.ndarray, paged, scale: float | None = None, *, dtype=torch.float32,
-               block_n: int | None = None, max_seq_len: int | None = None):
-    """Run the kernel on DEVICE in ``dtype``; returns numpy float64 (out, lse)."""
+               block_n: int | None = None, max_seq_len: int | None = None,
+               layout: str | None = None, reports: list | None = None):
+    """Run the kernel on DEVICE in ``dtype``; returns numpy float64 (out, lse). ``layout``:
+    q, the caches and the block table as ``strided_view``s; ``reports``: a list that gets
+    ``kernel_memory``'s per-launch reports."""
     t = paged.to_torch(dtype, DEVICE)
     q_t = torch.tensor(q, dtype=dtype, device=DEVICE)
-    result = impl.paged_decode_triton(q_t, t["k_cache"], t["v_cache"], t["block_tables"],
-                                      t["seq_lens"], scale, block_n=block_n,
-                                      max_seq_len=max_seq_len)
+    tensors = [q_t, t["k_cache"], t["v_cache"], t["block_tables"]]
+    if layout is not None:
+        tensors = [strided_view(x, layout) for x in tensors]
+    args = (*tensors, t["seq_lens"], scale)
+    kwargs = {"block_n": block_n, "max_seq_len": max_seq_len}
+    if reports is None:
+        result = impl.paged_decode_triton(*args, **kwargs)
+    else:
+        result, launches = kernel_memory(impl.paged_decode_triton, *args, **kwargs)
+        reports.extend(launches)
     assert isinstance(result, tuple) and len(result) == 2, (
         "paged_decode_triton must return the pair (out, lse)"
     )
@@ -355,6 +370,7 @@ def test_gather_kv_returns_the_sequence_in_logical_order(case):
 
 @pytest.mark.points(3)
 @given(case=decode_cases())
+@basic_value_test
 def test_paged_decode_equals_dense_attention_for_any_block_size_length_and_head_layout(case):
     q, ks, vs, paged = case
     out, lse = impl.paged_decode_attention(
@@ -665,6 +681,7 @@ TRITON_CASES = [
 @pytest.mark.parametrize(
     "num_heads, num_kv_heads, head_dim, block_size, lens, padding, block_n", TRITON_CASES
 )
+@basic_value_test
 def test_triton_kernel_equals_dense_attention_at_every_tile_size(
     num_heads, num_kv_heads, head_dim, block_size, lens, padding, block_n
 ):
@@ -706,6 +723,31 @@ def test_triton_kernel_packs_every_group_size_into_one_tile(num_heads, num_kv_he
                           "... kv_head * GROUP + GROUP - 1; pad the rows to GROUP_PAD >= GROUP",
                      **F32)
         assert_close(lse[b], want_lse, what=f"lse of sequence {b}", hint=LSE_HINT, **F32)
+
+
+@pytest.mark.triton
+@pytest.mark.points(1)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_triton_kernel_reads_transposed_and_sliced_views_through_their_strides(layout):
+    """"transposed": q stored [H, B, d], the caches [blocks, KVH, page, d]; "sliced": every
+    other row of a bigger storage at an offset, NaN between the rows (block table too)."""
+    rng = np.random.default_rng(41)
+    lens = [13, 30]
+    q, ks, vs = float32_case(rng.standard_normal((len(lens), 4, 16)),
+                             *random_kv(rng, lens, 2, 16))
+    paged = build_paged_kv(ks, vs, 4, rng=rng, padding="poisoned")
+    reports: list = []
+    out, lse = run_triton(q, paged, block_n=16, layout=layout,
+                          reports=reports if layout == "sliced" else None)
+    for b in range(len(lens)):
+        want_out, want_lse = reference_decode(q[b], ks[b], vs[b])
+        assert_close(out[b], want_out, what=f"out of sequence {b} ({layout} views)",
+                     nan_hint=f"NaN with {layout} views: NaN sits between the rows of a sliced "
+                     "view, so the kernel stepped with a stride it assumed instead of the "
+                     "tensor's own (pass every .stride() and use one stride per dim)", **F32)
+        assert_close(lse[b], want_lse, what=f"lse of sequence {b} ({layout} views)", **F32)
+    if reports:  # on the interpreter: no two programs of the launch store one element
+        assert_no_races(reports, "paged_decode_triton")
 
 
 @pytest.mark.triton

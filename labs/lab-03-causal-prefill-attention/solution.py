@@ -264,7 +264,13 @@ def _varlen_prefill_kernel(
     DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     """One program = BLOCK_Q query tokens of one sequence x the GROUP query heads of one KV
-    head, packed into the BLOCK_M rows of one tile: every K/V tile it loads serves them all."""
+    head, packed into the BLOCK_M rows of one tile: every K/V tile it loads serves them all.
+
+    ``provided.launch_varlen_prefill`` launches it on the grid ``(T // BLOCK_Q + B, KVH)``
+    with the arguments above (strides for every dimension: nothing is assumed contiguous;
+    V's head dim HEAD_DIM_V may differ from K's HEAD_DIM; both are padded to powers of two
+    >= 16, HEAD_DIM_PAD and HEAD_DIM_V_PAD, for tl.dot).
+    """
     q_block = tl.program_id(0)
     kv_head = tl.program_id(1)
 
@@ -329,6 +335,7 @@ def _varlen_prefill_kernel(
     tl.store(lse_ptr + q_rows * stride_lt + head * stride_lh, lse, mask=row_ok)
 
 
+# Given: the launcher (provided.launch_varlen_prefill checks the inputs and launches).
 def varlen_prefill_triton(
     q: Any,
     k_cache: Any,

@@ -190,6 +190,7 @@ def _varlen_prefill_kernel(
     tl.static_assert(False, "TODO: write _varlen_prefill_kernel (the steps are in its docstring)")
 
 
+# Given: the launcher (provided.launch_varlen_prefill checks the inputs and launches).
 def varlen_prefill_triton(
     q: Any,
     k_cache: Any,

@@ -25,12 +25,17 @@ from common import (
 )
 from common.testing import (
     HEAD_RATIOS,
+    LAYOUTS,
     NAN_HINT,
     ODD_HEAD_DIMS,
     assert_close,
+    assert_no_races,
+    basic_value_test,
     chunkings,
     head_counts,
     host_syncs,
+    kernel_memory,
+    strided_view,
     tolerance,
 )
 from common.triton_env import dot_tile
@@ -344,6 +349,7 @@ def check_varlen(result, batch, label, atol=1e-12, rtol=1e-12, hint=""):
     head_dim_v=st.sampled_from([None, 3]),
     seed=st.integers(0, 2**16),
 )
+@basic_value_test
 def test_prefill_matches_the_float64_reference_for_any_length_start_and_heads(
     num_queries, start_pos, extra, heads, head_dim, head_dim_v, seed
 ):
@@ -793,6 +799,7 @@ def tiles(block_m, block_n):
 @pytest.mark.triton
 @pytest.mark.points(3)
 @pytest.mark.parametrize("block_m, block_n", [(None, None), (16, 32), (32, 16)])
+@basic_value_test
 def test_triton_kernel_serves_prefill_chunks_and_decode_rows_in_one_launch(block_m, block_n):
     # d=8 is padded to a tl.dot tile of 16 inside the kernel. A tile of block_m rows holds
     # block_m // G query tokens times the G query heads of one KV head (G = 2 here).
@@ -895,6 +902,67 @@ def test_triton_kernel_pads_odd_head_dims_but_scales_by_the_real_one(head_dim, h
     )
     layout = "strided views" if strided else "contiguous"
     check_triton(result, batch, f"Triton, d={head_dim}, dv={head_dim_v}, default scale, {layout}")
+
+
+@pytest.mark.triton
+@pytest.mark.points(2)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_triton_kernel_reads_transposed_and_sliced_views_through_their_strides(layout):
+    # "transposed": q stored [H, T, d], the caches [blocks, KVH, page, d]; "sliced": every
+    # tensor (block table too) is every other row of a bigger storage at an offset, NaN between
+    batch = make_batch(np.random.default_rng(31), [6, 0], [9, 4], (4, 2), 16, 4)
+    q, k_cache, v_cache, block_tables, qsl, seq_lens = triton_batch(batch)
+    q, k_cache, v_cache, block_tables = (
+        strided_view(t, layout) for t in (q, k_cache, v_cache, block_tables)
+    )
+    result = impl.varlen_prefill_triton(q, k_cache, v_cache, block_tables, qsl, seq_lens,
+                                        block_m=16, block_n=16, max_seq_len=batch.max_seq_len)
+    check_triton(result, batch, f"Triton, {layout} views (one stride per dim, none assumed)")
+
+
+def interpreter_only():
+    from common.triton_env import on_interpreter
+
+    if not on_interpreter():
+        pytest.skip("counts what the kernel touches through Triton's interpreter (CPU only)")
+
+
+@pytest.mark.triton
+@pytest.mark.points(2)
+def test_triton_gqa_tiles_store_only_their_own_rows_no_two_programs_write_one_element():
+    # 3 query heads per KV head in 16-row tiles: 5 query tokens x 3 heads = 15 rows, and row
+    # 15 is padding. Stored anyway, it lands on the NEXT tile's first token: a race on a GPU.
+    interpreter_only()
+    batch = make_batch(np.random.default_rng(32), [2, 7], [13, 6], (6, 2), 8, 4)
+    result, reports = kernel_memory(impl.varlen_prefill_triton, *triton_batch(batch),
+                                    block_m=16, block_n=16, max_seq_len=batch.max_seq_len)
+    check_triton(result, batch, "Triton, 6 query heads on 2 KV heads, 16-row tiles")
+    assert_no_races(reports, "varlen_prefill_triton")
+
+
+@pytest.mark.triton
+@pytest.mark.points(2)
+@pytest.mark.parametrize("block_n", [16, 32])
+def test_triton_kernel_loads_keys_only_up_to_each_query_blocks_causal_bound(block_n):
+    # one 40-token prompt after 4 cached tokens, MHA, BLOCK_Q = 16: query block i needs keys
+    # up to 4 + 16 (i + 1) only. The rest are real keys (later blocks attend them), so no
+    # poison can catch a loop that runs to seq_len: the loads are counted instead.
+    interpreter_only()
+    cached, new, d = 4, 40, 8
+    batch = make_batch(np.random.default_rng(33), [cached], [new], (1, 1), d, 4)
+    result, reports = kernel_memory(impl.varlen_prefill_triton, *triton_batch(batch),
+                                    block_m=16, block_n=block_n, max_seq_len=batch.max_seq_len)
+    check_triton(result, batch, f"Triton, one long prompt, block_n={block_n}")
+    seq_len = cached + new
+    bounds = [min(cached + 16 * (i + 1), seq_len) for i in range(-(-new // 16))]
+    needed = sum(min(-(-end // block_n) * block_n, seq_len) for end in bounds) * d
+    loaded = sum(r["loads"].get("k_cache_ptr", 0) for r in reports)
+    assert loaded <= needed, (
+        f"the kernel loaded {loaded} elements of the K cache where {needed} suffice: query "
+        f"block i needs keys 0 .. start_pos + (i + 1) * BLOCK_Q - 1 only (kv_end). A key "
+        "loop that runs to seq_len and hides the future with the mask gives the right numbers "
+        "at up to twice the cost"
+    )
 
 
 @pytest.mark.triton

@@ -22,12 +22,16 @@ from common.paged import build_paged_kv, random_kv, random_kv_shared_prefix
 from common.reference import kv_head_for, prefix_mask, reference_attention
 from common.testing import (
     HEAD_RATIOS,
+    LAYOUTS,
     NAN_HINT,
     ODD_HEAD_DIMS,
     LabScript,
     assert_close,
+    assert_no_races,
     head_counts,
     host_syncs,
+    kernel_memory,
+    strided_view,
     tolerance,
 )
 from common.triton_env import DEVICE
@@ -868,6 +872,50 @@ def test_merge_partitions_triton_merges_any_number_of_partitions_near_plus_or_mi
                      "bhp,bhpd->bhd", w64, np.where(empty[..., None], 0.0, part_out))
                      / np.maximum(w64.sum(axis=2), 1e-300)[..., None]})
     assert_close(lse, want_lse, what=f"{what}: lse", atol=atol, rtol=rtol, nan_hint=hint)
+
+
+@pytest.mark.triton
+@pytest.mark.points(2)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_split_kv_decode_triton_reads_transposed_and_sliced_views_through_their_strides(layout):
+    """"transposed": q stored [H, B, d], the caches [blocks, KVH, page, d]; "sliced": every
+    other row of a bigger storage at an offset, NaN between the rows (block table too).
+    On the interpreter, no two programs of a launch may store to one element."""
+    seq_lens = [29, 0]
+    q, ks, vs, paged = paged_problem(seq_lens, heads=(4, 2), d=16, reach=16, seed=5)
+    cache = paged.to_torch(torch.float32, DEVICE)
+    tensors = [torch.tensor(q, dtype=torch.float32, device=DEVICE), cache["k_cache"],
+               cache["v_cache"], cache["block_tables"]]
+    tensors = [strided_view(t, layout) for t in tensors]
+    (out, lse), reports = kernel_memory(impl.split_kv_decode_triton, *tensors,
+                                        cache["seq_lens"], partition_size=16, block_n=16)
+    want_out, want_lse = reference_batch(q, ks, vs)
+    atol, rtol = tolerance("float32")
+    what = f"split_kv_decode_triton on {layout} views"
+    nan_hint = (f"NaN with {layout} views: NaN sits between the rows of a sliced view, so a "
+                "kernel stepped with a stride it assumed instead of the tensor's own")
+    assert_close(out, want_out, what=f"{what}: out", atol=atol, rtol=rtol, nan_hint=nan_hint)
+    assert_close(lse, want_lse, what=f"{what}: lse", atol=atol, rtol=rtol, nan_hint=nan_hint)
+    assert_no_races(reports, "split_kv_decode_triton")
+
+
+@pytest.mark.triton
+@pytest.mark.points(1)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_merge_partitions_triton_reads_transposed_and_sliced_views(layout):
+    rng = np.random.default_rng(3)
+    part_out = rng.standard_normal((2, 3, 5, 16))
+    part_lse = rng.uniform(-4, 4, (2, 3, 5))
+    views = [strided_view(torch.tensor(x, dtype=torch.float32), layout)
+             for x in (part_out, part_lse)]
+    (out, lse), reports = kernel_memory(impl.merge_partitions_triton, *views)
+    w = np.exp(part_lse - part_lse.max(axis=2, keepdims=True))
+    want_out = np.einsum("bhp,bhpd->bhd", w, part_out) / w.sum(axis=2)[..., None]
+    want_lse = part_lse.max(axis=2) + np.log(w.sum(axis=2))
+    atol, rtol = tolerance("float32")
+    assert_close(out, want_out, what=f"merge of {layout} views: out", atol=atol, rtol=rtol)
+    assert_close(lse, want_lse, what=f"merge of {layout} views: lse", atol=atol, rtol=rtol)
+    assert_no_races(reports, "merge_partitions_triton")
 
 
 @pytest.mark.triton

@@ -177,7 +177,8 @@ def _bwd_preprocess_kernel(
 ):
     """``Delta = rowsum(dO ∘ O)`` for one tile of BLOCK_M query rows of one (batch, head).
 
-    O, DO ``[B, H, Lq, HEAD_DIM]`` and Delta ``[B, H, Lq]`` (float32), all contiguous.
+    O, DO ``[B, H, Lq, HEAD_DIM]`` and Delta ``[B, H, Lq]`` (float32), all contiguous, so
+    row ``r`` of batch·head ``bh`` starts at element ``(bh * seqlen_q + r) * HEAD_DIM``.
     Grid ``provided.tile_grid(B, H, Lq, BLOCK_M)``.
     """
     pid = tl.program_id(0)
@@ -426,6 +427,7 @@ class FlashAttentionFunction(torch.autograd.Function):
         return dq, dk, dv, None, None  # no gradient for causal and scale
 
 
+# Given: the autograd entry point (FlashAttentionFunction is yours).
 def flash_attention(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -152,6 +152,7 @@ def _bwd_preprocess_kernel(
     row ``r`` of batch·head ``bh`` starts at element ``(bh * seqlen_q + r) * HEAD_DIM``.
     Grid ``provided.tile_grid(B, H, Lq, BLOCK_M)``.
 
+    TODO, step by step:
       1. ``pid = tl.program_id(0)``; ``start_m = pid % tl.cdiv(seqlen_q, BLOCK_M)`` and
          ``off_bh = pid // tl.cdiv(seqlen_q, BLOCK_M)`` (``.to(tl.int64)``: offsets can
          pass 2^31).
@@ -175,9 +176,12 @@ def _bwd_dkdv_kernel(
 
     Q, DO ``[B, H, Lq, HEAD_DIM]``; K, V, DK, DV ``[B, KVH, Lk, HEAD_DIM]``; LSE, Delta
     ``[B, H, Lq]`` float32 (LSE in natural log); all contiguous. ``qk_scale`` = scale x
-    log2(e): scores in base 2 (see lab 00, "Why exp2"). Grid
-    ``provided.tile_grid(B, KVH, Lk, BLOCK_N)``.
+    log2(e): scores in base 2, so ``P = exp2(s - lse * log2(e))``. Grid
+    ``provided.tile_grid(B, KVH, Lk, BLOCK_N)``. The K/V tile and the float32 dK/dV
+    accumulators stay on chip while the program loops over the query tiles of every query
+    head of the KV head's group: dK and dV are sums over the group, written once, no atomics.
 
+    TODO, step by step:
       1. ``pid``; ``start_n = pid % tl.cdiv(seqlen_k, BLOCK_N)``, ``off_bkv = pid // …``
          (batch·KVH + KV head), ``off_b = off_bkv // num_kv_heads``,
          ``kv_head = off_bkv % num_kv_heads``.
@@ -219,7 +223,9 @@ def _bwd_dq_kernel(
     """dQ of one tile of BLOCK_M query rows of one (batch, head): loops over key tiles.
 
     Same layouts as ``_bwd_dkdv_kernel``; grid ``provided.tile_grid(B, H, Lq, BLOCK_M)``.
+    Each program owns its rows of dQ, so it writes them once: no atomics.
 
+    TODO, step by step:
       1. ``start_m = pid % tl.cdiv(seqlen_q, BLOCK_M)``, ``off_bh = pid // …``; the query
          head is ``off_bh % num_heads`` and it reads KV head ``head // GROUP`` of batch
          ``off_bh // num_heads`` (batch·KVH index ``off_b * (num_heads // GROUP) + kv_head``).
@@ -331,6 +337,7 @@ class FlashAttentionFunction(torch.autograd.Function):
         )
 
 
+# Given: the autograd entry point (FlashAttentionFunction is yours).
 def flash_attention(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -18,7 +18,18 @@ from hypothesis import strategies as st
 
 from common import load_impl, prefix_mask, reference_attention
 from common.reference import reference_attention_backward, to_float64
-from common.testing import ODD_HEAD_DIMS, assert_close, host_syncs, peak_memory, tolerance
+from common.testing import (
+    LAYOUTS,
+    ODD_HEAD_DIMS,
+    assert_close,
+    assert_no_races,
+    basic_value_test,
+    host_syncs,
+    kernel_memory,
+    peak_memory,
+    strided_view,
+    tolerance,
+)
 
 impl = load_impl(__file__)
 
@@ -32,6 +43,20 @@ NO_DELTA = (
 NO_LSE = (
     "P recomputed without subtracting lse: P = exp(S·scale − lse) is the forward's "
     "normalised softmax; exp(S·scale) alone is missing the 1/l of every row"
+)
+P_MISSING_LOG_L = (
+    "P recomputed as exp(S·scale − m), the row max without log l: lse = m + log l holds both "
+    "the max and the denominator, so P = exp(S·scale − lse) (these numbers are l times too big)"
+)
+P_TILE_MAX = (
+    "P recomputed with each tile's own max, exp(S·scale − tile max): the backward needs the "
+    "softmax of the whole row, P = exp(S·scale − lse) with the forward's lse, the same in "
+    "every tile; nothing is rescaled in the backward"
+)
+P_TILE_SOFTMAX = (
+    "P normalised per tile (a softmax inside each K/V tile): each row's probabilities sum to 1 "
+    "over the whole row, not per tile. P = exp(S·scale − lse) with the forward's lse is "
+    "already normalised"
 )
 P_UNSCALED = (
     "the scale was not applied when recomputing P: P = exp(q·k·scale − lse), not exp(q·k − lse)"
@@ -157,6 +182,48 @@ def variant_backward(q, k, v, do, causal, scale=None, *, p_of=None, use_delta=Tr
         return g * ds @ k, g * ds.T @ q, p.T @ do
 
 
+def tile_p(block_k, causal, normalise=False):
+    """p_of for a P recomputed tile by tile with each (row, key tile)'s own max, and
+    (normalise) divided by that tile's own sum: the per-tile softmax mistakes."""
+    def p_of(s, lse, c):
+        t = s * c
+        if causal:
+            t = np.where(causal_mask(*s.shape), t, -np.inf)
+        p = np.zeros_like(t)
+        for k0 in range(0, t.shape[1], block_k):
+            tile = t[:, k0:k0 + block_k]
+            m = tile.max(axis=1, keepdims=True)
+            e = np.exp(tile - np.where(np.isfinite(m), m, 0.0))
+            if normalise:
+                total = e.sum(axis=1, keepdims=True)
+                e = e / np.where(total > 0, total, 1.0)
+            p[:, k0:k0 + block_k] = e
+        return p
+
+    return p_of
+
+
+def row_max_p(causal):
+    """p_of for P = exp(S·scale − m): the row max, without log l."""
+    def p_of(s, lse, c):
+        t = s * c
+        if causal:
+            t = np.where(causal_mask(*s.shape), t, -np.inf)
+        m = t.max(axis=1, keepdims=True)
+        return np.exp(t - np.where(np.isfinite(m), m, 0.0))
+
+    return p_of
+
+
+def p_recompute_variants(causal, block_k):
+    """The P-recompute mistakes that keep P bounded (so they give finite wrong gradients)."""
+    return {
+        P_MISSING_LOG_L: dict(p_of=row_max_p(causal)),
+        P_TILE_MAX: dict(p_of=tile_p(block_k, causal)),
+        P_TILE_SOFTMAX: dict(p_of=tile_p(block_k, causal, normalise=True)),
+    }
+
+
 def diagonal_dropped_visits(lq, lk, block_q, block_k, round_up=False):
     """Pairs an outer-K/inner-Q loop reaches when its Q loop starts one tile too late: after
     the tile that holds the key tile's first key k0, or (round_up) at the first tile that
@@ -178,6 +245,7 @@ def numpy_misconceptions(q, k, v, do, causal, block_q, block_k, scale=None):
         GRAD_SCALE_TWICE: dict(grad_scale=c * c),
         P_UNSCALED: dict(p_of=lambda s, lse, c_: np.exp(s - lse[:, None])),
         P_SCALE_TWICE: dict(p_of=lambda s, lse, c_: np.exp(s * c_ * c_ - lse[:, None])),
+        **p_recompute_variants(causal, block_k),
     }
     if causal:
         variants[DIAGONAL_DROPPED] = dict(
@@ -228,6 +296,7 @@ def run_flash(q, k, v, do, causal, block_q, block_k, scale=None, o_lse=None):
     lq=st.integers(1, 12), lk=st.integers(1, 12), d=st.integers(1, 6), dv=st.integers(1, 6),
     causal=st.booleans(), seed=st.integers(0, 2**16),
 )
+@basic_value_test
 def test_naive_backward_equals_the_float64_autograd_gradients(lq, lk, d, dv, causal, seed):
     q, k, v, do = qkv_do(seed, lq, lk, d, dv)
     with np.errstate(all="ignore"):
@@ -235,7 +304,7 @@ def test_naive_backward_equals_the_float64_autograd_gradients(lq, lk, d, dv, cau
     wrong = numpy_misconceptions(q, k, v, do, causal, 1, 1)
     for w in wrong.values():  # the naive version has no lse, no tiles: only these apply
         for name in (NO_LSE, P_UNSCALED, P_SCALE_TWICE, DIAGONAL_DROPPED, DIAGONAL_ROUNDED_UP,
-                     UNMASKED_P):
+                     UNMASKED_P, P_MISSING_LOG_L, P_TILE_MAX, P_TILE_SOFTMAX):
             w.pop(name, None)
     column_sums = variant_backward(q, k, v, do, causal,
                                    delta_of=lambda p, dp: (p * dp).sum(axis=0, keepdims=True))
@@ -283,6 +352,7 @@ def test_backward_delta_equals_rowsum_of_p_times_dp_without_building_p(lq, lk, d
     block_q=st.integers(1, 12), block_k=st.integers(1, 12), causal=st.booleans(),
     seed=st.integers(0, 2**16),
 )
+@basic_value_test
 def test_flash_backward_equals_the_float64_autograd_gradients(
     lq, lk, d, dv, block_q, block_k, causal, seed
 ):
@@ -321,7 +391,8 @@ def test_causal_tiled_backward_visits_every_diagonal_tile(block_q, block_k):
     got = run_flash(q, k, v, do, True, block_q, block_k)
     check_gradients(got, gradients(q, k, v, do, True), f"causal 23x23, {block_q}x{block_k} tiles",
                     numpy_misconceptions(q, k, v, do, True, block_q, block_k),
-                    hint="look at the tiles that straddle the diagonal")
+                    hint="look at the tiles that straddle the diagonal (causal: the tile "
+                    "that holds a key tile's first key is half visible)")
 
 
 @pytest.mark.points(2)
@@ -369,7 +440,7 @@ def assert_peak_below(lq, lk, block_q, block_k, limit, message):
     scaled = (want_dq, reps * want_dk, reps * want_dv) if lq % 4 == 0 else None
     got = tuple(to_float64(g) for g in got)
     check_gradients((got[0][:4], *got[1:]) if scaled else got[:1],
-                    scaled or (want_dq,), "(memory is fine)",
+                    scaled or (want_dq,), "memory is fine",
                     tol=dict(atol=1e-9, rtol=1e-9),
                     hint="the values are wrong: the other tests say why")
 
@@ -538,6 +609,7 @@ def triton_misconceptions(q, k, v, do, causal, tiles, scale=None):
         GRAD_SCALE_TWICE: dict(grad_scale=c * c),
         P_UNSCALED: dict(p_of=lambda s, lse, c_: np.exp(s - lse[:, None])),
         P_SCALE_TWICE: dict(p_of=lambda s, lse, c_: np.exp(s * c_ * c_ - lse[:, None])),
+        **p_recompute_variants(causal, block_n),
     }
     if scale is None and dot_tile(d) != d:
         padded = 1.0 / math.sqrt(dot_tile(d))
@@ -575,12 +647,15 @@ def triton_misconceptions(q, k, v, do, causal, tiles, scale=None):
 
 
 def check_triton(case, tiles=(None, None), *, causal=False, scale=None, what="", tol=None,
-                 want=None, poison=None, rows=None, no_host_sync=False):
+                 want=None, poison=None, rows=None, no_host_sync=False, layout=None,
+                 skip=0, poison_rows=None, nan_hint=NAN_HINT):
     """Run flash_attention_backward_triton on ``case`` and grade dq, dk, dv against float64.
 
-    ``poison(k, v)`` NaN-poisons keys after the forward ran; ``rows`` restricts the graded
-    query rows of dq (and keys of dk, dv) to ``[:rows]``; ``no_host_sync`` also requires
-    that the launcher copies nothing from the device to the host.
+    ``poison(k, v)`` NaN-poisons keys after the forward ran, ``poison_rows`` the first rows
+    of q, o, lse and dO; ``rows`` restricts the graded
+    query rows of dq (and keys of dk, dv) to ``[:rows]``, ``skip`` to ``[skip:]``;
+    ``no_host_sync`` also requires that the launcher copies nothing from the device to the
+    host; ``layout`` passes every input as a ``strided_view``.
     """
     q, k, v, o, lse, do = case
     want = want or reference_bhld_backward(q, k, v, do, causal, scale)
@@ -588,6 +663,12 @@ def check_triton(case, tiles=(None, None), *, causal=False, scale=None, what="",
     if poison is not None:
         k, v = k.clone(), v.clone()
         poison(k, v)
+    if poison_rows is not None:  # rows [0, poison_rows) of q, o, lse, dO
+        q, o, lse, do = (x.clone() for x in (q, o, lse, do))
+        for x in (q, o, lse, do):
+            x[:, :, :poison_rows] = float("nan")
+    if layout is not None:
+        q, k, v, o, lse, do = (strided_view(x, layout) for x in (q, k, v, o, lse, do))
     got, syncs = host_syncs(impl.flash_attention_backward_triton, q, k, v, o, lse, do,
                             causal=causal, scale=scale, block_m=tiles[0], block_n=tiles[1])
     assert not (no_host_sync and syncs), (
@@ -601,10 +682,10 @@ def check_triton(case, tiles=(None, None), *, causal=False, scale=None, what="",
     what = (f"{what}B={b} H={h} KVH={k.shape[1]} Lq={lq} Lk={k.shape[2]} d={d} {q.dtype} "
             f"causal={causal} block_m={tiles[0]} block_n={tiles[1]}")
     atol, rtol = tol or tolerance(q.dtype)
-    cut = slice(None) if rows is None else (slice(None), slice(None), slice(0, rows))
+    cut = (slice(None), slice(None), slice(skip, rows))
     for name, g, w in zip(NAMES, got, want):
         assert_close(to_float64(g)[cut], np.asarray(w)[cut], what=f"{name} ({what})",
-                     atol=atol, rtol=rtol, nan_hint=NAN_HINT,
+                     atol=atol, rtol=rtol, nan_hint=nan_hint,
                      wrong_answers={m: np.asarray(x)[cut] for m, x in wrong[name].items()})
 
 
@@ -622,6 +703,7 @@ TRITON_CASES = {
 @pytest.mark.triton
 @pytest.mark.points(1)
 @pytest.mark.parametrize("case", list(TRITON_CASES))
+@basic_value_test
 def test_triton_backward_matches_float64_gradients_at_several_tile_shapes(case):
     import torch
 
@@ -672,6 +754,59 @@ def test_triton_backward_in_float16():
     # as on a GPU, so the gradients carry about 1e-3 relative error
     check_triton(torch_case(1, 2, 1, 24, 24, 32, torch.float16, seed=9, causal=True),
                  (16, 32), causal=True, tol=(1e-2, 1e-2))
+
+
+@pytest.mark.triton
+@pytest.mark.points(1)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_triton_backward_reads_transposed_and_sliced_views_through_their_strides(layout):
+    """"transposed": [B, L, H, d] storage viewed as [B, H, L, d]; "sliced": every other row
+    of a bigger storage at an offset, NaN between the rows. Same gradients as contiguous."""
+    import torch
+
+    case = torch_case(1, 4, 2, 24, 24, 16, torch.float32, seed=19, causal=True)
+    check_triton(case, (16, 16), causal=True, layout=layout, what=f"{layout} views, ",
+                 nan_hint=f"NaN with {layout} views: NaN sits between the rows of a sliced "
+                 "view, so a kernel stepped with a stride it assumed instead of the tensor's "
+                 "own (pass every .stride(), or make the inputs contiguous first)")
+
+
+@pytest.mark.triton
+@pytest.mark.points(1)
+def test_triton_backward_programs_store_disjoint_gradients_no_atomics_needed():
+    """On the interpreter: no two programs of one launch store to the same element of
+    Delta, dK, dV or dQ (GQA: one dK/dV program sums its whole query group)."""
+    import torch
+
+    q, k, v, o, lse, do = torch_case(1, 4, 2, 37, 37, 16, torch.float32, seed=7, causal=True)
+    got, reports = kernel_memory(impl.flash_attention_backward_triton, q, k, v, o, lse, do,
+                                 causal=True, block_m=16, block_n=32)
+    want = reference_bhld_backward(q, k, v, do, True, None)
+    atol, rtol = tolerance("float32")
+    for name, g, w in zip(NAMES, got, want):
+        assert_close(g, w, what=f"{name} (GQA 4q/2kv, causal, 16x32)", atol=atol, rtol=rtol)
+    assert_no_races(reports, "flash_attention_backward_triton")
+
+
+@pytest.mark.triton
+@pytest.mark.points(2)
+@pytest.mark.parametrize("tiles", [(16, 16), (16, 32), (32, 16)], ids=lambda t: f"{t[0]}x{t[1]}")
+def test_triton_causal_dk_dv_never_visit_query_rows_above_the_diagonal(tiles):
+    """Rows 0..31 of q, dO, O and lse are NaN. Under the causal mask keys 32.. are seen by
+    rows 32.. only, so their dK, dV (and dQ of rows 32..) stay finite: a dK/dV loop that
+    starts at query tile 0 and masks P to 0 still multiplies NaN (0 * NaN = NaN)."""
+    import torch
+
+    cut = 32
+    case = torch_case(1, 2, 1, 48, 48, 16, torch.float32, seed=29, causal=True)
+
+    check_triton(case, tiles, causal=True, poison_rows=cut, skip=cut,
+                 what=f"query rows < {cut} NaN-poisoned, graded from row/key {cut}, ",
+                 nan_hint=(f"NaN: query rows 0..{cut - 1} are poisoned, and under the causal "
+                           f"mask no key >= {cut} is seen by them. The dK/dV loop over query "
+                           "tiles must start at the tile holding row start_n * BLOCK_N "
+                           "(lo = start_n * BLOCK_N // BLOCK_M * BLOCK_M), not at 0: masking "
+                           "P to 0 does not help, since dS = P * (dP - Delta) is 0 * NaN"))
 
 
 @pytest.mark.triton

@@ -27,10 +27,15 @@ from common.paged import build_paged_kv, random_kv
 from common.reference import reference_attention
 from common.testing import (
     HEAD_RATIOS,
+    LAYOUTS,
     ODD_HEAD_DIMS,
     assert_close,
+    assert_no_races,
+    basic_value_test,
     host_syncs,
+    kernel_memory,
     peak_memory,
+    strided_view,
     tolerance,
 )
 from common.triton_env import DEVICE, on_interpreter
@@ -139,11 +144,17 @@ def sink_wrong_answers(q, k, v, sinks, window=None, scale=None) -> dict:
 
 def poison_before_windows(paged, window: int | None):
     """NaN in every block wholly before its sequence's window; their table entries point
-    at an unreferenced NaN block (vLLM's null block)."""
+    at an unreferenced NaN block (vLLM's null block). The slots before the window in the
+    block it starts in are NaN too: a tile that starts at that block's first slot and
+    masks the scores still multiplies P = 0 by a NaN value (0 * NaN = NaN)."""
     if window is None:
         return paged
     null_block = int(paged.unused_blocks[0])
     for b, n in enumerate(paged.seq_lens):
+        first = max(int(n) - window, 0)
+        block = paged.block_tables[b, first // paged.block_size]
+        paged.k_cache[block, : first % paged.block_size] = np.nan
+        paged.v_cache[block, : first % paged.block_size] = np.nan
         for logical in range(max(int(n) - window, 0) // paged.block_size):
             block = paged.block_tables[b, logical]
             paged.k_cache[block] = np.nan
@@ -501,13 +512,22 @@ def test_a_sink_of_minus_infinity_is_no_sink_and_an_empty_context_gives_the_sink
 
 
 def run_window_triton(q, paged, window=None, sinks=None, scale=None, *, dtype=torch.float32,
-                      block_n=None, max_seq_len=None):
+                      block_n=None, max_seq_len=None, layout=None, reports=None):
+    """``layout``: q, the caches and the block table as ``strided_view``s; ``reports``: a
+    list that gets ``kernel_memory``'s per-launch reports."""
     t = paged.to_torch(dtype, DEVICE)
     q_t = torch.tensor(q, dtype=dtype, device=DEVICE)
     sinks_t = None if sinks is None else torch.tensor(sinks, dtype=torch.float32, device=DEVICE)
-    result = impl.paged_decode_window_sink_triton(
-        q_t, t["k_cache"], t["v_cache"], t["block_tables"], t["seq_lens"], window, sinks_t,
-        scale, block_n=block_n, max_seq_len=max_seq_len)
+    tensors = [q_t, t["k_cache"], t["v_cache"], t["block_tables"]]
+    if layout is not None:
+        tensors = [strided_view(x, layout) for x in tensors]
+    args = (*tensors, t["seq_lens"], window, sinks_t, scale)
+    kwargs = {"block_n": block_n, "max_seq_len": max_seq_len}
+    if reports is None:
+        result = impl.paged_decode_window_sink_triton(*args, **kwargs)
+    else:
+        result, launches = kernel_memory(impl.paged_decode_window_sink_triton, *args, **kwargs)
+        reports.extend(launches)
     assert isinstance(result, tuple) and len(result) == 2, (
         "paged_decode_window_sink_triton must return the pair (out, lse)")
     out, lse = result
@@ -561,6 +581,7 @@ WINDOW_TRITON_CASES = [
     "num_heads, num_kv_heads, head_dim, block_size, lens, window, with_sinks, block_n",
     WINDOW_TRITON_CASES,
 )
+@basic_value_test
 def test_triton_window_sink_kernel_equals_the_reference_at_every_tile_size(
     num_heads, num_kv_heads, head_dim, block_size, lens, window, with_sinks, block_n
 ):
@@ -652,6 +673,25 @@ def test_triton_launchers_refuse_bfloat16_on_the_interpreter():
 # ---- 6. Triton: MLA decode over a paged latent cache -----------------------------------------
 
 
+@pytest.mark.triton
+@pytest.mark.points(1)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_triton_window_sink_kernel_reads_transposed_and_sliced_views_through_their_strides(
+    layout,
+):
+    """"transposed": q stored [H, B, d], the caches [blocks, KVH, page, d]; "sliced": every
+    other row of a bigger storage at an offset, NaN between the rows (block table too).
+    On the interpreter, no two programs of the launch store one element."""
+    rng = np.random.default_rng(61)
+    q, ks, vs, paged, sinks = window_triton_case(rng, 4, 2, 16, 4, [23, 5], 6, True)
+    reports: list = []
+    out, lse = run_window_triton(q, paged, 6, sinks, block_n=16, layout=layout,
+                                 reports=reports)
+    check_window_triton(out, lse, q, ks, vs, 6, sinks, F32, hint=(
+        f"{layout} views: use every tensor's own strides, one per dim"))
+    assert_no_races(reports, "paged_decode_window_sink_triton")
+
+
 def mla_triton_case(rng, num_heads, d_c, d_rope, block_size, lens, dtype=np.float32):
     """(q_latent [B, H, d_c], q_pe [B, H, d_rope], latent rows per sequence, paged cache)."""
     rows = [rounded(rng.standard_normal((n, 1, d_c + d_rope)), dtype) for n in lens]
@@ -661,13 +701,21 @@ def mla_triton_case(rng, num_heads, d_c, d_rope, block_size, lens, dtype=np.floa
     return q_latent, q_pe, rows, paged
 
 
-def run_mla_triton(q_latent, q_pe, paged, scale=None, *, dtype=torch.float32, **kwargs):
+def run_mla_triton(q_latent, q_pe, paged, scale=None, *, dtype=torch.float32, layout=None,
+                   reports=None, **kwargs):
+    """``layout`` and ``reports`` as in ``run_window_triton``."""
     kv_cache = torch.tensor(paged.k_cache[:, :, 0, :], dtype=dtype, device=DEVICE)
     t = paged.to_torch(dtype, DEVICE)
-    result = impl.mla_decode_triton(
-        torch.tensor(q_latent, dtype=dtype, device=DEVICE),
-        torch.tensor(q_pe, dtype=dtype, device=DEVICE), kv_cache, t["block_tables"],
-        t["seq_lens"], scale, **kwargs)
+    tensors = [torch.tensor(q_latent, dtype=dtype, device=DEVICE),
+               torch.tensor(q_pe, dtype=dtype, device=DEVICE), kv_cache, t["block_tables"]]
+    if layout is not None:
+        tensors = [strided_view(x, layout) for x in tensors]
+    if reports is None:
+        result = impl.mla_decode_triton(*tensors, t["seq_lens"], scale, **kwargs)
+    else:
+        result, launches = kernel_memory(impl.mla_decode_triton, *tensors, t["seq_lens"], scale,
+                                         **kwargs)
+        reports.extend(launches)
     assert isinstance(result, tuple) and len(result) == 2, "mla_decode_triton returns (out, lse)"
     out, lse = result
     assert tuple(out.shape) == q_latent.shape, (
@@ -717,6 +765,23 @@ def test_triton_mla_kernel_equals_attention_over_the_latent_cache(
     check_mla_triton(out, lse, q_latent, q_pe, rows, F32, hint=(
         "scores = q_latent · c + q_pe · k_pe over the cache row [c (d_c) | k_pe (d_rope)]; "
         "acc += p · c; the default scale is 1/sqrt(d_c + d_rope)"))
+
+
+@pytest.mark.triton
+@pytest.mark.points(1)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_triton_mla_kernel_reads_transposed_and_sliced_views_through_their_strides(layout):
+    """The latent cache's rows need not be packed: "transposed" stores it [page, blocks,
+    width], "sliced" keeps every other row of a bigger storage at an offset, NaN between."""
+    rng = np.random.default_rng(62)
+    q_latent, q_pe, rows, paged = mla_triton_case(rng, 16, 32, 16, 4, [21, 9])
+    reports: list = []
+    out, lse = run_mla_triton(q_latent, q_pe, paged, block_n=16, layout=layout,
+                              reports=reports)
+    check_mla_triton(out, lse, q_latent, q_pe, rows, F32, hint=(
+        f"{layout} views: the latent row of slot s of block b is at b * stride_block + "
+        "s * stride_slot, whatever the layout"))
+    assert_no_races(reports, "mla_decode_triton")
 
 
 @pytest.mark.triton

@@ -77,6 +77,18 @@ EVICTION_ORDER = (
 # ---- helpers ---------------------------------------------------------------------------------
 
 
+def free_queue_message(pool, partial_blocks, expected=None) -> str:
+    """Why the free queue is not in eviction order: a partial block that got a hash is freed
+    to the tail like a cached one (caching a partial block), or else the order itself."""
+    got = pool.free_block_ids()
+    want = "" if expected is None else f", expected {expected}"
+    cached = [b for b in partial_blocks if pool.block_hash(b) is not None]
+    if cached:
+        return (f"free queue {got}{want}: the partial block(s) {cached} have a hash, so they "
+                f"were freed to the tail like cached blocks: {PARTIAL_CACHED}")
+    return f"free queue {got}{want}: {EVICTION_ORDER}"
+
+
 def snapshot(pool, manager=None) -> tuple:
     """Everything observable about the pool (and manager): to check that nothing changed."""
     state = (
@@ -396,6 +408,8 @@ def test_a_partial_block_is_never_cached_and_is_cached_once_it_fills():
     assert manager.allocate_slots(a, 2) == []
     assert pool.block_hash(2) == chain(a.token_ids, 4)[2], (
         "a block that becomes full through allocate_slots is cached under its chained hash"
+        + ("; block 2 has another hash, given while it was partial: " + PARTIAL_CACHED
+           if pool.block_hash(2) is not None else "")
     )
     assert manager.get_computed_blocks(Request("E", list(a.token_ids) + [9])) == ([0, 1, 2], 12)
 
@@ -408,7 +422,7 @@ def test_worked_example_fork_shares_every_block_and_the_first_write_copies_the_s
     b = Request("B", T[:8] + U)
     admit(manager, b)
     manager.free("A")
-    assert pool.free_block_ids() == [2, 4, 5, 6, 7], EVICTION_ORDER
+    assert pool.free_block_ids() == [2, 4, 5, 6, 7], free_queue_message(pool, [2])
     child = manager.fork(b, "B2")
     assert isinstance(child, Request) and child.request_id == "B2"
     assert child.token_ids == b.token_ids
@@ -445,9 +459,7 @@ def test_free_releases_tail_first_and_freed_blocks_stay_findable_until_reused():
     manager = impl.KVCacheManager(pool)
     admit(manager, Request("A", list(range(12)) + [99]))  # blocks 0, 1, 2 full; 3 partial
     manager.free("A")
-    assert pool.free_block_ids() == [3, 4, 5, 6, 7, 2, 1, 0], (
-        f"free queue {pool.free_block_ids()}: {EVICTION_ORDER}"
-    )
+    assert pool.free_block_ids() == [3, 4, 5, 6, 7, 2, 1, 0], free_queue_message(pool, [3])
     again = Request("A2", list(range(12)) + [5])
     assert manager.get_computed_blocks(again) == ([0, 1, 2], 12), (
         "a freed block keeps its hash and stays findable until it is reused"
@@ -468,7 +480,7 @@ def test_allocate_slots_returns_None_and_changes_nothing_when_the_pool_cannot_se
     manager = impl.KVCacheManager(pool)
     admit(manager, Request("A", [1, 2, 3, 4, 5]))  # blocks 0, 1 cached, 2 partial
     manager.free("A")
-    assert pool.free_block_ids() == [2, 3, 1, 0], EVICTION_ORDER
+    assert pool.free_block_ids() == [2, 3, 1, 0], free_queue_message(pool, [2])
     too_long = Request("B", [1, 2, 3, 4, 9, 9, 9, 9, 9])  # hits 2 blocks, needs 3 more
     assert manager.get_computed_blocks(too_long) == ([0, 1], 4)
     before = snapshot(pool, manager)
@@ -491,7 +503,7 @@ def test_a_hit_block_near_the_head_of_the_free_queue_is_touched_before_anything_
     manager.free("A")
     admit(manager, Request("B", [5, 6, 7]))  # blocks 1 (cached) and 2
     manager.free("B")
-    assert pool.free_block_ids() == [2, 3, 0, 1], EVICTION_ORDER
+    assert pool.free_block_ids() == [2, 3, 0, 1], free_queue_message(pool, [2])
     c = Request("C", [1, 2, 9, 9, 9, 9, 9])  # hits block 0, needs 3 new blocks
     hit_blocks, num_hit, new = admit(manager, c)
     assert (hit_blocks, num_hit) == ([0], 2)
@@ -741,7 +753,8 @@ class KVCacheMachine(RuleBasedStateMachine):
         expected = ([b for b in released if hashes0[b] is None] + free0
                     + [b for b in released if hashes0[b] is not None])
         got = self.pool.free_block_ids()
-        assert got == expected, f"free queue {got}, expected {expected}: {EVICTION_ORDER}"
+        partial = [table[-1]] if table and len(self.tokens[rid]) % self.bs else []
+        assert got == expected, free_queue_message(self.pool, partial, expected)
         tokens = self.tokens.pop(rid)
         if preempt:
             self.paused.append(tokens)
@@ -755,9 +768,12 @@ class KVCacheMachine(RuleBasedStateMachine):
         for rid, tokens in self.tokens.items():
             table = self.manager.block_table(rid)
             assert self.manager.num_tokens(rid) == len(tokens)
+            repeated = len(set(table)) < len(table)
             assert len(table) == math.ceil(len(tokens) / self.bs) == len(set(table)), (
                 f"{rid!r} has {len(tokens)} tokens and block table {table}: expected "
-                f"ceil({len(tokens)} / {self.bs}) distinct blocks"
+                f"ceil({len(tokens)} / {self.bs}) distinct blocks" + (
+                    f". One block twice in a table: two of its blocks with the same tokens "
+                    f"after different prefixes got one hash, {PREFIX_HASH}" if repeated else "")
             )
             owners.update(table)
         free = self.pool.free_block_ids()
@@ -931,6 +947,23 @@ def test_simulate_preempts_the_newest_request_and_it_recomputes_later():
     assert stats.used_slots == (6, 8, 5, 6, 5)
     assert stats.reserved_slots == (8, 8, 6, 6, 6)
     assert (stats.total_slots, stats.prompt_tokens, stats.cached_prompt_tokens) == (8, 6, 0)
+
+
+@pytest.mark.points(2)
+def test_a_preempted_request_goes_back_to_the_front_of_the_waiting_queue():
+    # Block size 2, two blocks. Step 0: R0 ([1]) and R1 ([2, 3]) take a block each. Step 1:
+    # R2 arrives and waits; R1 needs a second block, none is free, so R1 is preempted and
+    # rejoins the waiting queue AHEAD of R2 (vLLM: self.waiting.prepend_request). R0
+    # finishes. Step 2: R1 (3 tokens, both blocks) is admitted first; R2 runs at step 3.
+    workload = [(0, [1], 2), (0, [2, 3], 2), (1, [4], 1)]
+    stats = impl.simulate(workload, num_blocks=2, block_size=2, max_num_seqs=4)
+    assert stats.preemptions == 1
+    assert stats.finish_step == (1, 2, 3), (
+        f"finish steps {stats.finish_step}, expected (1, 2, 3): a preempted request goes back "
+        "to the FRONT of the waiting queue (vLLM: self.waiting.prepend_request(preempted_req)), "
+        "not behind requests that arrived after it (waiting.appendleft, not append)"
+    )
+    assert stats.used_slots == (3, 2, 3, 1)
 
 
 @pytest.mark.points(2)
