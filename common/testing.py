@@ -8,8 +8,10 @@ classic mistake would produce) and names the misconception that matches.
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 import tracemalloc
+import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -133,6 +135,119 @@ def chunkings(total: int) -> st.SearchStrategy[list[int]]:
         set()
     )
     return cuts.map(lambda c: np.diff([0, *sorted(c), total]).astype(int).tolist())
+
+
+# ---- calls on copies: nothing the graded code touched is trusted ------------------------------
+#
+# Under the grader, what a call writes into its array arguments is copied back into the test's
+# arrays (lab-01's write_kv fills caches in place). A test that computed its expected value from
+# an argument after the call would then trust numbers the graded code chose. So every lab's
+# ``impl`` is wrapped by :func:`called_on_copies`: each call gets copies of its arrays and tensors,
+# and the test's own arrays, from which it computes expected values, are never handed over.
+
+
+def _copy_leaf(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray):
+        return np.array(obj, copy=True, order="K")
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(obj, torch.Tensor):
+        if obj.requires_grad:  # its .grad is how an autograd answer comes back: passed as is
+            return obj
+        with torch.no_grad():  # the whole storage: strides, offset and poisoned margins kept
+            return torch.empty(0, dtype=obj.dtype, device=obj.device).set_(
+                obj.untyped_storage().clone(), obj.storage_offset(), obj.size(), obj.stride())
+    return None
+
+
+def copied(obj: Any, keep: frozenset[int] = frozenset(), memo: dict[int, Any] | None = None,
+           depth: int = 0) -> Any:
+    """``obj`` with every numpy array and torch tensor in it copied (looking into lists,
+    tuples, NamedTuples and dicts; an array named twice is copied once, so aliasing stays).
+    Objects whose ``id`` is in ``keep`` are passed as they are."""
+    memo = {} if memo is None else memo
+    if id(obj) in keep:
+        return obj
+    if id(obj) in memo:
+        return memo[id(obj)]
+    leaf = _copy_leaf(obj)
+    if leaf is not None:
+        memo[id(obj)] = leaf
+        return leaf
+    if depth >= 4:
+        return obj
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return type(obj)._make(copied(x, keep, memo, depth + 1) for x in obj)
+    if type(obj) in (list, tuple):
+        return type(obj)(copied(x, keep, memo, depth + 1) for x in obj)
+    if type(obj) is dict:
+        return {k: copied(v, keep, memo, depth + 1) for k, v in obj.items()}
+    return obj
+
+
+class CopiesModule(types.ModuleType):
+    """A lab's module whose public functions are called on copies of their arguments
+    (classes, constants and private names are the module's own)."""
+
+    def __init__(self, module: types.ModuleType,
+                 writes: dict[str, tuple[int | str, ...]]) -> None:
+        super().__init__(module.__name__, module.__doc__)
+        self.__dict__["_module"] = module
+        self.__dict__["_writes"] = writes
+        self.__dict__["_wrapped"] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self.__dict__["_module"], name)
+        if name.startswith("_") or not _is_function(value):
+            return value
+        wrapped = self.__dict__["_wrapped"]
+        if name not in wrapped:
+            wrapped[name] = _on_copies(value, self.__dict__["_writes"].get(name, ()))
+        return wrapped[name]
+
+    def __dir__(self) -> list[str]:
+        return dir(self.__dict__["_module"])
+
+
+def _is_function(value: Any) -> bool:
+    return isinstance(value, types.FunctionType) or type(value).__name__ == "RemoteFunction"
+
+
+def _on_copies(fn: Callable[..., Any], writes: tuple[int | str, ...]) -> Callable[..., Any]:
+    def arguments(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        keep = frozenset(id(args[w]) if isinstance(w, int) else id(kwargs[w]) for w in writes
+                         if (w in kwargs if isinstance(w, str) else w < len(args)))
+        memo: dict[int, Any] = {}
+        return copied(args, keep, memo), copied(kwargs, keep, memo)
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True
+        args, kwargs = arguments(args, kwargs)
+        return fn(*args, **kwargs)
+
+    def instrumented(instrument: str, args: tuple, kwargs: dict) -> Any:
+        __tracebackhide__ = True
+        args, kwargs = arguments(args, kwargs)  # copied outside the measurement
+        remote = getattr(fn, "__instrumented_call__", None)
+        if remote is not None:
+            return remote(instrument, args, kwargs)
+        return INSTRUMENTS[instrument](fn, *args, **kwargs)
+
+    call.__instrumented_call__ = instrumented  # type: ignore[attr-defined]
+    return call
+
+
+def called_on_copies(module: types.ModuleType,
+                     writes: dict[str, tuple[int | str, ...]] | None = None,
+                     ) -> types.ModuleType:
+    """``module`` (a lab's ``load_impl(__file__)``) whose public functions get copies of every
+    array and tensor argument, so nothing the graded code writes reaches the test's arrays.
+
+    ``writes`` names the arguments a function is specified to write into, by position and
+    keyword (``{"write_kv": (0, 1, "k_cache", "v_cache")}``; never from the graded code's own
+    signature, which it could word as it likes): those are passed as they are, and the test
+    reads the answer from them. Tensors with ``requires_grad`` are passed as they are too."""
+    return CopiesModule(module, dict(writes or {}))
 
 
 # ---- instrumented calls: what a test measures about the code under test ---------------------

@@ -21,6 +21,18 @@ def _has_points(decorators: list[ast.expr]) -> bool:
 
 
 @pytest.mark.parametrize("lab", LABS, ids=lambda p: p.name)
+def test_every_lab_calls_the_code_under_test_on_copies(lab):
+    """Nothing the graded code touched is trusted: under the grader, what a call writes into
+    its arguments is copied back, so a lab's tests reach the code under test only through
+    ``impl = called_on_copies(load_impl(__file__))`` (common/testing.py), and an expected
+    value computed from an argument after the call is still the test's own."""
+    text = (lab / "test_lab.py").read_text()
+    assert text.count("load_impl(") == 1 and "called_on_copies(load_impl(__file__)" in text, (
+        f"{lab.name}/test_lab.py: write `impl = called_on_copies(load_impl(__file__))` "
+        "(writes={...} for a function specified to write into an argument)")
+
+
+@pytest.mark.parametrize("lab", LABS, ids=lambda p: p.name)
 def test_every_graded_test_carries_points(lab):
     tree = ast.parse((lab / "test_lab.py").read_text())
     module_points = any(
