@@ -257,8 +257,45 @@ def called_on_copies(module: types.ModuleType,
 # the measurement is taken where the code runs.
 
 
+class ResidentPeak:
+    """The growth of another process's resident memory high-water mark, measured from
+    outside it (Linux): ``start(pid)`` resets the mark (``/proc/<pid>/clear_refs`` <- "5")
+    and notes the resident size; ``peak()`` is ``VmHWM`` minus that, in bytes. The grader
+    measures a sandboxed worker's call with it, where the graded code cannot replace the
+    instrument; ``None`` where ``/proc`` does not allow it (then the worker measures)."""
+
+    def __init__(self, pid: int, base: int) -> None:
+        self.pid, self.base = pid, base
+
+    @staticmethod
+    def _status(pid: int, key: str) -> int:
+        with open(f"/proc/{pid}/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) * 1024
+        raise OSError(f"no {key} in /proc/{pid}/status")
+
+    @classmethod
+    def start(cls, pid: int) -> ResidentPeak | None:
+        try:
+            with open(f"/proc/{pid}/clear_refs", "w", encoding="ascii") as f:
+                f.write("5")
+            return cls(pid, cls._status(pid, "VmRSS"))
+        except (OSError, ValueError):
+            return None
+
+    def peak(self) -> int:
+        return max(self._status(self.pid, "VmHWM") - self.base, 0)
+
+
 def peak_memory(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, int]:
-    """``(fn(*args, **kwargs), peak bytes allocated by Python/numpy during the call)``."""
+    """``(fn(*args, **kwargs), peak bytes the call added)``.
+
+    In a plain pytest run: the bytes Python and numpy allocated at the peak (``tracemalloc``).
+    Under the grader, where the code runs in a sandboxed worker: the growth of the worker's
+    resident-memory high-water mark over the call, read by the trusted side from ``/proc``
+    (:class:`ResidentPeak`), so a submission cannot replace the measurement; it counts pages
+    the call touched (its inputs' copies included), a little more than ``tracemalloc``."""
     remote = getattr(fn, "__instrumented_call__", None)
     if remote is not None:
         return remote("peak_memory", args, kwargs)
@@ -314,6 +351,11 @@ def host_syncs(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, 
     booleans of torch tensors, called from the course's own files (the lab's code,
     its provided code, ``common``), not from Triton's or torch's launch machinery. On a GPU
     each is a device-to-host copy that stalls the stream.
+
+    Measured where the code runs: under the grader, inside the sandboxed worker, by patching
+    ``torch.Tensor``'s methods there. Without a GPU a host sync leaves no trace outside the
+    process, so a submission that undoes the patching escapes the count: a teaching check,
+    not a defended one.
     """
     remote = getattr(fn, "__instrumented_call__", None)
     if remote is not None:

@@ -427,6 +427,9 @@ def assert_peak_below(q, k, v, block_q, block_k, limit, message):
 
 @pytest.mark.points(2)
 def test_flash_attention_forward_never_builds_an_lq_by_lk_array():
+    """Measured by common.testing.peak_memory: tracemalloc in a plain run; under the grader
+    the sandboxed worker's resident high-water mark, read from outside it. The array
+    it looks for is 32 MiB, so glibc maps it fresh and it always counts."""
     lq = lk = 2048  # the float64 score matrix would be 32 MiB; a 128 x 128 tile is 128 KiB
     q, k, v = qkv(6, lq, lk, 4, 4)
     full = lq * lk * 8
@@ -444,9 +447,12 @@ def test_flash_attention_forward_never_builds_an_lq_by_lk_array():
 
 @pytest.mark.points(2)
 def test_flash_attention_forward_never_builds_a_row_block_of_all_keys():
-    # one tile of 32 queries against 16384 keys, 32 at a time: a [block_q, Lk] row block of
-    # scores is 4 MiB in float64; the 32 x 32 tile is 8 KiB, K and V are 256 KiB each
-    lq, lk, block_q, block_k = 32, 16384, 32, 32
+    """Measured by common.testing.peak_memory: tracemalloc in a plain run; under the grader
+    the sandboxed worker's resident high-water mark, read from outside it. The array
+    it looks for is 32 MiB, so glibc maps it fresh and it always counts."""
+    # one tile of 32 queries against 131072 keys, 32 at a time: a [block_q, Lk] row block of
+    # scores is 32 MiB in float64; the 32 x 32 tile is 8 KiB, K and V are 2 MiB each
+    lq, lk, block_q, block_k = 32, 131072, 32, 32
     q, k, v = qkv(12, lq, lk, 2, 2)
     row_block = block_q * lk * 8
     assert_peak_below(
@@ -455,7 +461,7 @@ def test_flash_attention_forward_never_builds_a_row_block_of_all_keys():
         v,
         block_q,
         block_k,
-        row_block / 4,
+        row_block * 3 / 4,  # room for the inputs' copies the grader's measurement counts
         f"a [block_q, Lk] = [{block_q}, {lk}] row block of scores is {row_block / 2**20:.0f} "
         f"MiB: compute the scores one [block_q, block_k] = [{block_q}, {block_k}] tile at a "
         "time inside the key loop, never for all keys of the query tile at once",
@@ -849,6 +855,9 @@ def test_triton_with_no_keys_returns_zeros_and_minus_inf_lse():
 @pytest.mark.triton
 @pytest.mark.points(0.5)
 def test_triton_launcher_makes_no_host_synchronisation():
+    """Measured by common.testing.host_syncs inside the process that runs the code (under
+    the grader, the sandboxed worker): a teaching check, since a submission that undoes
+    its patching of torch.Tensor is not caught (README: not defended)."""
     import torch
 
     from common.triton_env import DEVICE

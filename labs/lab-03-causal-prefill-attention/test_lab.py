@@ -915,6 +915,9 @@ def test_triton_kernel_runs_float16_and_refuses_bfloat16_on_the_interpreter():
 @pytest.mark.triton
 @pytest.mark.points(2)
 def test_triton_launch_given_max_seq_len_makes_no_host_synchronisation():
+    """Measured by common.testing.host_syncs inside the process that runs the code (under
+    the grader, the sandboxed worker): a teaching check, since a submission that undoes
+    its patching of torch.Tensor is not caught (README: not defended)."""
     batch = make_batch(np.random.default_rng(15), [7, 0], [1, 5], (4, 2), 8, 4)
     result, syncs = host_syncs(
         impl.varlen_prefill_triton, *triton_batch(batch), max_seq_len=batch.max_seq_len
@@ -930,6 +933,9 @@ def test_triton_launch_given_max_seq_len_makes_no_host_synchronisation():
 @pytest.mark.triton
 @pytest.mark.points(1)
 def test_triton_debug_path_without_max_seq_len_synchronises_at_most_once():
+    """Measured by common.testing.host_syncs inside the process that runs the code (under
+    the grader, the sandboxed worker): a teaching check, since a submission that undoes
+    its patching of torch.Tensor is not caught (README: not defended)."""
     batch = make_batch(np.random.default_rng(16), [7, 0], [1, 5], (4, 2), 8, 4)
     result, syncs = host_syncs(impl.varlen_prefill_triton, *triton_batch(batch))
     assert len(syncs) <= 1, (

@@ -924,6 +924,9 @@ def test_split_kv_decode_triton_refuses_bfloat16_on_the_interpreter():
 @pytest.mark.parametrize("mode", [{"partition_size": 16}, {"num_segments": 2}],
                          ids=["partitions", "segments"])
 def test_split_kv_decode_triton_makes_no_host_sync_when_given_max_seq_len(mode):
+    """Measured by common.testing.host_syncs inside the process that runs the code (under
+    the grader, the sandboxed worker): a teaching check, since a submission that undoes
+    its patching of torch.Tensor is not caught (README: not defended)."""
     q, ks, vs, paged = paged_problem([9])
     cache = paged.to_torch(torch.float32, DEVICE)
     args = (torch.tensor(q, dtype=torch.float32, device=DEVICE), cache["k_cache"],
