@@ -136,6 +136,7 @@ def test_starter_and_solution_expose_the_same_public_names_and_signatures(lab):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # every lab's tests in one process: ~100 s on a loaded 2-core machine
 @pytest.mark.skipif(not list(ROOT.glob("labs/*/solution.py")),
                     reason="a student copy: its starters are the student's, not untouched ones")
 def test_an_untouched_starter_earns_no_points(tmp_path):

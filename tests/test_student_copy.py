@@ -29,6 +29,7 @@ LABS = sorted(p.parent.name for p in ROOT.glob("labs/lab-*/solution.py"))
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.timeout(1800),  # a release and part of a suite, on a loaded machine
     pytest.mark.skipif(not LABS, reason="a student copy has no solutions to release"),
 ]
 

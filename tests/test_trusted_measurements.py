@@ -25,6 +25,7 @@ LAB = "lab-00-online-softmax"
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.timeout(900),  # grading a lab, on a loaded machine
     pytest.mark.skipif(not (ROOT / "labs" / LAB / "solution.py").exists(),
                        reason="a student copy has no solution to build the submission from"),
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc (Linux)"),
