@@ -2,9 +2,10 @@
 
 A hostile lab-00 submission computes the whole ``Lq x Lk`` score matrix and replaces
 ``common.testing``'s memory instrument in its worker with one that reports 0 bytes. Graded
-by ``make grade`` (user switch as root, process split otherwise), both memory tests must
-still fail: ``peak_memory`` is measured by the trusted side, from the worker's
-resident-memory high-water mark in ``/proc/<pid>``. Slow: it grades lab-00 (about 15 s).
+by ``make grade`` in a copy of the project (user switch as root, process split otherwise),
+both memory tests must still fail: ``peak_memory`` is measured by the trusted side, from the
+worker's resident-memory high-water mark in ``/proc/<pid>``. Slow: it grades lab-00 (about
+15 s).
 """
 
 from __future__ import annotations
@@ -91,18 +92,16 @@ def course() -> Iterator[Path]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def test_a_replaced_memory_instrument_does_not_hide_an_lq_by_lk_array(course, tmp_path):
+def test_a_replaced_memory_instrument_does_not_hide_an_lq_by_lk_array(course):
     root = course
     lab = root / "labs" / LAB
     (lab / "starter.py").write_text((lab / "solution.py").read_text() + HOSTILE)
     (lab / "solution.py").unlink()
-    results = tmp_path / "results.json"
+    results = root / "results.json"
     env = {k: v for k, v in os.environ.items()
-           if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "PYTEST_ADDOPTS")}  # fmt: skip
-    done = subprocess.run([sys.executable, "-m", "common.grading", "--impl", "starter",
-                           "--lab", "00", "--results", str(results)],
-                          cwd=root, env={**env, "PYTHONPATH": str(root)}, capture_output=True,
-                          text=True, timeout=900)  # fmt: skip
+           if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "PYTEST_ADDOPTS", "LAB_IMPL")}
+    done = subprocess.run(["make", "grade", "LAB=00", "LAB_IMPL=starter", f"PY={sys.executable}"],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=900)
     assert results.exists(), done.stdout[-3000:] + done.stderr[-3000:]
     tests = {t["name"].split(" › ")[-1]: t for t in json.loads(results.read_text())["tests"]}
     for name in ("test_flash_attention_forward_never_builds_an_lq_by_lk_array",
