@@ -21,9 +21,12 @@ BENCH_ARGS ?=
 # `make test PY=python3` (or bench, grade, ...) uses an existing Python, e.g. one with a CUDA
 # build of torch, and installs nothing.
 DEPS := $(if $(filter $(VENV)/bin/python,$(PY)),$(STAMP))
+# The web book's tools (MkDocs, Material, Playwright) have their own pins and stamp.
+BOOK_STAMP := $(VENV)/.installed-book
+BOOK_DEPS := $(if $(DEPS),$(BOOK_STAMP))
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-slow test-lab grade bench gpu-report lint clean check-setup test-no-triton vllm-check
+.PHONY: help setup test test-slow test-lab grade bench gpu-report lint clean check-setup test-no-triton vllm-check book trace
 
 # The instructor's tree tests the solutions; a student copy (no solution.py) tests the starters.
 TEST_IMPL := $(if $(wildcard labs/*/solution.py),solution,starter)
@@ -41,6 +44,8 @@ help::
 	@echo "make vllm-check      lab-02 ($(TEST_IMPL).py) against the real vLLM 0.33.0 (own .venv-vllm)"
 	@echo "make check-setup     resolve the pins for Linux/macOS/Windows x Python 3.10-3.13 (PyPI, minutes)"
 	@echo "make test-no-triton  the suite as a Mac or Windows laptop runs it (triton unimportable)"
+	@echo "make book            build the web book with its visualisations into build/book/"
+	@echo "make trace LAB=00    run your starter.py on a visualisation's inputs (labs 00, 01, 04, 07, 08, 10)"
 
 # One stamp per requirements file: a second `make test` installs nothing.
 # --only-binary: every pin has a wheel for every supported laptop (make check-setup), so
@@ -61,9 +66,26 @@ $(STAMP): requirements-cpu.txt
 
 setup: $(STAMP)
 
+$(BOOK_STAMP): requirements-book.txt $(STAMP)
+	@echo ">> installing the web book's pinned tools into $(VENV)"
+	$(PY) -m pip install --quiet --disable-pip-version-check --only-binary=:all: \
+	  -r requirements-book.txt
+	@touch $@
+
+# The web book: the READMEs, the glossary and the visualisations (book/README.md).
+book: $(DEPS) $(BOOK_DEPS)
+	@echo ">> building the web book from the READMEs into build/book/ (no network)"
+	$(PY) -m book.build
+
+# Your starter.py on a visualisation's inputs, beside the reference (book/README.md).
+trace: $(DEPS)
+	@test -n "$(LAB)" || { echo "usage: make trace LAB=00 (labs 00, 01, 04, 07, 08, 10)"; exit 2; }
+	@echo ">> running your starter.py (lab $(LAB)) on the visualisation's inputs"
+	LAB_IMPL=starter $(PY) -m book.traces --impl starter --lab $(LAB)
+
 # The slow end-to-end grading tests too (plain pytest deselects every `slow` test through
 # pyproject's addopts), but not the compile-every-kernel check of make gpu-report.
-test: $(DEPS)
+test: $(DEPS) $(BOOK_DEPS)
 	@echo ">> running the CPU suite (LAB_IMPL=$(TEST_IMPL)), slow grading tests included"
 	LAB_IMPL=$(TEST_IMPL) $(PY) -m pytest -q -m "not gpu_report"
 
@@ -77,7 +99,7 @@ test-lab: $(DEPS)
 
 grade: $(DEPS)
 	@echo ">> grading LAB_IMPL=$(LAB_IMPL) $(if $(LAB),lab $(LAB),all labs)"
-	LAB_IMPL=$(LAB_IMPL) $(PY) -m common.grading $(if $(LAB),--lab $(LAB))
+	LAB_IMPL=$(LAB_IMPL) $(PY) -m grading $(if $(LAB),--lab $(LAB))
 
 bench: $(DEPS)
 	@echo ">> benchmarking the lab kernels"
@@ -123,14 +145,14 @@ help::
 	@echo "make mutants [LAB=03] every planted mistake under tests/mutants must fail its lab's tests"
 
 release: $(DEPS)
-	$(PY) -m common.grading.release --out "$(OUT)" $(if $(FORCE),--force)
+	$(PY) -m grading.tools.release --out "$(OUT)" $(if $(FORCE),--force)
 
 autograder: $(DEPS)
-	$(PY) -m common.grading.autograder $(if $(OUT),--out "$(OUT)")
+	$(PY) -m grading.tools.autograder $(if $(OUT),--out "$(OUT)")
 
 mutants: $(DEPS)
 	@echo ">> planting each mistake of tests/mutants/ in a scratch copy of the solution"
-	$(PY) -m common.grading.mutants $(if $(LAB),--lab $(LAB))
+	$(PY) -m grading.tools.mutants $(if $(LAB),--lab $(LAB))
 
 figures: $(DEPS)
 	@echo ">> drawing every lab's figures from the lab's own code"

@@ -364,6 +364,37 @@ def mla_decode(heads: int) -> LaunchFn:
     return launch
 
 
+# ---- lab-09: the Triton primer, at GPU sizes (no bench entry: the lab has no workload) ----
+
+
+def primer(kernel: str) -> LaunchFn:
+    """The primer's launchers on a GPU with ``provided.GPU_TILES``: vectors of 2^24
+    elements; 4096 rows of ``d`` (softmax); ``4096 x 4096 x d`` (matmul); 4096 rows of 4096
+    scores times V ``[4096, d]`` (online softmax, ``d`` = dv). Contiguous buffers."""
+
+    def launch(lab: Lab, dtype: str, d: int) -> Launch:
+        t, rows, p = _need(lab).GPU_TILES, 4096, Ptr(dtype)
+        args: dict[str, Any] = {
+            "_add_vectors_kernel": {"X": p, "Y": p, "Out": p, "n": 1 << 24, "BLOCK": t["block"]},
+            "_softmax_rows_kernel": {"X": p, "Out": p, "n": d, "stride_xm": d, "stride_xn": 1,
+                                     "stride_om": d, "stride_on": 1, "BLOCK_N": dot_tile(d)},
+            "_matmul_kernel": {"A": p, "B": p, "Out": p, "m": rows, "n": rows, "k": d,
+                               "stride_am": d, "stride_ak": 1, "stride_bk": rows,
+                               "stride_bn": 1, "stride_om": rows, "stride_on": 1,
+                               "BLOCK_M": t["block_m"], "BLOCK_N": t["block_n"],
+                               "BLOCK_K": t["block_k"], "DOT_PRECISION": _precision(dtype)},
+            "_online_softmax_kernel": {"S": p, "V": p, "Out": p, "Lse": Ptr("fp32"), "m": rows,
+                                       "n": rows, "dv": d, "stride_sm": rows, "stride_sn": 1,
+                                       "stride_vn": d, "stride_vd": 1, "stride_om": d,
+                                       "stride_od": 1, "BLOCK_M": t["block_m"],
+                                       "BLOCK_N": t["block_n"], "DV_PAD": dot_tile(d),
+                                       "DOT_PRECISION": _precision(dtype)},
+        }[kernel]  # fmt: skip
+        return Launch(args, dict(_need(lab).GPU_LAUNCH))
+
+    return launch
+
+
 # ---- the table ------------------------------------------------------------------------------
 
 LAB00 = "lab-00-online-softmax"
@@ -372,6 +403,7 @@ LAB03 = "lab-03-causal-prefill-attention"
 LAB04 = "lab-04-flash-decoding-partitions"
 LAB05 = "lab-05-flash-attention-backward"
 LAB06 = "lab-06-mla-window-sinks"
+LAB09 = "lab-09-triton-primer"
 WIDE = {"dtypes": ("bf16",), "head_dims": (128,)}  # extra configs: the bench dtype and d only
 
 GPU_KERNELS: tuple[GpuKernel, ...] = (
@@ -408,3 +440,9 @@ GPU_KERNELS: tuple[GpuKernel, ...] = (
     GpuKernel(LAB06, "_mla_decode_kernel", "16 heads (TP8)", mla_decode(16), "mla",
               "decode mla16 b64 ctx4k d512+64", dtypes=("bf16",), head_dims=(512,)),
 )
+
+# lab-09's kernels, fp16 (float32 tl.dot in "ieee" precision has no tensor-core instruction)
+PRIMER_CONFIGS = {"_add_vectors_kernel": "n 2^24", "_softmax_rows_kernel": "4096 rows of d",
+                  "_matmul_kernel": "4096 x 4096 x d", "_online_softmax_kernel": "4096 x 4096 @ V"}
+GPU_KERNELS += tuple(GpuKernel(LAB09, k, c, primer(k), dtypes=("fp16",), head_dims=(128,))
+                     for k, c in PRIMER_CONFIGS.items())  # fmt: skip

@@ -6,7 +6,8 @@ solution file is never opened, so a student's grade can only come from their own
 :func:`lab_impl` is the one place the variable is read.
 
 Under the grader (``COURSE_SANDBOX=1``), :func:`load_impl` returns a proxy module whose
-functions run in a sandboxed worker process (:mod:`common.grading.proxy`); plain pytest
+functions run in a sandboxed worker process: the grader's pytest plugin registers that
+loader with :func:`register_impl_loader` (``common`` never imports the grader); plain pytest
 imports the module in-process.
 
 A lab's given code (validation, constants, types both files share) lives in
@@ -20,6 +21,7 @@ import importlib.util
 import os
 import pathlib
 import sys
+from collections.abc import Callable
 from types import ModuleType
 
 ALLOWED_IMPLS = ("solution", "starter")
@@ -27,6 +29,17 @@ SANDBOX_ENV = "COURSE_SANDBOX"  # set by the grader: load_impl returns a proxy o
 
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+ImplLoader = Callable[[pathlib.Path, str], "ModuleType | None"]
+_impl_loaders: list[ImplLoader] = []
+
+
+def register_impl_loader(loader: ImplLoader) -> None:
+    """Let a pytest plugin serve :func:`load_impl`: ``loader(lab_dir, impl)`` returns the
+    module the tests get, or ``None`` to leave it to the next loader (the last registered
+    is asked first; in the end the file is imported here)."""
+    if loader not in _impl_loaders:
+        _impl_loaders.append(loader)
 
 
 def default_impl(root: pathlib.Path = REPO_ROOT) -> str:
@@ -60,28 +73,27 @@ def load_impl(path: str | os.PathLike[str], impl: str | None = None) -> ModuleTy
         lab_dir = lab_dir.parent
     if not (lab_dir / f"{impl}.py").is_file():
         raise FileNotFoundError(f"{lab_dir / f'{impl}.py'} does not exist (LAB_IMPL={impl})")
-    proxy = _sandbox_proxy()
-    if proxy is not None:
+    for loader in reversed(_impl_loaders):
         # Under the grader: the tests' process never imports the graded code; calls go to a
-        # sandboxed worker (common.grading.proxy). Plain pytest imports it here.
-        return proxy.remote_impl(lab_dir, impl)
+        # sandboxed worker (the grader's plugin registered the loader). Plain pytest imports
+        # it here.
+        module = loader(lab_dir, impl)
+        if module is not None:
+            return module
+    _refuse_outside_sandbox()
     return load_lab_module(lab_dir, impl)
 
 
-def _sandbox_proxy() -> ModuleType | None:
-    """``common.grading.proxy`` in the grader's test process; ``None`` elsewhere. A process
-    that a test started (so it inherited ``COURSE_SANDBOX``) must not import the graded
-    code outside the sandbox: it gets a ``RuntimeError`` saying what to use instead."""
-    proxy = sys.modules.get("common.grading.proxy")
-    if proxy is not None and proxy.active():
-        return proxy
+def _refuse_outside_sandbox() -> None:
+    """A process that a test started under the grader (so it inherited ``COURSE_SANDBOX``)
+    must not import the graded code outside the sandbox: it gets a ``RuntimeError`` saying
+    what to use instead."""
     if os.environ.get(SANDBOX_ENV, "").strip() not in ("", "0"):
         raise RuntimeError(
             "under the grader the graded code runs only in its sandbox: a test must run a "
             "script that imports it with common.testing.LabScript (and load the plugin "
-            "-p common.grading.proxy in the test process)"
+            "-p grading.plugin.proxy in the test process)"
         )
-    return None
 
 
 def load_lab_module(path: str | os.PathLike[str], module: str) -> ModuleType:

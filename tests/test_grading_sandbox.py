@@ -7,14 +7,25 @@ points on ``mul(a, b)``; the expected score is what the submitted code earns hon
 
 - lab-00: writes a ``conftest.py`` that passes every test into every lab folder it can
   reach, then ``os._exit(1)`` so that the lab would be re-run with it (it scored 255/258);
-- lab-01: monkeypatches ``common.grading.pytest_points`` to pass everything, 1000 points
-  each, and multiplies wrongly;
+- lab-01: monkeypatches ``grading.plugin.points`` (absent from the sandbox: then
+  ``common.testing``) to pass everything, 1000 points each, and multiplies wrongly;
 - lab-02: a double-forked ``setsid`` daemon waits for ``results.json`` and rewrites it;
 - lab-03: raises an exception carrying the source of every ``test_hidden*.py`` it can read
   (the lab has an instructor's hidden test with a secret in it);
 - lab-04: an endless loop inside a hypothesis ``@given`` test and five ``os._exit`` calls;
   the other tests of the lab must still be graded;
-- lab-05: an honest, correct submission (the later lab the conftest attack aimed at).
+- lab-05: an honest, correct submission (the later lab the conftest attack aimed at);
+- lab-06: returns an object whose ``__eq__`` is always true (and ``__ne__`` always false,
+  ``__bool__`` true): comparisons and truth tests never run the graded code;
+- lab-07: returns an object-dtype numpy array of such objects (``==`` on it is elementwise,
+  ``np.array_equal`` said True): only numeric arrays cross;
+- lab-08: multiplies correctly, but leaves a 1 MB file and a folder in ``/tmp`` (once enough
+  to fail every later lab: a ``/tmp/pytest-of-root`` owned by another user): each lab's
+  test process has a temp folder of its own, with the user switch the graded code's
+  ``/tmp`` is its lab's own (a mount namespace), and what the lab's uids leave in the shared
+  temp folders is removed when the lab ends;
+- lab-09: multiplies through the float64 reference the tests use (``common.reference``),
+  which is not in the sandbox.
 
 A second run, without the user switch (``COURSE_SANDBOX_UIDS=none``: a student's laptop),
 shows what the process split alone defends. ``test_the_proxy_*`` check what crosses
@@ -25,6 +36,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -36,9 +48,10 @@ from pathlib import Path
 
 import pytest
 
-from common.grading import autograder
-from common.grading.gradescope import validate_gradescope
-from common.grading.sandbox import UID_RANGE, choose_mode
+from grading.run.report import validate_gradescope
+from grading.sandbox import host
+from grading.sandbox.host import UID_RANGE, choose_mode
+from grading.tools import autograder
 
 ROOT = Path(__file__).resolve().parents[1]
 SECRET = "SECRET-HIDDEN-TEST-MARKER-7319"
@@ -155,6 +168,10 @@ LABS = {  # lab -> tests (a test_hidden file is added to lab-03)
     "lab-03-hidden": MUL_TESTS,
     "lab-04-crashes": CRASH_TESTS,
     "lab-05-honest": MUL_TESTS,
+    "lab-06-liar": MUL_TESTS,
+    "lab-07-object-array": MUL_TESTS,
+    "lab-08-temp": MUL_TESTS,
+    "lab-09-reference": MUL_TESTS,
 }
 
 
@@ -185,7 +202,10 @@ for lab in glob.glob(os.path.join(here, "..", "*")) + glob.glob({str(source / "l
 os._exit(1)
 """,
         "lab-01-patch": """
-import common.grading.pytest_points as points
+try:
+    import grading.plugin.points as points
+except ImportError:  # the scratch copy holds the grader's sandbox package only
+    import common.testing as points
 
 points._combine = lambda phases: ("passed", "")
 points.points_of = lambda item: 1000.0
@@ -249,7 +269,57 @@ def mul(a, b):
 """,
         "lab-04-crashes": CRASH_STARTER,
         "lab-05-honest": MUL_SOLUTION,
+        "lab-06-liar": LIAR + """
+
+def mul(a, b):
+    return Liar()
+""",
+        "lab-07-object-array": "import numpy as np\n" + LIAR + """
+
+def mul(a, b):
+    return np.array([Liar(), Liar()], dtype=object)
+""",
+        "lab-08-temp": f"""
+import os
+
+for folder in ("/tmp", "/var/tmp", "/dev/shm"):
+    try:
+        os.makedirs(os.path.join(folder, {marks.name!r} + "-dir"), exist_ok=True)
+        with open(os.path.join(folder, {marks.name!r} + "-file"), "wb") as f:
+            f.write(bytes(1 << 20))
+    except OSError:
+        pass
+
+
+def mul(a, b):
+    return a * b
+""",
+        "lab-09-reference": """
+def mul(a, b):
+    from common.reference import to_float64
+
+    return int(to_float64(a) * b)
+""",
     }
+
+
+LIAR = """
+class Liar:
+    def __eq__(self, other):
+        return True
+
+    def __ne__(self, other):
+        return False
+
+    def __bool__(self):
+        return True
+
+    def __hash__(self):
+        return 0
+
+    def __repr__(self):
+        return "6"
+"""
 
 
 EXPECTED = {  # (score, possible) the submitted code earns honestly
@@ -259,15 +329,21 @@ EXPECTED = {  # (score, possible) the submitted code earns honestly
     "lab-03-hidden": (0, 9),
     "lab-04-crashes": (4, 10),
     "lab-05-honest": (6, 6),
+    "lab-06-liar": (0, 6),
+    "lab-07-object-array": (0, 6),
+    "lab-08-temp": (6, 6),
+    "lab-09-reference": (0, 6),
 }
 
 
 def course(root: Path) -> Path:
-    """conftest, pyproject, requirements and common/ of the real project, and the labs."""
+    """conftest, pyproject, requirements, common/ and grading/ of the real project, and the labs."""
     root.mkdir(parents=True)
     for name in ("conftest.py", "pyproject.toml", "Makefile", "requirements-cpu.txt"):
         shutil.copy2(ROOT / name, root / name)
-    shutil.copytree(ROOT / "common", root / "common", ignore=shutil.ignore_patterns("__pycache__"))
+    for package in ("common", "grading"):
+        shutil.copytree(ROOT / package, root / package,
+                        ignore=shutil.ignore_patterns("__pycache__"))
     (root / "README.md").write_text("# The course\n")
     for name, tests in LABS.items():
         lab = root / "labs" / name
@@ -291,15 +367,19 @@ def start(tmp: Path, uids: str | None) -> dict:
         for info in zf.infolist():
             (ag / "source" / info.filename).chmod((info.external_attr >> 16) & 0o777)
     (ag / "results").mkdir()
-    marks = Path(tempfile.mkdtemp(prefix="attack-marks-"))  # where the attacks may write
+    # where the attacks may write: not in /tmp, which is each lab's own with the user switch
+    shared = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+    marks = Path(tempfile.mkdtemp(prefix="attack-marks-", dir=shared))
     marks.chmod(0o777)
     sub = ag / "submission"
     sub.mkdir()
     results = ag / "results" / "results.json"
     for name, text in attacks(ag / "source", results, marks).items():
         (sub / f"lab{name[4:6]}_starter.py").write_text(text.lstrip())
-    no_triton = tmp / "no-triton" / "triton"
-    no_triton.mkdir(parents=True)
+    # readable by the sandbox users: the grader's pre-flight checks the packages on its path
+    no_triton = Path(tempfile.mkdtemp(prefix="no-triton-")) / "triton"
+    no_triton.parent.chmod(0o755)
+    no_triton.mkdir()
     (no_triton / "__init__.py").write_text('raise ImportError("not in these labs")\n')
     env = dict(os.environ, AUTOGRADER_ROOT=str(ag), AUTOGRADER_PYTHON=sys.executable,
                TRITON_INTERPRET="1", PYTHONPATH=str(no_triton.parent), GRADE_TEST_TIMEOUT="3",
@@ -311,7 +391,8 @@ def start(tmp: Path, uids: str | None) -> dict:
         env["COURSE_SANDBOX_UIDS"] = uids
     proc = subprocess.Popen(["bash", str(ag / "source" / "run_autograder")], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    return {"proc": proc, "results": results, "marks": marks, "source": ag / "source"}
+    return {"proc": proc, "results": results, "marks": marks, "source": ag / "source",
+            "no_triton": no_triton.parent}
 
 
 def finish(run: dict) -> dict:
@@ -321,8 +402,12 @@ def finish(run: dict) -> dict:
     time.sleep(2.0)  # a daemon that survived would rewrite results.json meanwhile
     raw = run["results"].read_text()
     out = {"results": json.loads(raw), "output": output, "raw": raw, "source": run["source"],
-           "marks": sorted(p.name for p in run["marks"].iterdir())}
+           "marks": sorted(p.name for p in run["marks"].iterdir()), "marks_dir": run["marks"]}
     shutil.rmtree(run["marks"], ignore_errors=True)
+    shutil.rmtree(run["no_triton"], ignore_errors=True)
+    for folder in ("/tmp", "/var/tmp", "/dev/shm"):  # what lab-08 left without the switch
+        shutil.rmtree(Path(folder, run["marks"].name + "-dir"), ignore_errors=True)
+        Path(folder, run["marks"].name + "-file").unlink(missing_ok=True)
     return out
 
 
@@ -397,15 +482,29 @@ def test_a_double_forked_daemon_cannot_rewrite_the_results(switched):
     assert [m for m in switched["marks"] if m.startswith("daemon-")], "the attack did not run"
     assert "rewrote" not in switched["marks"]
     assert switched["results"]["score"] == sum(s for s, _ in EXPECTED.values())
+    # Only this run's uids: another grader on the machine (CI is shared) has its own block.
+    described = switched["results"]["extra_data"]["sandbox"]
+    blocks = [(int(a), int(b)) for a, b in re.findall(r"(\d+)-(\d+)", described.split(
+        " in a scratch copy")[0])]
+    assert len(blocks) == len(LABS), described
+    assert all(UID_RANGE[0] <= first <= last < UID_RANGE[1] for first, last in blocks)
     left = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if UID_RANGE[0] <= entry.stat().st_uid < UID_RANGE[1]:
+                if any(first <= entry.stat().st_uid <= last for first, last in blocks):
                     left.append(entry.name)
             except OSError:
                 pass
-    assert not left, f"sandbox processes outlived the grading: {left}"
+    assert not left, f"sandbox processes of this run outlived the grading: {left}"
+
+
+@pytest.mark.slow
+def test_nothing_a_lab_leaves_in_the_shared_temp_folders_outlives_it(switched):
+    token = Path(switched["marks_dir"]).name
+    for folder in ("/tmp", "/var/tmp", "/dev/shm"):
+        for suffix in ("-dir", "-file"):
+            assert not Path(folder, token + suffix).exists(), f"{folder}/{token}{suffix} stayed"
 
 
 @pytest.mark.slow
@@ -430,6 +529,24 @@ def test_a_loop_inside_given_and_five_exits_cost_only_their_tests(switched):
         "test_b_endless_loop_inside_given"]["output"]
     for n in range(5):
         assert "the worker exited with code 3 in leave" in tests[f"test_c_os_exit[{n}]"]["output"]
+
+
+def test_python_the_sandbox_users_cannot_read_falls_back_to_the_process_split(
+        tmp_path, monkeypatch):
+    """The pre-flight: a project (or its .venv) inside a folder only root may enter would
+    fail every Triton test in the sandbox; the run falls back to the process split and
+    says why, in the report and in results.json."""
+    monkeypatch.delenv("COURSE_SANDBOX_UIDS", raising=False)
+    if _user_switch_reason() is not None:
+        pytest.skip(f"the user switch needs root ({_user_switch_reason()})")
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    (private / "package.py").write_text("")
+    monkeypatch.setattr(host, "python_files", lambda: [str(private / "package.py")])
+    mode, blocks = choose_mode(2)
+    assert mode.uids is None and blocks == []
+    assert "process split only (the sandbox users cannot read " in mode.describe()
+    assert str(private / "package.py") in mode.describe()
 
 
 # ---- without it (a student's laptop): the process split alone --------------------------------
@@ -576,6 +693,59 @@ class Manager:
 
     def take(self, n):
         return self.pool.allocate(n)
+
+
+class Liar:
+    def __eq__(self, other):
+        return True
+
+    __ne__ = __lt__ = __gt__ = lambda self, other: False
+    __bool__ = lambda self: True
+
+
+def liar():
+    return Liar()
+
+
+def liars():
+    return [1, Liar()]
+
+
+def object_array():
+    return np.array([Liar(), Liar()], dtype=object)
+
+
+def state_of_liars():
+    return State(Liar(), np.ones(2))
+
+
+def raises_with_a_liar():
+    raise ValueError(Liar())
+
+
+def forever():
+    while True:
+        pass
+
+
+def write_tmp(name):
+    with open(os.path.join("/tmp", name), "w") as f:
+        f.write("left by the graded code")
+    return os.path.exists(os.path.join("/tmp", name))
+
+
+def reference():
+    from common.reference import reference_attention
+
+    return reference_attention is not None
+
+
+def huge_view():
+    return torch.zeros(1).expand(500_000_000)  # one element, claiming 2 GB
+
+
+def huge_reply():
+    return np.ones(10_000_000)  # 80 MB
 '''
 PROXY_SCRIPT = '''
 import os
@@ -616,7 +786,7 @@ def test_the_graded_code_runs_in_another_process():
 def test_the_tests_are_not_readable_with_the_user_switch():
     if not SWITCHED:
         pytest.skip("without the user switch the worker has the grader's permissions")
-    with pytest.raises(PermissionError):
+    with pytest.raises((PermissionError, FileNotFoundError)):  # not even there: its own /tmp
         impl.read(__file__)
 
 
@@ -701,6 +871,69 @@ def test_a_lab_script_runs_in_the_sandbox(tmp_path):
     assert (uid != os.getuid()) if SWITCHED else uid == os.getuid()
 
 
+def test_comparisons_and_truth_tests_never_run_the_graded_code():
+    liar = impl.liar()
+    with pytest.raises(TypeError, match="does not let it be compared"):
+        assert liar == 6
+    with pytest.raises(TypeError, match="does not let it be compared"):
+        assert liar != 5
+    with pytest.raises(TypeError, match="does not let it be tested for truth"):
+        assert liar
+
+
+def test_only_plain_data_comes_back_and_a_wrong_type_says_what_was_expected():
+    with pytest.raises(BaseException, match="numpy array of dtype object.*the grader accepts "
+                       "numeric numpy arrays"):
+        impl.object_array()
+    with pytest.raises(BaseException, match="an object of the class Liar .*at result.1."):
+        impl.liars()
+    with pytest.raises(BaseException, match="at result.m"):
+        impl.state_of_liars()
+    with pytest.raises(ValueError) as info:
+        impl.raises_with_a_liar()
+    assert not any(type(a).__name__.startswith("Remote") for a in info.value.args)
+
+
+def test_with_the_user_switch_the_graded_code_has_a_tmp_of_its_own():
+    name = f"proxy-lab-tmp-{os.getpid()}"
+    try:
+        assert impl.write_tmp(name) is True
+        assert os.path.exists(os.path.join("/tmp", name)) is not SWITCHED
+    finally:
+        if os.path.exists(os.path.join("/tmp", name)):
+            os.unlink(os.path.join("/tmp", name))
+
+
+def test_the_reference_is_not_importable_from_graded_code():
+    with pytest.raises(ImportError, match="common.reference"):
+        impl.reference()
+
+
+def test_replies_are_bounded_before_they_are_decoded():
+    with pytest.raises(BaseException, match="decodes to more than 256 MiB"):
+        impl.huge_view()
+    with pytest.raises(BaseException, match="returned too much: a frame of 80000"):
+        impl.huge_reply()
+    assert impl.big(10).shape == (10,)  # the next call gets a fresh worker
+
+
+@pytest.mark.timeout(6)
+def test_an_endless_loop_times_out():
+    with pytest.raises(BaseException, match="timed out after 6 s"):
+        impl.forever()
+
+
+@pytest.mark.timeout(6)
+def test_an_endless_loop_times_out_again():
+    with pytest.raises(BaseException, match="timed out after 6 s"):
+        impl.forever()
+
+
+def test_a_function_that_timed_out_twice_fails_its_later_calls_at_once():
+    with pytest.raises(BaseException, match="timed out 2 times already in this lab"):
+        impl.forever()
+
+
 class Pool(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
@@ -731,7 +964,9 @@ def proxy_lab(root: Path) -> Path:
     root.mkdir(parents=True)
     for name in ("conftest.py", "pyproject.toml"):
         shutil.copy2(ROOT / name, root / name)
-    shutil.copytree(ROOT / "common", root / "common", ignore=shutil.ignore_patterns("__pycache__"))
+    for package in ("common", "grading"):
+        shutil.copytree(ROOT / package, root / package,
+                        ignore=shutil.ignore_patterns("__pycache__"))
     lab = root / "labs" / "lab-00-proxy"
     lab.mkdir(parents=True)
     for name, text in (("provided.py", PROXY_PROVIDED), ("starter.py", PROXY_STARTER),
@@ -757,7 +992,7 @@ def proxy_runs(tmp_path_factory) -> dict:
             env.pop("COURSE_SANDBOX_UIDS")
         procs[key] = subprocess.Popen(
             [sys.executable, "-m", "pytest", "labs/lab-00-proxy", "-q", "-p", "no:cacheprovider",
-             "-p", "common.grading.proxy", "-rs"],
+             "-p", "grading.plugin.proxy", "-rs"],
             cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     return {key: (proc.communicate(timeout=600)[0], proc.returncode)
             for key, proc in procs.items()}

@@ -85,7 +85,7 @@ def test_every_requirement_is_an_exact_pin():
 
 
 def test_the_torch_line_is_the_bare_pin_the_autograder_greps():
-    """common/grading/autograder.py's setup.sh installs `grep -E '^torch==' ...` from the
+    """grading/tools/autograder.py's setup.sh installs `grep -E '^torch==' ...` from the
     PyTorch CPU index: that line must be one bare, valid requirement."""
     torch_lines = [ln for ln in REQUIREMENTS.read_text().splitlines() if re.match(r"^torch==", ln)]
     assert len(torch_lines) == 1

@@ -159,7 +159,7 @@ def test_the_grader_counts_only_what_ran(python, outcomes, tmp_path):
     cmd = [
         str(python),
         "-m",
-        "common.grading",
+        "grading",
         "--impl",
         IMPL,
         "--root",

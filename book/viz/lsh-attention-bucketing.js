@@ -1,0 +1,98 @@
+/* LSH attention bucketing: lab 10's lsh_buckets on 16 two-dimensional vectors, per round,
+ * and, for 1..R rounds, lsh_mass_captured and lsh_attention's error per query
+ * (the "lsh" part of traces/lab10-reference.js). Which keys share a bucket is read off the
+ * traced bucket ids. Your starter's first difference when `make trace LAB=10` made one. */
+(function () {
+  "use strict";
+  const V = window.Viz;
+  const root = document.getElementById("lsh-viz");
+  const ref = V.trace("lab10-reference").lsh;
+  const starter = V.trace("lab10-starter");
+  const mine = starter && starter.page_diffs ? Object.assign({}, starter, { first_diff: starter.page_diffs.lsh }) : starter;
+  const n = ref.inputs.n, R = ref.inputs.rounds;
+  const COLORS = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#b07aa1", "#76b7b2"];
+  const state = { rounds: 1, query: 0 };
+
+  const toolbar = V.h("div", { class: "viz-toolbar" });
+  const rIn = V.h("input", { type: "range", id: "lsh-rounds", min: 1, max: R, step: 1, value: state.rounds, "aria-label": "hashing rounds" });
+  const rOut = V.h("output", { id: "lsh-rounds-label", for: "lsh-rounds" });
+  rIn.addEventListener("input", function () { state.rounds = Number(rIn.value); render(); });
+  toolbar.appendChild(V.h("label", { for: "lsh-rounds" }, ["Rounds ", rOut, rIn]));
+  const qIn = V.h("input", { type: "range", id: "lsh-query", min: 0, max: n - 1, step: 1, value: state.query, "aria-label": "query" });
+  const qOut = V.h("output", { id: "lsh-query-label", for: "lsh-query" });
+  qIn.addEventListener("input", function () { state.query = Number(qIn.value); render(); });
+  toolbar.appendChild(V.h("label", { for: "lsh-query" }, ["Query ", qOut, qIn]));
+  root.appendChild(toolbar);
+  root.appendChild(V.h("p", { class: "viz-caption" }, "Keys: Tab to a slider, then ← / →; or click a point to make it the query."));
+  if (V.reducedMotion()) root.classList.add("reduced-motion");
+  const main = V.h("div", { class: "viz-main" });
+  const svg = V.s("svg", { class: "viz-svg", viewBox: "0 0 420 400", role: "img",
+    "aria-label": "16 vectors in the plane coloured by bucket, and the keys the chosen query attends" });
+  main.appendChild(svg);
+  const side = V.h("div", { class: "viz-side" });
+  main.appendChild(side);
+  root.appendChild(main);
+  const wide = V.h("div", { class: "viz-wide" });
+  root.appendChild(wide);
+  V.starterPanel(wide, "10", mine, function (k) { rIn.value = k + 1; state.rounds = k + 1; render(); });
+
+  function attended(q) { // keys sharing q's bucket in any of the first `rounds` rounds
+    const keys = [];
+    for (let j = 0; j < n; j++) {
+      for (let r = 0; r < state.rounds; r++) if (ref.buckets[r][j] === ref.buckets[r][q]) { keys.push(j); break; }
+    }
+    return keys;
+  }
+
+  function render() {
+    rOut.textContent = " " + state.rounds + " ";
+    qOut.textContent = " " + state.query + " ";
+    const q = state.query, keys = attended(q), last = state.rounds - 1;
+    root.setAttribute("data-query", String(q));
+    V.clear(svg);
+    V.s("text", { x: 10, y: 16, class: "title" }, svg, "Colour = bucket in round " + state.rounds + "; ringed = keys query " + q + " attends");
+    const cx = 150, cy = 180, sc = 36;
+    V.s("line", { x1: cx - 140, x2: cx + 140, y1: cy, y2: cy, stroke: "#ddd" }, svg);
+    V.s("line", { x1: cx, x2: cx, y1: cy - 140, y2: cy + 140, stroke: "#ddd" }, svg);
+    ref.x.forEach(function (p, j) {
+      const x = cx + p[0] * sc, y = cy - p[1] * sc, b = ref.buckets[last][j];
+      const inSet = keys.indexOf(j) >= 0;
+      V.s("line", { x1: cx, y1: cy, x2: x, y2: y, stroke: COLORS[b], "stroke-opacity": 0.35 }, svg);
+      const dot = V.s("circle", { cx: x, cy: y, r: j === q ? 9 : 6, fill: COLORS[b], stroke: inSet ? "#222" : "none",
+        "stroke-width": 2, id: "lsh-point-" + j, "data-bucket": b, "data-attended": inSet ? "true" : "false",
+        style: "cursor: pointer" }, svg);
+      dot.addEventListener("click", function () { state.query = j; qIn.value = j; render(); });
+      V.s("text", { x: x + 8, y: y - 6, "font-weight": j === q ? 700 : 400 }, svg, String(j));
+    });
+    // bucket ids per round, as rows
+    const ty = 330;
+    V.s("text", { x: 10, y: ty - 6 }, svg, "bucket of each vector, round by round");
+    for (let r = 0; r < R; r++) {
+      V.s("text", { x: 10, y: ty + r * 16 + 11, fill: r < state.rounds ? "#222" : "#aaa" }, svg, "r" + (r + 1));
+      for (let j = 0; j < n; j++) {
+        V.s("rect", { x: 34 + j * 23, y: ty + r * 16, width: 21, height: 13, fill: COLORS[ref.buckets[r][j]],
+          "fill-opacity": r < state.rounds ? 1 : 0.2, stroke: j === q ? "#222" : "none" }, svg);
+      }
+    }
+    V.legend(svg, 290, 40, ref.buckets.length ? [0, 1, 2, 3].slice(0, ref.inputs.n_buckets).map(function (b) {
+      return { color: COLORS[b], label: "bucket " + b };
+    }) : [], 120);
+    const br = ref.by_rounds[state.rounds - 1];
+    V.clear(side);
+    const dl = V.h("dl", { class: "viz-counters" });
+    [["keys attended", V.num(keys.length, 0, { id: "lsh-keys" })], ["of", String(n)],
+      ["softmax mass captured (lsh_mass_captured)", V.num(br.mass[q], 4, { id: "lsh-mass" })],
+      ["lsh_attention's relative error", V.num(br.error[q], 4, { id: "lsh-error" })]].forEach(function (p) {
+      dl.appendChild(V.h("dt", {}, p[0])); dl.appendChild(V.h("dd", {}, p[1]));
+    });
+    side.appendChild(dl);
+    side.appendChild(V.h("h4", {}, "Every query, " + state.rounds + " round" + (state.rounds > 1 ? "s" : "")));
+    side.appendChild(V.table(["query", "mass", "error"], br.mass.map(function (m, i) {
+      return { attrs: { class: i === q ? "grew" : "" }, cells: [String(i), V.num(m, 3), V.num(br.error[i], 3)] };
+    }), { id: "lsh-table" }));
+    side.appendChild(V.h("p", {}, "A round hashes each vector to argmax([x R, −x R]) for a random R: vectors at a small angle " +
+      "tend to share a bucket. A query near a bucket's edge loses neighbours on the other side; another round, with " +
+      "another R, often catches them, so the mass captured grows with the rounds."));
+  }
+  render();
+})();

@@ -1,0 +1,320 @@
+"""Inside each lab's test process: the client of one lab's sandboxed worker.
+
+:class:`Client` starts a worker on demand (forked from the lab's zygote), sends each call
+with the test's deadline, and turns the reply into a value, a remote object or an
+exception. A worker that runs past the deadline is killed (:class:`WorkerTimeout`, naming
+where it was running); one that dies fails that call (:class:`WorkerCrashed`); the next
+call starts a fresh one.
+
+A call's arguments, there and back: pickled for the worker (the rules of
+:mod:`grading.sandbox.wire`; remote objects and functions as their handles,
+:func:`dumps_args`), and what the call wrote into arrays and tensors (``.grad`` included)
+copied back into the caller's own objects (:func:`apply_changes`).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import re
+import signal
+import time
+import weakref
+from pathlib import Path
+from typing import Any
+
+from grading.plugin.remote import (
+    NUMERIC_KINDS,
+    SELF,
+    GradingError,
+    MethodReply,
+    RemoteClass,
+    RemoteFunction,
+    RemoteMethod,
+    RemoteObject,
+    WorkerCrashed,
+    WorkerError,
+    WorkerTimeout,
+    build_exception,
+    describe_exit,
+    plain_result,
+)
+from grading.plugin.sandboxes import current_deadline, replace_sandbox
+from grading.sandbox import frames, wire
+from grading.sandbox.lab_sandbox import LabSandbox
+
+# ---- call args ---------------------------------------------------------------------------
+
+
+class _ArgsPickler(pickle.Pickler):
+    def reducer_override(self, obj: Any) -> Any:
+        return wire.reduce_special(obj, strict=False)
+
+    def persistent_id(self, obj: Any) -> Any:
+        if type(obj) in _ATOMIC:
+            return None
+        if isinstance(obj, RemoteMethod):
+            return ("meth", obj._owner._ref, obj._name)
+        if isinstance(obj, RemoteObject | RemoteFunction):
+            return obj._ref
+        return None
+
+
+_ATOMIC = frozenset((type(None), bool, int, float, str, bytes, tuple, list, dict))
+
+
+def dumps_args(message: tuple) -> bytes:
+    buf = io.BytesIO()
+    _ArgsPickler(buf, protocol=wire.PROTOCOL).dump(message)
+    return buf.getvalue()
+
+
+def apply_changes(args: tuple, kwargs: dict, changes: list) -> None:
+    """Copy what the worker wrote into its copies of the arguments into the caller's."""
+    for path, value, grad in changes or []:
+        try:
+            dst = wire.find_leaf(args, kwargs, tuple(path))
+        except (LookupError, TypeError):
+            continue
+        if value is not None:
+            _copy_into(dst, value)
+        if grad is not None and wire.is_plain_tensor(dst):
+            dst.grad = grad
+
+
+def _copy_into(dst: Any, src: Any) -> None:
+    if wire.is_plain_tensor(dst):
+        import torch
+
+        if wire.is_plain_tensor(src) and src.shape == dst.shape:
+            with torch.no_grad():
+                dst.copy_(src)
+        return
+    import numpy as np
+
+    if (isinstance(dst, np.ndarray) and type(src) is np.ndarray and src.shape == dst.shape
+            and src.dtype.kind in NUMERIC_KINDS):  # never an object array: no graded code
+        if dst.flags.writeable:
+            np.copyto(dst, src, casting="unsafe")
+
+
+# ---- client ------------------------------------------------------------------------------
+
+
+# A function (or method) whose calls timed out this many times fails its later calls at
+# once: a lab whose every function loops forever costs MAX_TIMEOUTS test limits per function.
+MAX_TIMEOUTS = 2
+
+
+def _peak_from_outside(instrument: str | None, pid: int) -> tuple[Any, str | None]:
+    """``(measurement, instrument left to the worker)``: ``peak_memory`` is measured by the
+    trusted side (the worker's resident high-water mark, :class:`common.testing.ResidentPeak`)
+    where ``/proc`` allows it, and then the worker just calls."""
+    if instrument != "peak_memory":
+        return None, instrument
+    from common.testing import ResidentPeak
+
+    measured = ResidentPeak.start(pid)
+    return measured, (instrument if measured is None else None)
+
+
+class Client:
+    """The current worker of one lab: starts it on demand, restarts it after a death."""
+
+    def __init__(self, box: LabSandbox, impl: str) -> None:
+        self.box, self.impl = box, impl
+        self.pid = os.getpid()
+        self.generation = 0
+        self.proc = None
+        self.manifest: dict[str, Any] | None = None
+        self.released: list[int] = []
+        self.objects: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+        self.last_death = ""
+        self.methods: set[tuple[str, str]] = set()  # (class, name): a method of every object
+        self.timeouts: dict[str, int] = {}  # what -> how many calls of it timed out
+
+    # -- life cycle --
+
+    def start(self, deadline: float, what: str) -> dict[str, Any]:
+        """A fresh worker that imported the graded module; returns its manifest."""
+        __tracebackhide__ = True
+        self.generation += 1
+        self.released.clear()
+        try:
+            self.proc = self.box.spawn_worker(self.generation, max(deadline, time.monotonic() + 5))
+        except (OSError, EOFError, TimeoutError, frames.FrameError, KeyError):
+            self.box = replace_sandbox(self.box)  # the zygote is gone: a new one, once
+            self.proc = self.box.spawn_worker(self.generation, time.monotonic() + 60)
+        reply = self._receive(deadline, what, importing=True)
+        if reply[0] == "error":
+            self._discard()
+            raise build_exception(reply[1], what, self.handle) from None
+        self.manifest = reply[1]
+        return reply[1]
+
+    def _discard(self, wait: bool = True, alive: bool = True) -> None:
+        """Kill the worker now (``alive``: it may still run); the zygote ends whatever it
+        started (``wait=False``: in the background, so that a failed test ends at once)."""
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        if alive:
+            try:
+                os.kill(proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+        try:
+            self.box.kill(proc.pid, wait=wait)
+        except (OSError, EOFError, TimeoutError):
+            pass
+        proc.sock.close()
+
+    def close(self) -> None:
+        self._discard()
+
+    # -- requests --
+
+    def request(self, op: str, target: tuple, name: str | None, args: tuple, kwargs: dict,
+                instrument: str | None, what: str) -> Any:
+        __tracebackhide__ = True
+        if os.getpid() != self.pid:
+            raise WorkerError(f"{what}: the sandboxed module cannot be called from a process "
+                              "forked by the test (use common.testing.LabScript)") from None
+        timed_out = self.timeouts.get(what, 0)
+        if timed_out >= MAX_TIMEOUTS:
+            raise WorkerTimeout(
+                f"{what} was not called: it timed out {timed_out} times already in this lab, "
+                f"and after {MAX_TIMEOUTS} time-outs the grader fails a function's later calls "
+                "at once (an endless loop?)") from None
+        deadline, limit = current_deadline()
+        if time.monotonic() >= deadline:
+            raise WorkerTimeout(f"timed out after {limit:g} s (the per-test limit) in {what}: "
+                                "this test has used all its time") from None
+        if target[0] == "h" and target[1] != self.generation:
+            raise WorkerError(f"{what}: this object lived in a worker that has since been "
+                              f"restarted ({self.last_death})") from None
+        if self.proc is None:
+            self.start(deadline, what)
+        measured, instrument = _peak_from_outside(instrument, self.proc.pid)
+        try:
+            payload = dumps_args((op, target, name, args, kwargs, instrument,
+                                  list(self.released)))
+        except GradingError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a test passed something that cannot travel
+            raise WorkerError(f"the arguments of {what} cannot be sent to the sandboxed "
+                              f"worker: {exc!r} (pass arrays, tensors and plain values)"
+                              ) from None
+        self.released.clear()
+        try:
+            frames.send_frame(self.proc.sock, payload)
+        except OSError:
+            self._crashed(what)
+        reply = self._receive(deadline, what)
+        kind = reply[0]
+        if kind == "error":
+            raise build_exception(reply[1], what, self.handle) from None
+        if kind == "method":
+            return MethodReply(str(reply[1]), len(reply) > 2 and reply[2] is True)
+        if kind == "self":
+            return SELF
+        apply_changes(args, kwargs, reply[2])
+        result = plain_result(reply[1], what)
+        return result if measured is None else (result, measured.peak())
+
+    def _receive(self, deadline: float, what: str, importing: bool = False) -> tuple:
+        __tracebackhide__ = True
+        proc = self.proc
+        try:
+            data, _ = frames.recv_frame(proc.sock, deadline, max_size=frames.MAX_REPLY,
+                                        alone=True)
+        except TimeoutError:
+            self._timed_out(what, importing)
+        except frames.FrameError as exc:  # too large: never read, the worker is out of step
+            self._discard(wait=False)
+            raise WorkerError(f"{what} returned too much: {exc} (the grader's limit for a "
+                              "reply)") from None
+        except (EOFError, OSError):
+            self._crashed(what, importing)
+        except BaseException:  # the test's own limit, an interrupt: the worker is out of step
+            self._discard(wait=False)
+            raise
+        try:
+            reply = wire.loads_untrusted(data, self.handle)
+            if not isinstance(reply, tuple) or not reply or not isinstance(reply[0], str):
+                raise ValueError("not a reply")
+            return reply
+        except Exception as exc:  # noqa: BLE001 - the worker is not trusted
+            self._discard()
+            raise WorkerError(f"{what} returned something the grader cannot accept: {exc}"
+                              ) from None
+
+    def _timed_out(self, what: str, importing: bool) -> None:
+        __tracebackhide__ = True
+        _, limit = current_deadline()
+        at = self._stack_where()
+        self._discard(wait=False)
+        self.timeouts[what] = self.timeouts.get(what, 0) + 1
+        self.last_death = f"it timed out in {what}"
+        doing = f"while importing {self.impl}.py" if importing else f"in {what}"
+        message = (f"timed out after {limit:g} s (the per-test limit) {doing}: an endless loop, "
+                   "or far slower than it should be" + (f"\n(it was running {at})" if at else ""))
+        raise (ImportError(message) if importing else WorkerTimeout(message)) from None
+
+    def _crashed(self, what: str, importing: bool = False) -> None:
+        __tracebackhide__ = True
+        proc = self.proc
+        try:
+            code = self.box.exit_code(proc.pid) if proc is not None else None
+        except (OSError, EOFError, frames.FrameError):
+            code = None
+        self._discard(wait=False, alive=code is None)
+        doing = f"while importing {self.impl}.py" if importing else f"in {what}"
+        message = f"{describe_exit(code)} {doing}"
+        self.last_death = message
+        if importing:
+            raise ImportError(message) from None
+        raise WorkerCrashed(message) from None
+
+    def _stack_where(self) -> str | None:
+        """Where the worker is running now (faulthandler dump on SIGUSR1)."""
+        proc = self.proc
+        try:
+            os.kill(proc.pid, signal.SIGUSR1)
+        except OSError:
+            return None
+        end = time.monotonic() + 0.3
+        text = ""
+        while time.monotonic() < end:
+            time.sleep(0.02)
+            text = proc.stack.read_text(encoding="utf-8", errors="replace")
+            if "File " in text:
+                break
+        lab = str(self.box.scratch_lab)
+        for match in re.finditer(r'File "([^"]+)", line (\d+) in (\S+)', text):
+            if match.group(1).startswith(lab + os.sep):
+                return f"{Path(match.group(1)).name}:{match.group(2)}, in {match.group(3)}"
+        return None
+
+    # -- handles --
+
+    def handle(self, pid: Any) -> Any:
+        if (not isinstance(pid, tuple) or len(pid) != 5 or pid[0] != "h"
+                or not all(isinstance(x, int) for x in pid[1:3])
+                or not all(isinstance(x, str) for x in pid[3:])):
+            raise pickle.UnpicklingError("bad handle")
+        _, gen, hid, kind, type_name = pid
+        key = (gen, hid)
+        obj = self.objects.get(key)
+        if obj is None:
+            cls = RemoteClass if kind == "class" else RemoteObject
+            obj = cls(self, ("h", gen, hid), type_name[:200])
+            self.objects[key] = obj
+            if gen == self.generation and hid in self.released:
+                self.released.remove(hid)
+        return obj
+
+    def release(self, ref: tuple) -> None:
+        if ref[0] == "h" and ref[1] == self.generation:
+            self.released.append(ref[2])

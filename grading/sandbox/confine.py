@@ -1,0 +1,209 @@
+"""Inside the sandbox: a freshly forked child enters it, and what a zygote imports before it
+forks.
+
+:func:`enter_sandbox`: a new session, only the file descriptors it was given, with the
+user switch its lab's own ``/tmp`` (:func:`private_temp`) and the sandbox uid with no way
+back up (``PR_SET_NO_NEW_PRIVS``), resource limits (no core files, a cap on file size and,
+with a uid of its own, on processes), first in line for the OOM killer.
+
+:func:`preimport` (forks share what it imported): the installed packages and ``common``
+modules the labs' files name (:func:`grading.sandbox.zygote_client.lab_imports`), some
+standard library, and all of it when the sandbox uid cannot read the interpreter's files.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import pkgutil
+import resource
+import signal
+import sys
+
+from grading.sandbox.zygote_client import PREIMPORTABLE
+
+# ---- confine -----------------------------------------------------------------------------
+
+
+FILE_SIZE_LIMIT = 256 * 2**20
+NPROC_LIMIT = 512
+
+
+def readable_by(uid: int | None, gid: int | None) -> bool:
+    """Can ``uid`` read the interpreter's standard library? (Forks a probe that drops to it.)"""
+    if uid is None:
+        return True
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - in the child
+        code = 1
+        try:
+            drop_privileges(uid, gid)
+            os.listdir(os.path.dirname(os.__file__))
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 0
+
+
+def drop_privileges(uid: int | None, gid: int | None) -> None:
+    if uid is None:
+        return
+    os.setgroups([])
+    os.setgid(uid if gid is None else gid)
+    os.setuid(uid)
+    if os.getuid() != uid or os.geteuid() != uid:
+        raise OSError("could not switch to the sandbox user")
+
+
+def no_new_privileges() -> None:
+    """setuid binaries (su, sudo, mount) cannot raise this process's privileges (Linux)."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
+        except (OSError, AttributeError):
+            pass
+
+
+PRIVATE_TEMP_DIRS = ("/tmp", "/var/tmp")  # /dev/shm stays: shared memory needs a tmpfs
+_CLONE_NEWNS, _MS_BIND, _MS_REC, _MS_PRIVATE, _MNT_DETACH = 0x20000, 0x1000, 0x4000, 0x40000, 2
+
+
+def private_temp(tmp: str | None) -> bool:
+    """Linux, as root: a mount namespace of this process's own in which ``/tmp`` and
+    ``/var/tmp`` are its lab's ``tmp`` folder (``<scratch>/tmp``, removed with the scratch
+    copy), so that nothing one lab writes there reaches another lab. The scratch copy, which
+    usually lives in ``/tmp``, is mounted back at its own path. False, with nothing changed,
+    where the kernel or the container does not allow it (the grader then removes what the
+    lab's uids left in the shared temp folders when the lab ends)."""
+    if not tmp or not sys.platform.startswith("linux") or os.path.basename(tmp) != "tmp":
+        return False
+    scratch = os.path.dirname(tmp)
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.unshare(_CLONE_NEWNS) != 0 or libc.mount(
+                b"none", b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    fds: list[int] = []
+    bound: list[bytes] = []
+    try:  # descriptors opened in the new namespace: mount sources that the binds cannot hide
+        fds = [os.open(scratch, os.O_RDONLY | os.O_DIRECTORY),
+               os.open(tmp, os.O_RDONLY | os.O_DIRECTORY)]
+        keep, lab_tmp = (f"/proc/self/fd/{fd}".encode() for fd in fds)
+        for target in PRIVATE_TEMP_DIRS:
+            if os.path.isdir(target) and not os.path.islink(target):
+                if libc.mount(lab_tmp, target.encode(), None, _MS_BIND, None) != 0:
+                    raise OSError(f"cannot mount over {target}")
+                bound.append(target.encode())
+        if not os.path.isdir(tmp):  # the scratch copy was inside one: mount it back
+            os.makedirs(scratch, exist_ok=True)
+            if libc.mount(keep, scratch.encode(), None, _MS_BIND, None) != 0:
+                raise OSError("cannot mount the scratch copy back")
+            bound.insert(0, scratch.encode())
+        return os.path.isdir(tmp) or _undo(libc, bound)
+    except OSError:
+        return _undo(libc, bound)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _undo(libc: object, bound: list[bytes]) -> bool:
+    for target in reversed(bound):
+        libc.umount2(target, _MNT_DETACH)  # type: ignore[attr-defined]
+    return False
+
+
+def limit_resources(switched: bool) -> None:
+    limits = [(resource.RLIMIT_CORE, 0), (resource.RLIMIT_FSIZE, FILE_SIZE_LIMIT)]
+    if switched:  # counts the uid's processes: only meaningful for a uid of its own
+        limits.append((resource.RLIMIT_NPROC, NPROC_LIMIT))
+    for which, value in limits:
+        try:
+            _, hard = resource.getrlimit(which)
+            value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+            resource.setrlimit(which, (value, value))
+        except (OSError, ValueError):
+            pass
+    try:  # the first process the kernel kills when memory runs out: never the trusted one
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("1000")
+    except OSError:
+        pass
+
+
+def enter_sandbox(fds: dict[int, int], uid: int | None, gid: int | None, cwd: str) -> None:
+    """In a freshly forked child: a new session, only ``fds`` open (``{target: source}``),
+    the sandbox uid, resource limits, ``cwd``."""
+    import fcntl
+
+    signal.set_wakeup_fd(-1)
+    for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_DFL)
+    os.setsid()
+    high = {target: fcntl.fcntl(fd, fcntl.F_DUPFD, 256) for target, fd in fds.items()}
+    for target, fd in high.items():
+        os.dup2(fd, target, inheritable=target <= 2)
+    os.closerange(max(fds) + 1, os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 65536)
+    if uid is not None:
+        private_temp(os.environ.get("TMPDIR"))
+    no_new_privileges()
+    drop_privileges(uid, gid)
+    limit_resources(uid is not None)
+    os.umask(0o007)
+    os.chdir(cwd)
+
+
+# ---- preimport ---------------------------------------------------------------------------
+
+
+SKIP_STDLIB = {"antigravity", "this", "idlelib", "tkinter", "turtle", "turtledemo", "__main__",
+               "lib2to3", "ensurepip", "pydoc_data", "test", "msvcrt", "winreg", "winsound",
+               "_winapi", "nt", "msilib", "_msi", "_overlapped", "_wmi", "ntpath", "_scproxy",
+               "_dbm", "_gdbm", "dbm", "curses", "_curses", "_curses_panel", "readline",
+               "distutils", "venv"}
+COMMON_STDLIB = ("heapq", "bisect", "dataclasses", "itertools", "functools", "collections",
+                 "math", "cmath", "typing", "enum", "hashlib", "struct", "random", "copy",
+                 "operator", "statistics", "fractions", "decimal", "array", "string", "re",
+                 "json", "textwrap", "inspect", "ast", "tokenize", "linecache", "contextlib",
+                 "warnings", "weakref", "abc", "numbers", "queue", "threading", "time",
+                 "pathlib", "argparse", "datetime", "socket", "tempfile", "shutil", "uuid",
+                 "multiprocessing", "multiprocessing.connection", "concurrent.futures",
+                 "pprint", "traceback", "dis", "codeop", "zlib", "base64", "binascii")
+
+
+def preimport(modules: list[str], full_stdlib: bool) -> None:
+    """What the workers will import, imported once here (forks share it): ``modules`` (the
+    installed packages and ``common`` modules the labs' files name, see
+    :func:`grading.sandbox.zygote_client.lab_imports`) and some standard library (all of it when
+    the sandbox uid cannot read the interpreter's files)."""
+    stdlib = set(getattr(sys, "stdlib_module_names", ())) - SKIP_STDLIB
+    names = list(COMMON_STDLIB) + (sorted(stdlib) if full_stdlib else [])
+    from common.device import configure_triton
+
+    configure_triton()  # TRITON_INTERPRET before anything imports triton
+    names += [n for n in modules if n.split(".")[0] in PREIMPORTABLE | stdlib]
+    names += ["common.loader", "common.testing"]
+    for name in names:
+        _try_import(name)
+    if full_stdlib:  # and the submodules imported lazily (multiprocessing.popen_fork, ...)
+        for name in sorted(stdlib):
+            module = sys.modules.get(name)
+            for info in pkgutil.walk_packages(getattr(module, "__path__", []), name + "."):
+                parts = info.name.split(".")[1:]
+                if not any(p in SKIP_STDLIB or p.startswith("test") or p == "__main__"
+                           for p in parts):
+                    _try_import(info.name)
+
+
+def _try_import(name: str) -> None:
+    try:
+        importlib.import_module(name)
+    except BaseException:  # noqa: BLE001 - a module this platform lacks
+        pass

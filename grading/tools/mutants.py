@@ -1,0 +1,250 @@
+"""Spec strength, measured: every planted mistake must make its lab's tests fail.
+
+    python -m grading.tools.mutants                 # make mutants: every lab
+    python -m grading.tools.mutants --lab 03        # make mutants LAB=03
+    python -m grading.tools.mutants --list          # what is planted, nothing run
+
+A mutant is a plausible wrong implementation, kept as a text file
+``tests/mutants/<lab folder>/<name>.mutant``::
+
+    # the accumulator is not rescaled when the running max grows
+    # file: solution.py
+    <<<<<<< find
+            acc = acc * alpha[:, None] + p @ v
+    =======
+            acc = acc + p @ v
+    >>>>>>> replace
+
+The first comment line says what the mistake is. ``# file:`` names the lab file the blocks
+below it edit (default ``solution.py``; ``provided.py`` also works). A mutant may hold
+several blocks; each ``find`` text must occur exactly once in its file. The runner copies
+the lab to a scratch folder inside the repository (so ``conftest.py`` applies), applies the
+mutant, runs the lab's tests with ``LAB_IMPL=solution`` and requires them to fail. It first
+checks that the unmutated copy passes, so a failure is the mutant's doing. A mutant the
+tests cannot even import (a syntax error) is reported as broken, not as killed.
+
+Instructors add their own mutants the same way; ``make release`` drops ``tests/mutants``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+MUTANTS_DIR = Path("tests") / "mutants"
+SCRATCH = ".mutants-scratch"
+BLOCK = re.compile(
+    r"^<<<<<<< find\n(?P<find>.*?)^=======\n(?P<replace>.*?)^>>>>>>> replace\n?",
+    re.MULTILINE | re.DOTALL,
+)
+PER_RUN_TIMEOUT = 240  # seconds: a mutant that hangs a lab counts as killed only by the limit
+
+
+class MutantError(ValueError):
+    """A mutant file that cannot be applied (no match, two matches, unknown file)."""
+
+
+@dataclass
+class Mutant:
+    lab: str
+    name: str
+    description: str
+    edits: list[tuple[str, str, str]]  # (file, find, replace)
+
+
+@dataclass
+class Outcome:
+    mutant: Mutant
+    status: str  # "killed" | "SURVIVED" | "BROKEN"
+    detail: str
+
+
+def parse_mutant(path: Path, lab: str) -> Mutant:
+    """Read one ``.mutant`` file."""
+    text = path.read_text()
+    description = ""
+    for line in text.splitlines():
+        if line.startswith("#") and not line.startswith("# file:"):
+            description = line.lstrip("# ").strip()
+            break
+    edits: list[tuple[str, str, str]] = []
+    current_file = "solution.py"
+    pos = 0
+    for match in BLOCK.finditer(text):
+        for line in text[pos : match.start()].splitlines():
+            if line.startswith("# file:"):
+                current_file = line.split(":", 1)[1].strip()
+        edits.append((current_file, match["find"], match["replace"]))
+        pos = match.end()
+    if not edits:
+        raise MutantError(f"{path}: no <<<<<<< find / ======= / >>>>>>> replace block")
+    if not description:
+        raise MutantError(f"{path}: the first line must be a '# description' of the mistake")
+    return Mutant(lab=lab, name=path.stem, description=description, edits=edits)
+
+
+def apply_mutant(mutant: Mutant, lab_dir: Path) -> None:
+    """Apply every edit of ``mutant`` to the lab folder ``lab_dir`` in place."""
+    for file, find, replace in mutant.edits:
+        target = lab_dir / file
+        if not target.is_file():
+            raise MutantError(f"{mutant.lab}/{mutant.name}: no file {file} in the lab")
+        source = target.read_text()
+        count = source.count(find)
+        if count != 1:
+            where = "does not occur" if count == 0 else f"occurs {count} times"
+            first = find.strip().splitlines()[0] if find.strip() else "(empty)"
+            raise MutantError(
+                f"{mutant.lab}/{mutant.name}: the find text {where} in {file}: {first!r}"
+            )
+        target.write_text(source.replace(find, replace))
+
+
+def discover(root: Path, wanted: str | None) -> dict[str, list[Mutant]]:
+    """Lab folder name -> its mutants (sorted by file name)."""
+    labs = sorted(p for p in (root / "labs").glob("lab-*") if p.is_dir())
+    if wanted:
+        labs = [p for p in labs if p.name == wanted or p.name.startswith(f"lab-{wanted}")]
+        if not labs:
+            raise SystemExit(f"--lab {wanted}: no such lab under labs/")
+    found: dict[str, list[Mutant]] = {}
+    for lab in labs:
+        files = sorted((root / MUTANTS_DIR / lab.name).glob("*.mutant"))
+        found[lab.name] = [parse_mutant(f, lab.name) for f in files]
+    return found
+
+
+def _run_lab_tests(root: Path, lab_copy: Path) -> tuple[int, str]:
+    env = dict(os.environ, LAB_IMPL="solution", PYTHONDONTWRITEBYTECODE="1")
+    env.pop("HYPOTHESIS_PROFILE", None)
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        str(lab_copy),
+        "-x",
+        "-q",
+        "-rf",
+        "--no-header",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "no:randomly",
+        # The grader's limits: a failing property stops at its first counterexample, and a
+        # hang (inside @given too) costs its test only.
+        "-p",
+        "grading.plugin.points",
+        "--points-fast-hypothesis",
+        "--points-test-timeout=120",
+        "--timeout=0",
+    ]
+    try:
+        proc = subprocess.run(
+            cmd, cwd=root, env=env, capture_output=True, text=True, timeout=PER_RUN_TIMEOUT
+        )
+    except subprocess.TimeoutExpired:
+        return -1, f"the tests hit the {PER_RUN_TIMEOUT} s limit"
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def _first_failure(output: str) -> str:
+    for line in output.splitlines():
+        if line.startswith(("FAILED ", "ERROR ")):
+            return line.split(" - ")[0].split("::", 1)[-1]
+    return output.strip().splitlines()[-1] if output.strip() else "(no output)"
+
+
+def _scratch_copy(root: Path, lab: str) -> Path:
+    base = root / SCRATCH
+    base.mkdir(exist_ok=True)
+    holder = Path(tempfile.mkdtemp(dir=base))
+    dest = holder / lab
+    shutil.copytree(
+        root / "labs" / lab, dest, ignore=shutil.ignore_patterns("__pycache__", "figures", "*.png")
+    )
+    return dest
+
+
+def run_one(root: Path, mutant: Mutant | None, lab: str) -> Outcome | tuple[int, str]:
+    """Run the lab's tests on a scratch copy with ``mutant`` applied (None: unmutated)."""
+    copy = _scratch_copy(root, lab)
+    try:
+        if mutant is None:
+            return _run_lab_tests(root, copy)
+        try:
+            apply_mutant(mutant, copy)
+        except MutantError as e:
+            return Outcome(mutant, "BROKEN", str(e))
+        rc, output = _run_lab_tests(root, copy)
+        if rc == 0:
+            return Outcome(mutant, "SURVIVED", "every test passed")
+        if rc in (1, -1):
+            return Outcome(mutant, "killed", _first_failure(output) if rc == 1 else output)
+        return Outcome(mutant, "BROKEN", f"pytest exit {rc}: {_first_failure(output)}")
+    finally:
+        shutil.rmtree(copy.parent, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m grading.tools.mutants",
+        description="Every planted mistake must fail its lab.",
+    )
+    parser.add_argument("--lab", help="one lab: 03 or lab-03-causal-prefill-attention")
+    parser.add_argument("--root", type=Path, default=ROOT)
+    parser.add_argument("--list", action="store_true", help="list the mutants, run nothing")
+    parser.add_argument("--jobs", type=int, default=max(1, min(4, os.cpu_count() or 1)))
+    args = parser.parse_args(argv)
+    root = args.root.resolve()
+    found = discover(root, args.lab)
+    if args.list:
+        for lab, mutants in found.items():
+            print(f"{lab}: {len(mutants)} mutants")
+            for m in mutants:
+                print(f"  {m.name}: {m.description}")
+        return 0
+    failed = False
+    total_killed = total = 0
+    for lab, mutants in found.items():
+        if not (root / "labs" / lab / "solution.py").is_file():
+            print(f"{lab}: no solution.py here (a student copy?): skipped")
+            continue
+        print(f">> {lab}: checking that the unmutated lab passes", flush=True)
+        rc, output = run_one(root, None, lab)  # type: ignore[misc]
+        if rc != 0:
+            print(f"   the unmutated lab fails (pytest exit {rc}): {_first_failure(output)}")
+            failed = True
+            continue
+        if len(mutants) < 10:
+            print(f"   only {len(mutants)} mutants (the course asks for at least ten per lab)")
+            failed = True
+        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            outcomes = list(pool.map(lambda m, lab=lab: run_one(root, m, lab), mutants))
+        for o in outcomes:
+            assert isinstance(o, Outcome)
+            print(f"   {o.status:8s} {o.mutant.name}: {o.mutant.description}")
+            print(f"            {o.detail}")
+        killed = sum(o.status == "killed" for o in outcomes)
+        total_killed += killed
+        total += len(outcomes)
+        print(f"   {lab}: {killed}/{len(outcomes)} mutants killed", flush=True)
+        failed |= killed != len(outcomes)
+    print(f"mutants: {total_killed}/{total} killed" + ("" if not failed else " -- FAILED"))
+    try:  # each run removed its own copies; another run may still be using the folder
+        (root / SCRATCH).rmdir()
+    except OSError:
+        pass
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,676 @@
+"""The web book in a real browser: `make book`'s site, driven by headless Chromium.
+
+Each page loads from the file system with no console error and no request off the machine;
+the controls step the animations and the numbers shown at a step are the trace's; a trace
+from a starter that forgets to rescale ``acc`` is shown differing at the right step; every
+page weighs under 200 KB gzipped. Screenshots (wide and narrow) are kept under
+``build/book-screenshots/`` with ``weights.json``, the pages' gzipped weights.
+
+Needs Debian's ``chromium`` (installed here with apt-get when the tests run as root and it
+is missing) and the pins of ``requirements-book.txt`` (``make test`` installs them).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import urllib.parse
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+SHOTS = ROOT / "build" / "book-screenshots"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+VIZ = ("flash-attention-tiling", "paged-attention-blocks", "kv-cache-evolution", "split-kv-merge",
+       "ring-attention-rotation", "gpu-memory-hierarchy", "sliding-window-receptive-field",
+       "attention-scoring-functions", "attention-bahdanau-alignment", "attention-multihead-self",
+       "fa1-vs-fa2-parallelism", "attention-pattern-zoo", "lsh-attention-bucketing",
+       "attention-complexity-scaling")
+PAGE_BUDGET = 200 * 1024  # bytes, gzipped
+pytestmark = pytest.mark.timeout(600)  # the first test may apt-get install chromium
+ACC_LINE = "            acc = alpha[:, None] * acc + p @ v[k0:k1]"
+SCALE_LINE = "    scaled = raw / math.sqrt(d)"  # lab 08: a starter that divides by d instead
+KPM_LINE = "    return ~key_padding_mask[:, None, None, :]"  # and reads the padding mask backwards
+STRIDE_LINE = "    mask = (np.abs(i - j) < stride) | ((i - j) % stride == 0)"  # lab 10
+STRIDE_WRONG = STRIDE_LINE.replace("(i - j) % stride", "j % stride")  # absolute, not relative
+
+sys.path.insert(0, str(ROOT))
+from book.build import main as build_main  # noqa: E402
+from book.traces import main as traces_main  # noqa: E402
+from book.traces import read_script  # noqa: E402
+
+
+def chromium_path() -> str | None:
+    """Debian's Chromium, installed with apt-get where missing and possible."""
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found or os.environ.get("BOOK_NO_INSTALL"):
+        return found
+    if hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("apt-get"):
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "chromium"]):
+            subprocess.run(cmd, env=env, capture_output=True, timeout=900, check=False)
+    return shutil.which("chromium")
+
+
+def reference(lab: str) -> dict:
+    """The reference trace of lab ``lab`` ("00") or of a page ("ring")."""
+    name = f"lab{lab}" if lab.isdigit() else lab
+    return read_script(ROOT / "book" / "viz" / "traces" / f"{name}-reference.js")
+
+
+@pytest.fixture(scope="module")
+def book(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """The book, built as `make book` builds it, with wrong lab-00, lab-08 and lab-10
+    starters' traces."""
+    pytest.importorskip("mkdocs", reason="the book's tools are not installed: `make test` "
+                        "installs requirements-book.txt")
+    pytest.importorskip("material", reason="mkdocs-material is not installed "
+                        "(requirements-book.txt)")
+    tmp = tmp_path_factory.mktemp("book")
+    traces = tmp / "traces"
+    solution = ROOT / "labs" / "lab-00-online-softmax" / "solution.py"
+    if solution.is_file():  # the instructor's tree: a starter that forgets to rescale acc
+        lab = tmp / "lab-00-online-softmax"
+        shutil.copytree(solution.parent, lab, ignore=shutil.ignore_patterns("__pycache__"))
+        code = solution.read_text()
+        assert ACC_LINE in code, "the planted mistake no longer applies to lab 00's solution"
+        wrong = code.replace(ACC_LINE, "            acc = acc + p @ v[k0:k1]")
+        (lab / "starter.py").write_text(wrong)
+        (lab / "solution.py").unlink()
+        assert traces_main(["--impl", "starter", "--lab", "00", "--lab-dir", str(lab),
+                            "--out", str(traces)]) == 0
+    solution = ROOT / "labs" / "lab-08-attention-from-scratch" / "solution.py"
+    if solution.is_file():  # scale_experiment divides by d; True in key_padding_mask = attend
+        lab = tmp / solution.parent.name
+        shutil.copytree(solution.parent, lab, ignore=shutil.ignore_patterns("__pycache__"))
+        code = solution.read_text()
+        assert SCALE_LINE in code and KPM_LINE in code, \
+            "the planted mistakes no longer apply to lab 08's solution"
+        code = code.replace(SCALE_LINE, "    scaled = raw / d")
+        (lab / "starter.py").write_text(code.replace(KPM_LINE, KPM_LINE.replace("~", "")))
+        (lab / "solution.py").unlink()
+        assert traces_main(["--impl", "starter", "--lab", "08", "--lab-dir", str(lab),
+                            "--out", str(traces)]) == 0
+    solution = ROOT / "labs" / "lab-10-approximate-attention" / "solution.py"
+    if solution.is_file():  # strided_mask: every stride-th key counted from 0, not from i
+        lab = tmp / solution.parent.name
+        shutil.copytree(solution.parent, lab, ignore=shutil.ignore_patterns("__pycache__"))
+        code = solution.read_text()
+        assert STRIDE_LINE in code, "the planted mistake no longer applies to lab 10's solution"
+        (lab / "starter.py").write_text(code.replace(STRIDE_LINE, STRIDE_WRONG))
+        (lab / "solution.py").unlink()
+        assert traces_main(["--impl", "starter", "--lab", "10", "--lab-dir", str(lab),
+                            "--out", str(traces)]) == 0
+    out = ROOT / "build" / "book-test"
+    assert build_main(["--out", str(out), "--src", str(tmp / "src"),
+                       "--starter-traces", str(traces)]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def browser():
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed: "
+                                   "`make test` installs requirements-book.txt")
+    path = chromium_path()
+    if path is None:
+        pytest.skip("no chromium: install Debian's package (apt-get install chromium) to run "
+                    "the book's browser tests")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=path, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+class Page:
+    """A page of the book, with what it logged and every request it made."""
+
+    def __init__(self, browser, book: pathlib.Path, rel: str, width: int = 1280, **ctx) -> None:
+        self.context = browser.new_context(viewport={"width": width, "height": 900}, **ctx)
+        self.page = self.context.new_page()
+        self.errors: list[str] = []
+        self.requests: list[str] = []
+        self.page.on("console", lambda m: m.type == "error" and self.errors.append(m.text))
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.on("request", lambda r: self.requests.append(r.url))
+        self.page.goto((book / rel).as_uri())
+        self.page.wait_for_load_state("load")
+
+    def value(self, selector: str):
+        return json.loads(self.page.get_attribute(selector, "data-value"))
+
+    def step(self, viz: str) -> int:
+        return int(self.page.get_attribute(f"#{viz}", "data-step"))
+
+    def close(self) -> None:
+        self.context.close()
+
+
+@pytest.fixture
+def open_page(browser, book):
+    pages: list[Page] = []
+
+    def opener(rel: str, **kw) -> Page:
+        pages.append(Page(browser, book, rel, **kw))
+        return pages[-1]
+    yield opener
+    for p in pages:
+        p.close()
+
+
+def test_the_book_holds_every_lab_the_glossary_search_and_the_visualisations(book):
+    assert (book / "index.html").is_file()
+    for readme in (ROOT / "labs").glob("*/README.md"):
+        assert (book / "labs" / readme.parent.name / "index.html").is_file(), readme
+        for fig in (readme.parent / "figures").glob("*.png"):
+            if f"figures/{fig.name}" in readme.read_text():
+                assert (book / "labs" / readme.parent.name / "figures" / fig.name).is_file(), fig
+    for name in VIZ:
+        assert (book / "viz" / f"{name}.html").is_file()
+    assert (book / "search" / "search_index.js").is_file(), "file:// search needs this index"
+    if (ROOT / "GLOSSARY.md").is_file():
+        assert (book / "GLOSSARY.html").is_file()
+        lesson = book / "labs" / "lab-00-online-softmax" / "index.html"
+        assert "<abbr title=" in lesson.read_text(), "glossary terms need hover definitions"
+
+
+@pytest.mark.parametrize("rel", [f"viz/{n}.html" for n in VIZ] + [
+    "index.html", "viz/index.html", "labs/lab-00-online-softmax/index.html", "GLOSSARY.html"])
+def test_every_page_loads_with_no_console_error_and_no_network(open_page, rel):
+    """Also: the page's gzipped weight, and (a visualisation) a 390-pixel-wide screen."""
+    if rel == "GLOSSARY.html" and not (ROOT / "GLOSSARY.md").is_file():
+        pytest.skip("the repository has no GLOSSARY.md yet: the book has no glossary page")
+    p = open_page(rel)
+    p.page.wait_for_timeout(150)
+    assert p.errors == [], f"{rel}: console errors {p.errors}"
+    remote = [u for u in p.requests if not u.startswith(("file:", "data:", "about:", "blob:"))]
+    assert remote == [], f"{rel} reaches the network: {remote}"
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    name = rel.replace("/", "_").removesuffix(".html")
+    p.page.screenshot(path=str(SHOTS / f"{name}.png"))
+    if rel.startswith("viz/") and rel != "viz/index.html":
+        files = {pathlib.Path(urllib.parse.unquote(urllib.parse.urlparse(u).path))
+                 for u in p.requests if u.startswith("file:")}
+        index = {f for f in files if f.name == "search_index.js"}  # the whole site's, shared
+        weight = sum(len(gzip.compress(f.read_bytes(), 9)) for f in files - index)
+        weights = json.loads((SHOTS / "weights.json").read_text()) if (
+            SHOTS / "weights.json").is_file() else {}
+        weights[rel] = weight
+        weights["search/search_index.js (shared by every page)"] = sum(
+            len(gzip.compress(f.read_bytes(), 9)) for f in index)
+        (SHOTS / "weights.json").write_text(json.dumps(weights, indent=1, sort_keys=True))
+        assert weight < PAGE_BUDGET, f"{rel} weighs {weight} bytes gzipped (budget {PAGE_BUDGET})"
+        # the same page on a phone: one column, nothing wider than the screen
+        p.page.set_viewport_size({"width": 390, "height": 844})
+        p.page.wait_for_timeout(100)
+        overflow = p.page.evaluate("""() => [...document.querySelectorAll('.viz')].map(
+            v => v.scrollWidth - v.clientWidth)""")
+        p.page.locator(".viz").first.screenshot(path=str(SHOTS / f"{name}-narrow.png"))
+        assert overflow and max(overflow) <= 1, f"{rel} is wider than a phone: {overflow}"
+        wraps = "() => getComputedStyle(document.querySelector('.viz-main')).flexWrap"
+        assert p.page.evaluate(wraps) == "wrap"
+
+
+def test_flash_attention_steps_show_lab_00s_numbers(open_page):
+    ref = reference("00")
+    p = open_page("viz/flash-attention-tiling.html")
+    assert p.step("fa-viz") == 0
+    for _ in range(5):
+        p.page.click("#fa-viz [data-action=step]")
+    assert p.step("fa-viz") == 5
+    row = ref["steps"][5]["rows"]
+    for n in range(len(row)):
+        assert p.value(f"#fa-m-{n}") == row[n]["m"]
+        assert p.value(f"#fa-l-{n}") == row[n]["l"]
+        assert p.value(f"#fa-acc-{n}") == row[n]["acc"]
+    assert p.value("#fa-hbm") == ref["steps"][5]["hbm"]
+    assert p.value("#fa-flops") == ref["steps"][5]["flops"]
+    p.page.focus("#fa-viz")
+    p.page.keyboard.press("ArrowRight")
+    assert p.step("fa-viz") == 6
+    p.page.keyboard.press("ArrowLeft")
+    p.page.keyboard.press("ArrowLeft")
+    assert p.step("fa-viz") == 4
+    p.page.keyboard.press("End")
+    assert p.step("fa-viz") == len(ref["steps"]) - 1
+    p.page.keyboard.press("Home")
+    assert p.step("fa-viz") == 0
+    p.page.keyboard.press("+")
+    p.page.keyboard.press("+")
+    p.page.keyboard.press(" ")
+    assert p.page.get_attribute("#fa-viz", "data-playing") == "true"
+    p.page.wait_for_function("() => Number(document.querySelector('#fa-viz').dataset.step) >= 1",
+                             timeout=5000)
+    p.page.keyboard.press(" ")
+    assert p.page.get_attribute("#fa-viz", "data-playing") == "false"
+    p.page.click("#fa-mode-standard")
+    assert p.step("fa-viz") == 0
+    assert p.value("#fa-hbm") == ref["standard"][0]["hbm_total"]
+    p.page.keyboard.press("End")
+    assert p.value("#fa-hbm") == ref["standard"][-1]["hbm_total"]
+    assert ref["standard"][-1]["hbm_total"] > ref["steps"][-1]["hbm"]
+
+
+def first_step_whose_max_grew(ref: dict) -> tuple[int, int]:
+    """(step, row) of the first tile after a Q tile's first where a row's running max grew:
+    where a starter that does not rescale acc goes wrong first."""
+    for n, st in enumerate(ref["steps"]):
+        for r in st["rows"]:
+            if st["kt"] > 0 and r["alpha"] < 1:
+                return n, r["i"]
+    raise AssertionError("the inputs never raise a row's max: the trace shows no rescale")
+
+
+def test_a_starter_that_does_not_rescale_acc_differs_at_the_tile_where_the_max_grew(open_page):
+    if not (ROOT / "labs" / "lab-00-online-softmax" / "solution.py").is_file():
+        pytest.skip("the wrong starter is planted in a copy of solution.py (instructor's tree)")
+    step, row = first_step_whose_max_grew(reference("00"))
+    p = open_page("viz/flash-attention-tiling.html")
+    panel = "#starter-00"
+    assert p.page.get_attribute(panel, "data-state") == "differs"
+    assert int(p.page.get_attribute(panel, "data-first-diff")) == step
+    assert "acc" in p.page.inner_text(panel)
+    p.page.click(f"{panel} [data-action=goto-diff]")
+    assert p.step("fa-viz") == step
+    assert p.page.get_attribute("#fa-state tr.differs", "data-row") == str(row)
+    assert p.page.locator("#fa-yours-acc-0").count() == 1
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    shot = SHOTS / "viz_flash-attention-tiling-wrong-starter.png"
+    p.page.locator("#fa-viz").screenshot(path=str(shot))
+
+
+def test_split_kv_merge_orders_show_lab_04s_states_and_one_answer(open_page):
+    ref = reference("04")
+    p = open_page("viz/split-kv-merge.html")
+    p.page.click("#split-order-sequential")
+    for j, mg in enumerate(ref["orders"]["sequential"]["merges"]):
+        p.page.click("#split-viz [data-action=step]")
+        assert p.value(f"#split-m-{j}") == mg["state"]["m"]
+        assert p.value(f"#split-l-{j}") == mg["state"]["l"]
+    p.page.click("#split-viz [data-action=end]")
+    for name, order in ref["orders"].items():
+        assert p.value(f"#split-out-{name}") == order["out"]
+        assert p.value(f"#split-lse-{name}") == order["lse"]
+
+
+def test_paged_blocks_show_lab_07s_tables_and_lab_01s_slots(open_page):
+    ref, ref01 = reference("07"), reference("01")
+    p = open_page("viz/paged-attention-blocks.html")
+    cow = next(n for n, ev in enumerate(ref["events"]) if ev.get("copies"))
+    p.page.focus("#paged-viz")
+    for _ in range(cow):
+        p.page.keyboard.press("ArrowRight")
+    assert p.step("paged-viz") == cow
+    assert p.value("#paged-free") == ref["events"][cow]["free_blocks"]
+    assert p.value("#paged-copies") == len(ref["events"][cow]["copies"])
+    assert p.page.locator("#paged-cow").count() == 1
+    p.page.focus("#slots-viz")
+    p.page.keyboard.press("End")
+    last = ref01["steps"][-1]
+    assert p.page.get_attribute("#slots-caption", "data-slot") == str(last["slot"])
+    p.page.focus("#stream-viz")
+    p.page.keyboard.press("ArrowRight")
+    assert p.value("#stream-used-paged") == ref["paged"]["used"][1]
+    assert p.value("#stream-used-contiguous") == ref["contiguous"]["used"][1]
+
+
+def test_kv_cache_presets_show_lab_06s_bytes_per_token(open_page):
+    ref = reference("06")
+    p = open_page("viz/kv-cache-evolution.html")
+    for i, preset in enumerate(ref["presets"]):
+        p.page.select_option("#kv-preset", str(i))
+        assert p.value("#kv-preset-bytes") == preset["bytes_per_token"]
+    p.page.focus("#kv-context")
+    p.page.keyboard.press("ArrowRight")
+    assert "65,536 tokens" in p.page.inner_text("#kv-context-label")
+
+
+def test_reduced_motion_turns_the_transitions_off(open_page):
+    p = open_page("viz/flash-attention-tiling.html", reduced_motion="reduce")
+    assert "reduced-motion" in p.page.get_attribute("#fa-viz", "class")
+    duration = p.page.evaluate(
+        "() => getComputedStyle(document.querySelector('#fa-viz .viz-svg rect'))"
+        ".transitionDuration")
+    assert duration == "0s"
+
+
+def test_ring_attention_steps_show_lab_04s_ring_step_states(open_page):
+    ref = reference("ring")
+    p = open_page("viz/ring-attention-rotation.html")
+    p.page.focus("#ring-viz")
+    p.page.keyboard.press("ArrowRight")
+    for d in ref["runs"]["full"]["steps"][1]["devices"]:
+        assert p.value(f"#ring-m-{d['device']}") == d["m"]
+    p.page.click("#ring-run-causal")
+    assert p.step("ring-viz") == 1
+    for d in ref["runs"]["causal"]["steps"][1]["devices"]:
+        assert p.value(f"#ring-l-{d['device']}") == d["l"]
+        dash = p.page.get_attribute(f"#ring-holds-{d['device']}", "stroke-dasharray")
+        assert (dash is not None) == d["masked"], "a masked shard is drawn dashed"
+
+
+def test_sliding_window_reach_is_lab_06s_window_composed(open_page):
+    ref = reference("window")
+    p = open_page("viz/sliding-window-receptive-field.html")
+    p.page.focus("#window-w")
+    p.page.keyboard.press("Home")
+    p.page.focus("#window-layers")
+    p.page.keyboard.press("End")
+    w = ref["inputs"]["windows"][0]
+    field = ref["windows"][str(w)]["receptive_field"][-1]
+    assert p.value("#window-reach") == len(field)
+    assert len(field) == ref["inputs"]["layers"] * (w - 1) + 1
+
+
+def test_memory_hierarchy_shows_lab_00s_score_matrix_bytes(open_page):
+    ref = reference("memory")
+    p = open_page("viz/gpu-memory-hierarchy.html")
+    p.page.focus("#memory-seq")
+    p.page.keyboard.press("End")
+    assert p.value("#memory-s") == ref["score_matrix_bytes"][-1]
+    assert "Sources:" in p.page.inner_text("#memory-viz")
+
+
+def test_scoring_functions_show_lab_08s_scale_experiment_at_each_d_k(open_page):
+    ref = reference("08")
+    p = open_page("viz/attention-scoring-functions.html")
+    p.page.focus("#scoring-d")
+    p.page.keyboard.press("Home")
+    for n, st in enumerate(ref["steps"]):
+        if n:
+            p.page.keyboard.press("ArrowRight")
+        assert p.page.get_attribute("#scoring-viz", "data-d") == str(st["d"])
+        for field in ("variance_unscaled", "variance_scaled", "entropy_unscaled",
+                      "entropy_scaled"):
+            kind, scaled = field.split("_")  # e.g. #scoring-var-unscaled
+            assert p.value(f"#scoring-{kind[:3]}-{scaled}") == st["stats"][field], (st["d"], field)
+        for fn, ex in st["example"].items():
+            assert p.value(f"#scoring-ent-{fn}") == ex["entropy"]
+            assert p.value(f"#scoring-scores-{fn}") == ex["scores"]
+            assert p.value(f"#scoring-bar-{fn}-0") == ex["weights"][0]
+    last = ref["steps"][-1]["stats"]
+    assert last["entropy_unscaled"] < 1 < last["entropy_scaled"], "the lesson the slider shows"
+
+
+def test_a_scale_experiment_that_divides_by_d_differs_from_d_k_2_on(open_page):
+    if not (ROOT / "labs" / "lab-08-attention-from-scratch" / "solution.py").is_file():
+        pytest.skip("the wrong starter is planted in a copy of solution.py (instructor's tree)")
+    p = open_page("viz/attention-scoring-functions.html")
+    panel = "#starter-08"
+    assert p.page.get_attribute(panel, "data-state") == "differs"
+    dims = reference("08")["inputs"]["dims"]
+    assert int(p.page.get_attribute(panel, "data-first-diff")) == dims.index(2), \
+        "at d_k = 1, dividing by d and by sqrt(d) agree: the first difference is d_k = 2"
+    assert "scale_experiment" in p.page.inner_text(panel)
+    p.page.click(f"{panel} [data-action=goto-diff]")
+    assert p.page.get_attribute("#scoring-viz", "data-d") == "2"
+
+
+def test_bahdanau_steps_show_lab_08s_additive_weights_and_context(open_page):
+    ref = reference("bahdanau")
+    p = open_page("viz/attention-bahdanau-alignment.html")
+    p.page.focus("#bahdanau-viz")
+    p.page.keyboard.press("ArrowRight")
+    p.page.keyboard.press("ArrowRight")
+    assert p.step("bahdanau-viz") == 2
+    st = ref["steps"][2]
+    for j, w in enumerate(st["weights"]):
+        assert p.value(f"#bahdanau-w-{j}") == w
+        assert p.value(f"#bahdanau-e-{j}") == st["scores"][j]
+        assert p.value(f"#bahdanau-cell-2-{j}") == w
+        assert p.page.get_attribute(f"#bahdanau-cell-3-{j}", "data-value") is None, \
+            "a decoder step not reached yet has no row"
+    assert p.value("#bahdanau-entropy") == st["entropy"]
+    assert p.value("#bahdanau-context") == st["context"]
+    p.page.keyboard.press("End")
+    assert p.step("bahdanau-viz") == ref["inputs"]["target"] - 1
+
+
+def test_multihead_maps_are_lab_08s_heads_and_masks(open_page):
+    ref = reference("08")["multihead"]
+    p = open_page("viz/attention-multihead-self.html")
+    L = ref["inputs"]["L"]
+
+    def check(run: str, head) -> None:
+        r = ref["runs"][run]
+        m = r["average"] if head == "avg" else r["heads"][head]
+        assert p.page.get_attribute("#mh-viz", "data-run") == run
+        for i in range(L):
+            for j in range(L):
+                assert p.value(f"#mh-cell-{i}-{j}") == m[i][j], (run, head, i, j)
+        assert r["heads_average_to_mha"] is True
+    check("full-whole", 0)
+    p.page.select_option("#mh-head", "2")
+    p.page.click("#mh-causal")
+    check("causal-whole", 2)
+    assert p.value(f"#mh-cell-0-{L - 1}") == 0, "causal: query 0 cannot read the last key"
+    p.page.click("#mh-padding")
+    check("causal-padded", 2)
+    p.page.focus("#mh-viz")
+    p.page.keyboard.press("a")
+    p.page.keyboard.press("c")
+    check("full-padded", "avg")
+    assert p.value("#mh-kpm") == [int(b) for b in ref["runs"]["full-padded"]["key_padding_mask"]]
+    if (ROOT / "labs" / "lab-08-attention-from-scratch" / "solution.py").is_file():
+        # the planted starter reads key_padding_mask backwards: the maps first differ with
+        # padding on (no mask at all is the same either way), at head 0
+        p.page.click("#mh-padding")
+        p.page.click("#mh-causal")
+        assert p.page.get_attribute("#starter-08", "data-state") == "differs"
+        p.page.click("#starter-08 [data-action=goto-diff]")
+        assert p.page.get_attribute("#mh-viz", "data-run") == "full-padded"
+        assert p.page.input_value("#mh-head") == "0"
+
+
+def test_fa1_vs_fa2_programs_come_from_lab_00s_launch_grid(open_page):
+    ref = reference("fagrid")
+    sys.path.insert(0, str(ROOT))
+    from common.loader import load_lab_module
+
+    provided = load_lab_module(ROOT / "labs" / "lab-00-online-softmax", "provided")
+    i = ref["inputs"]
+    grid = provided.attention_grid(i["batch"], i["heads"], i["L"], i["tile"])
+    p = open_page("viz/fa1-vs-fa2-parallelism.html")
+    assert p.value("#fagrid-programs") == grid[0] == ref["schedules"]["fa2"]["grid"][0]
+    p.page.focus("#fagrid-viz")
+    p.page.keyboard.press("ArrowRight")
+    st = ref["schedules"]["fa2"]["steps"][1]
+    for w in st["work"]:
+        assert p.value(f"#fagrid-m-{w['program']}") == w["m"]
+        assert p.value(f"#fagrid-l-{w['program']}") == w["l"]
+        cell = f"#fagrid-cell-{w['bh']}-{w['qt']}-{w['kt']}"
+        assert p.page.get_attribute(cell, "data-active") == "true"
+    assert p.value("#fagrid-hbm") == st["hbm"]
+    p.page.click("#fagrid-mode-fa1")
+    assert p.step("fagrid-viz") == 0
+    assert p.value("#fagrid-programs") == i["batch"] * i["heads"]
+    p.page.keyboard.press("End")
+    fa1 = ref["schedules"]["fa1"]["steps"]
+    assert p.value("#fagrid-steps") == len(fa1) == ref["n_q"] * ref["n_k"]
+    assert p.value("#fagrid-hbm") == fa1[-1]["hbm"] > ref["schedules"]["fa2"]["steps"][-1]["hbm"]
+    # the same tile pair gives the same state in both orders
+    last = {(w["bh"], w["qt"]): w for w in fa1[-1]["work"]}
+    for w in ref["schedules"]["fa2"]["steps"][-1]["work"]:
+        if (w["bh"], w["qt"]) in last:
+            assert last[(w["bh"], w["qt"])]["m"] == w["m"]
+
+
+def test_pattern_zoo_shows_lab_10s_masks_and_their_errors(open_page):
+    ref = reference("10")["zoo"]
+    p = open_page("viz/attention-pattern-zoo.html")
+    p.page.focus("#zoo-pattern-0")
+    for i, pt in enumerate(ref["patterns"]):
+        if i:
+            p.page.keyboard.press("ArrowRight")  # radio buttons: the arrow picks the next one
+        assert p.page.get_attribute("#zoo-viz", "data-pattern") == pt["name"]
+        assert p.value("#zoo-pairs") == pt["pairs"]
+        assert p.value("#zoo-error") == pt["relative_error"]
+        n = ref["inputs"]["n"]
+        for i_, j in ((n - 1, 0), (n - 1, n - 1), (0, n - 1), (5, 2)):
+            assert p.page.get_attribute(f"#zoo-cell-{i_}-{j}", "data-value") == pt["rows"][i_][j]
+    assert ref["patterns"][0]["relative_error"] == 0, "the dense pattern is exact"
+    if (ROOT / "labs" / "lab-10-approximate-attention" / "solution.py").is_file():
+        # the planted strided_mask (j % stride) first differs on the strided pattern
+        strided = next(i for i, pt in enumerate(ref["patterns"]) if pt["name"] == "strided")
+        assert int(p.page.get_attribute("#starter-10", "data-first-diff")) == strided
+        p.page.click("#starter-10 [data-action=goto-diff]")
+        assert p.page.get_attribute("#zoo-viz", "data-pattern") == "strided"
+        # query 5 sees key 1 (4 back), not key 0 (5 back): the planted mask has it the other way
+        assert p.page.get_attribute("#zoo-cell-5-1", "data-yours") == "0"
+        assert p.page.get_attribute("#zoo-cell-5-0", "data-yours") == "1"
+        assert p.page.locator("#zoo-viz rect[data-yours]").count() > 0
+
+
+def test_lsh_buckets_and_mass_are_lab_10s(open_page):
+    ref = reference("10")["lsh"]
+    p = open_page("viz/lsh-attention-bucketing.html")
+    q = 4
+    p.page.click(f"#lsh-point-{q}")
+    assert p.page.get_attribute("#lsh-viz", "data-query") == str(q)
+    p.page.focus("#lsh-rounds")
+    for r in range(1, ref["inputs"]["rounds"] + 1):
+        if r > 1:
+            p.page.keyboard.press("ArrowRight")
+        by = ref["by_rounds"][r - 1]
+        assert p.value("#lsh-mass") == by["mass"][q]
+        assert p.value("#lsh-error") == by["error"][q]
+        share = [j for j in range(ref["inputs"]["n"])
+                 if any(ref["buckets"][t][j] == ref["buckets"][t][q] for t in range(r))]
+        assert p.value("#lsh-keys") == len(share)
+        for j in range(ref["inputs"]["n"]):
+            assert p.page.get_attribute(f"#lsh-point-{j}", "data-bucket") == \
+                str(ref["buckets"][r - 1][j])
+    masses = [b["mass"][q] for b in ref["by_rounds"]]
+    assert masses == sorted(masses), "more rounds never lose keys"
+
+
+def test_complexity_scaling_shows_lab_10s_costs_and_errors_at_each_n(open_page):
+    ref = reference("complexity")
+    sizes = ref["inputs"]["sizes"]
+    p = open_page("viz/attention-complexity-scaling.html")
+    p.page.select_option("#complexity-metric", "error")
+    assert p.page.get_attribute("#complexity-viz", "data-metric") == "error"
+    p.page.focus("#complexity-n")
+    p.page.keyboard.press("Home")
+    for k, n in enumerate(sizes):
+        if k:
+            p.page.keyboard.press("ArrowRight")
+        assert p.page.get_attribute("#complexity-viz", "data-n") == str(n)
+        for m in ref["methods"]:
+            slug = re.sub(r"[^a-z0-9]+", "-", m["name"], flags=re.I).lower()  # as the page
+            for field in ("flops", "bytes", "error", "rms"):
+                assert p.value(f"#complexity-{field}-{slug}") == m[field][k], (n, m["name"])
+    exact = next(m for m in ref["methods"] if m["name"] == "exact")
+    assert exact["flops"][-1] / exact["flops"][0] == (sizes[-1] / sizes[0]) ** 2
+
+
+def test_search_works_from_the_file_system(open_page):
+    p = open_page("index.html")
+    p.page.fill("input.md-search__input", "running max")
+    p.page.wait_for_selector(".md-search-result__item", timeout=10000)
+    assert p.page.locator(".md-search-result__item").count() > 0
+    assert p.errors == []
+
+
+def test_glossary_terms_become_hover_definitions_and_link_titles(tmp_path):
+    """Without a browser: GLOSSARY.md's `### Term` sections -> abbreviations and link titles."""
+    from book.build import Site, github_slug, glossary_terms
+
+    glossary = tmp_path / "GLOSSARY.md"
+    glossary.write_text("# Glossary\n\n### KV cache\nThe keys and values kept for every token. "
+                        "More.\n\nNext paragraph.\n\n### Tensor core\nA unit that multiplies "
+                        "[tiles](https://example.org).\n")
+    terms = glossary_terms(glossary)
+    assert terms == {"KV cache": "The keys and values kept for every token.",
+                     "Tensor core": "A unit that multiplies tiles."}
+    assert glossary_terms(tmp_path / "missing.md") == {}
+    assert github_slug("KV cache") == "kv-cache" and github_slug("Tensor core") == "tensor-core"
+    site = Site(tmp_path / "docs")
+    site.pages[ROOT / "GLOSSARY.md"] = tmp_path / "docs" / "GLOSSARY.md"
+    site.slugs = {github_slug(t): d for t, d in terms.items()}
+    lab = ROOT / "labs" / "lab-00-online-softmax" / "README.md"
+    text = site.rewrite(lab, "a [KV cache](../../GLOSSARY.md#kv-cache) and [x](solution.py)\n"
+                             "```\n[kept](in/code.md)\n```\n")
+    assert '[KV cache](../../GLOSSARY.md#kv-cache "The keys and values kept for every token.")' \
+        in text
+    assert "and x\n" in text, "a link to a file the book does not hold keeps its text"
+    assert "[kept](in/code.md)" in text, "code blocks are left alone"
+
+
+# (lab, line of solution.py, the planted mistake, expected first difference (step, field))
+PLANTED = {
+    "01": ("    logical_block, offset = np.divmod(positions, block_size)",
+           "    logical_block, offset = np.divmod(positions + 1, block_size)", "slot"),
+    "04": ("    l = alpha * a.l + beta * b.l", "    l = a.l + b.l", "merge"),
+    "07": ("        copy_on_write = self._must_copy(table, num_tokens, n)",
+           "        copy_on_write = 0", "tables"),
+    "08": (SCALE_LINE, "    scaled = raw / d", "scale_experiment"),
+    "10": (STRIDE_LINE, STRIDE_WRONG, "mask"),
+}
+
+
+def expected_step(lab: str) -> int:
+    if lab == "01":
+        return 0  # every slot is one late, the first token's too
+    if lab == "04":
+        return len(reference("04")["partitions"])  # partitions are right; the first merge is not
+    if lab == "08":
+        return reference("08")["inputs"]["dims"].index(2)  # at d = 1, d and sqrt(d) agree
+    if lab == "10":  # the dense pattern is right; the strided one is not
+        return [pt["name"] for pt in reference("10")["zoo"]["patterns"]].index("strided")
+    return next(n for n, ev in enumerate(reference("07")["events"]) if ev.get("copies"))
+
+
+@pytest.mark.parametrize("lab", sorted(PLANTED))
+def test_make_trace_finds_the_first_step_a_planted_mistake_changes(tmp_path, lab):
+    """`make trace LAB=nn` for labs 01, 04, 07, 08, 10 (lab 00: in the browser test above)."""
+    folder = next((ROOT / "labs").glob(f"lab-{lab}-*"))
+    if not (folder / "solution.py").is_file():
+        pytest.skip("the mistake is planted in a copy of solution.py (instructor's tree)")
+    line, wrong, field = PLANTED[lab]
+    code = (folder / "solution.py").read_text()
+    assert line in code, f"the planted mistake no longer applies to lab {lab}'s solution"
+    copy = tmp_path / folder.name
+    shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "starter.py").write_text(code.replace(line, wrong))
+    (copy / "solution.py").unlink()
+    assert traces_main(["--impl", "starter", "--lab", lab, "--lab-dir", str(copy),
+                        "--out", str(tmp_path)]) == 0
+    trace = read_script(tmp_path / f"lab{lab}-starter.js")
+    diff = trace["first_diff"]
+    assert diff is not None and (diff["step"], diff["field"]) == (expected_step(lab), field), diff
+    if lab == "08":
+        assert trace["page_diffs"]["multihead"] is None, "the scale mistake leaves the masks"
+    if lab == "10":
+        assert trace["page_diffs"]["lsh"] is None, "a wrong strided mask leaves the buckets"
+    (copy / "starter.py").write_text(code)  # the reference itself: no difference anywhere
+    assert traces_main(["--impl", "starter", "--lab", lab, "--lab-dir", str(copy),
+                        "--out", str(tmp_path)]) == 0
+    assert read_script(tmp_path / f"lab{lab}-starter.js")["first_diff"] is None
+
+
+@pytest.mark.parametrize("lab", ["00", "01", "04", "07", "08", "10"])
+def test_an_untouched_starter_is_traced_with_its_todo(tmp_path, lab):
+    assert traces_main(["--impl", "starter", "--lab", lab, "--out", str(tmp_path)]) == 0
+    trace = read_script(tmp_path / f"lab{lab}-starter.js")
+    assert trace["first_diff"] is not None and trace["first_diff"]["step"] == 0
+    assert any("NotImplementedError" in e for e in trace["errors"]), trace["errors"]
+
+
+def test_the_committed_reference_traces_are_the_solutions_current_output(tmp_path):
+    """A student copy has no solutions: its book plays the committed traces."""
+    if not any((ROOT / "labs").glob("*/solution.py")):
+        pytest.skip("the reference traces are made from solution.py (instructor's tree)")
+    assert traces_main(["--out", str(tmp_path)]) == 0
+    stale = [f.name for f in sorted(tmp_path.glob("*.js"))
+             if f.read_text() != (ROOT / "book" / "viz" / "traces" / f.name).read_text()]
+    assert not stale, f"{stale} are stale: run `.venv/bin/python -m book.traces` and commit them"
+    extra = sorted({f.name for f in (ROOT / "book" / "viz" / "traces").glob("*.js")}
+                   - {f.name for f in tmp_path.glob("*.js")})
+    assert not extra, f"{extra} are no longer written by book.traces: delete them"
