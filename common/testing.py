@@ -8,8 +8,10 @@ classic mistake would produce) and names the misconception that matches.
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 import tracemalloc
+import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -214,6 +216,119 @@ def strided_view(t: Any, layout: str) -> Any:
     return view
 
 
+# ---- calls on copies: nothing the graded code touched is trusted ------------------------------
+#
+# Under the grader, what a call writes into its array arguments is copied back into the test's
+# arrays (lab-01's write_kv fills caches in place). A test that computed its expected value from
+# an argument after the call would then trust numbers the graded code chose. So every lab's
+# ``impl`` is wrapped by :func:`called_on_copies`: each call gets copies of its arrays and tensors,
+# and the test's own arrays, from which it computes expected values, are never handed over.
+
+
+def _copy_leaf(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray):
+        return np.array(obj, copy=True, order="K")
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(obj, torch.Tensor):
+        if obj.requires_grad:  # its .grad is how an autograd answer comes back: passed as is
+            return obj
+        with torch.no_grad():  # the whole storage: strides, offset and poisoned margins kept
+            return torch.empty(0, dtype=obj.dtype, device=obj.device).set_(
+                obj.untyped_storage().clone(), obj.storage_offset(), obj.size(), obj.stride())
+    return None
+
+
+def copied(obj: Any, keep: frozenset[int] = frozenset(), memo: dict[int, Any] | None = None,
+           depth: int = 0) -> Any:
+    """``obj`` with every numpy array and torch tensor in it copied (looking into lists,
+    tuples, NamedTuples and dicts; an array named twice is copied once, so aliasing stays).
+    Objects whose ``id`` is in ``keep`` are passed as they are."""
+    memo = {} if memo is None else memo
+    if id(obj) in keep:
+        return obj
+    if id(obj) in memo:
+        return memo[id(obj)]
+    leaf = _copy_leaf(obj)
+    if leaf is not None:
+        memo[id(obj)] = leaf
+        return leaf
+    if depth >= 4:
+        return obj
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return type(obj)._make(copied(x, keep, memo, depth + 1) for x in obj)
+    if type(obj) in (list, tuple):
+        return type(obj)(copied(x, keep, memo, depth + 1) for x in obj)
+    if type(obj) is dict:
+        return {k: copied(v, keep, memo, depth + 1) for k, v in obj.items()}
+    return obj
+
+
+class CopiesModule(types.ModuleType):
+    """A lab's module whose public functions are called on copies of their arguments
+    (classes, constants and private names are the module's own)."""
+
+    def __init__(self, module: types.ModuleType,
+                 writes: dict[str, tuple[int | str, ...]]) -> None:
+        super().__init__(module.__name__, module.__doc__)
+        self.__dict__["_module"] = module
+        self.__dict__["_writes"] = writes
+        self.__dict__["_wrapped"] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self.__dict__["_module"], name)
+        if name.startswith("_") or not _is_function(value):
+            return value
+        wrapped = self.__dict__["_wrapped"]
+        if name not in wrapped:
+            wrapped[name] = _on_copies(value, self.__dict__["_writes"].get(name, ()))
+        return wrapped[name]
+
+    def __dir__(self) -> list[str]:
+        return dir(self.__dict__["_module"])
+
+
+def _is_function(value: Any) -> bool:
+    return isinstance(value, types.FunctionType) or type(value).__name__ == "RemoteFunction"
+
+
+def _on_copies(fn: Callable[..., Any], writes: tuple[int | str, ...]) -> Callable[..., Any]:
+    def arguments(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        keep = frozenset(id(args[w]) if isinstance(w, int) else id(kwargs[w]) for w in writes
+                         if (w in kwargs if isinstance(w, str) else w < len(args)))
+        memo: dict[int, Any] = {}
+        return copied(args, keep, memo), copied(kwargs, keep, memo)
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True
+        args, kwargs = arguments(args, kwargs)
+        return fn(*args, **kwargs)
+
+    def instrumented(instrument: str, args: tuple, kwargs: dict) -> Any:
+        __tracebackhide__ = True
+        args, kwargs = arguments(args, kwargs)  # copied outside the measurement
+        remote = getattr(fn, "__instrumented_call__", None)
+        if remote is not None:
+            return remote(instrument, args, kwargs)
+        return INSTRUMENTS[instrument](fn, *args, **kwargs)
+
+    call.__instrumented_call__ = instrumented  # type: ignore[attr-defined]
+    return call
+
+
+def called_on_copies(module: types.ModuleType,
+                     writes: dict[str, tuple[int | str, ...]] | None = None,
+                     ) -> types.ModuleType:
+    """``module`` (a lab's ``load_impl(__file__)``) whose public functions get copies of every
+    array and tensor argument, so nothing the graded code writes reaches the test's arrays.
+
+    ``writes`` names the arguments a function is specified to write into, by position and
+    keyword (``{"write_kv": (0, 1, "k_cache", "v_cache")}``; never from the graded code's own
+    signature, which it could word as it likes): those are passed as they are, and the test
+    reads the answer from them. Tensors with ``requires_grad`` are passed as they are too."""
+    return CopiesModule(module, dict(writes or {}))
+
+
 # ---- instrumented calls: what a test measures about the code under test ---------------------
 #
 # Tests measure the student's code only through these two functions. Under the grader, the
@@ -221,8 +336,45 @@ def strided_view(t: Any, layout: str) -> Any:
 # the measurement is taken where the code runs.
 
 
+class ResidentPeak:
+    """The growth of another process's resident memory high-water mark, measured from
+    outside it (Linux): ``start(pid)`` resets the mark (``/proc/<pid>/clear_refs`` <- "5")
+    and notes the resident size; ``peak()`` is ``VmHWM`` minus that, in bytes. The grader
+    measures a sandboxed worker's call with it, where the graded code cannot replace the
+    instrument; ``None`` where ``/proc`` does not allow it (then the worker measures)."""
+
+    def __init__(self, pid: int, base: int) -> None:
+        self.pid, self.base = pid, base
+
+    @staticmethod
+    def _status(pid: int, key: str) -> int:
+        with open(f"/proc/{pid}/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) * 1024
+        raise OSError(f"no {key} in /proc/{pid}/status")
+
+    @classmethod
+    def start(cls, pid: int) -> ResidentPeak | None:
+        try:
+            with open(f"/proc/{pid}/clear_refs", "w", encoding="ascii") as f:
+                f.write("5")
+            return cls(pid, cls._status(pid, "VmRSS"))
+        except (OSError, ValueError):
+            return None
+
+    def peak(self) -> int:
+        return max(self._status(self.pid, "VmHWM") - self.base, 0)
+
+
 def peak_memory(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, int]:
-    """``(fn(*args, **kwargs), peak bytes allocated by Python/numpy during the call)``."""
+    """``(fn(*args, **kwargs), peak bytes the call added)``.
+
+    In a plain pytest run: the bytes Python and numpy allocated at the peak (``tracemalloc``).
+    Under the grader, where the code runs in a sandboxed worker: the growth of the worker's
+    resident-memory high-water mark over the call, read by the trusted side from ``/proc``
+    (:class:`ResidentPeak`), so a submission cannot replace the measurement; it counts pages
+    the call touched (its inputs' copies included), a little more than ``tracemalloc``."""
     remote = getattr(fn, "__instrumented_call__", None)
     if remote is not None:
         return remote("peak_memory", args, kwargs)
@@ -278,6 +430,11 @@ def host_syncs(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, 
     booleans of torch tensors, called from the course's own files (the lab's code,
     its provided code, ``common``), not from Triton's or torch's launch machinery. On a GPU
     each is a device-to-host copy that stalls the stream.
+
+    Measured where the code runs: under the grader, inside the sandboxed worker, by patching
+    ``torch.Tensor``'s methods there. Without a GPU a host sync leaves no trace outside the
+    process, so a submission that undoes the patching escapes the count: a teaching check,
+    not a defended one.
     """
     remote = getattr(fn, "__instrumented_call__", None)
     if remote is not None:

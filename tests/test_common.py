@@ -20,7 +20,7 @@ from common import (
     random_kv,
     reference_attention,
 )
-from common.testing import assert_close, chunkings, head_counts
+from common.testing import assert_close, called_on_copies, chunkings, head_counts, peak_memory
 
 
 def _sdpa(q, k, v, mask=None, scale=None):
@@ -146,3 +146,57 @@ def test_after_a_failed_basic_value_test_later_hints_point_back_at_it(monkeypatc
     later = hint_of("test_later")
     assert "look at the diagonal" not in later and "test_basic failed as well" in later
     assert "look at the diagonal tiles" in hint_of("test_triton_later"), "the other half"
+
+
+def _scribbler():
+    """A module whose functions write into every argument, then answer from what they wrote."""
+    import types
+
+    module = types.ModuleType("lab_99_scribble.starter")
+
+    def total(x, pair, t):
+        x[...] = 0.0  # overwrite the input, then answer "correctly" for the overwritten one
+        pair[0][...] = 1.0
+        t.fill_(2.0)
+        return float(x.sum() + pair[0].sum() + t.sum())
+
+    def write_into(cache, new):
+        cache[: len(new)] = new
+        new[...] = -1.0
+
+    def same(a, b):
+        return a is b
+
+    module.total, module.write_into, module.same = total, write_into, same
+    module.CONSTANT = 3
+    return module
+
+
+def test_called_on_copies_keeps_the_tests_arrays_out_of_the_graded_codes_reach():
+    impl = called_on_copies(_scribbler(), writes={"write_into": (0, "cache")})
+    x, y = np.arange(6.0).reshape(2, 3), np.ones(2)
+    base = torch.arange(12.0).reshape(3, 4)
+    t = base[:, 1:3]  # a strided view: the copy keeps its strides and its storage's margins
+    assert impl.total(x, (y,), t) == 0.0 + 2.0 + 12.0
+    assert x.tolist() == np.arange(6.0).reshape(2, 3).tolist() and y.tolist() == [1.0, 1.0]
+    assert base.flatten().tolist() == list(range(12))
+    cache, new = np.zeros(4), np.array([5.0, 6.0])
+    impl.write_into(cache, new)  # declared: the cache is written, the new tokens are copied
+    assert cache.tolist() == [5.0, 6.0, 0.0, 0.0] and new.tolist() == [5.0, 6.0]
+    cache = np.zeros(4)
+    impl.write_into(cache=cache, new=new)
+    assert cache.tolist() == [5.0, 6.0, 0.0, 0.0]
+    assert impl.same(x, x), "an array named twice is copied once: aliasing is kept"
+    assert impl.CONSTANT == 3 and impl.total is impl.total
+
+
+def test_called_on_copies_copies_before_peak_memory_measures():
+    import types
+
+    module = types.ModuleType("lab_99_peak.starter")
+    module.first = lambda a: float(a[0])
+    module.first.__module__ = module.__name__
+    impl = called_on_copies(module)
+    big = np.zeros(2**20)  # 8 MiB: its copy is made outside the measured call
+    value, peak = peak_memory(impl.first, big)
+    assert value == 0.0 and peak < 2**20

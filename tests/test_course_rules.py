@@ -21,6 +21,18 @@ def _has_points(decorators: list[ast.expr]) -> bool:
 
 
 @pytest.mark.parametrize("lab", LABS, ids=lambda p: p.name)
+def test_every_lab_calls_the_code_under_test_on_copies(lab):
+    """Nothing the graded code touched is trusted: under the grader, what a call writes into
+    its arguments is copied back, so a lab's tests reach the code under test only through
+    ``impl = called_on_copies(load_impl(__file__))`` (common/testing.py), and an expected
+    value computed from an argument after the call is still the test's own."""
+    text = (lab / "test_lab.py").read_text()
+    assert text.count("load_impl(") == 1 and "called_on_copies(load_impl(__file__)" in text, (
+        f"{lab.name}/test_lab.py: write `impl = called_on_copies(load_impl(__file__))` "
+        "(writes={...} for a function specified to write into an argument)")
+
+
+@pytest.mark.parametrize("lab", LABS, ids=lambda p: p.name)
 def test_every_graded_test_carries_points(lab):
     tree = ast.parse((lab / "test_lab.py").read_text())
     module_points = any(
@@ -125,6 +137,8 @@ def test_starter_and_solution_expose_the_same_public_names_and_signatures(lab):
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # every lab's tests in one process: minutes on a loaded machine
+@pytest.mark.skipif(not list(ROOT.glob("labs/*/solution.py")),
+                    reason="a student copy: its starters are the student's, not untouched ones")
 def test_an_untouched_starter_earns_no_points(tmp_path):
     """A test that an untouched starter passes grades given code, not the student's: it must
     be worth points(0). Runs every lab's tests on the starters in one pytest process."""

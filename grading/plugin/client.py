@@ -107,6 +107,18 @@ def _copy_into(dst: Any, src: Any) -> None:
 MAX_TIMEOUTS = 2
 
 
+def _peak_from_outside(instrument: str | None, pid: int) -> tuple[Any, str | None]:
+    """``(measurement, instrument left to the worker)``: ``peak_memory`` is measured by the
+    trusted side (the worker's resident high-water mark, :class:`common.testing.ResidentPeak`)
+    where ``/proc`` allows it, and then the worker just calls."""
+    if instrument != "peak_memory":
+        return None, instrument
+    from common.testing import ResidentPeak
+
+    measured = ResidentPeak.start(pid)
+    return measured, (instrument if measured is None else None)
+
+
 class Client:
     """The current worker of one lab: starts it on demand, restarts it after a death."""
 
@@ -184,6 +196,7 @@ class Client:
                               f"restarted ({self.last_death})") from None
         if self.proc is None:
             self.start(deadline, what)
+        measured, instrument = _peak_from_outside(instrument, self.proc.pid)
         try:
             payload = dumps_args((op, target, name, args, kwargs, instrument,
                                   list(self.released)))
@@ -207,7 +220,8 @@ class Client:
         if kind == "self":
             return SELF
         apply_changes(args, kwargs, reply[2])
-        return plain_result(reply[1], what)
+        result = plain_result(reply[1], what)
+        return result if measured is None else (result, measured.peak())
 
     def _receive(self, deadline: float, what: str, importing: bool = False) -> tuple:
         __tracebackhide__ = True

@@ -24,6 +24,7 @@ from common.testing import (
     assert_close,
     assert_no_races,
     basic_value_test,
+    called_on_copies,
     host_syncs,
     kernel_memory,
     peak_memory,
@@ -31,7 +32,8 @@ from common.testing import (
     tolerance,
 )
 
-impl = load_impl(__file__)
+# every call gets copies of its arrays: expected values come from the test's own
+impl = called_on_copies(load_impl(__file__))
 provided = load_lab_module(__file__, "provided")  # given code: the launch grid is tested here
 
 NO_RESCALE_ACC = "the accumulator was not rescaled when the running max grew"
@@ -431,6 +433,9 @@ def assert_peak_below(q, k, v, block_q, block_k, limit, message):
 
 @pytest.mark.points(2)
 def test_flash_attention_forward_never_builds_an_lq_by_lk_array():
+    """Measured by common.testing.peak_memory: tracemalloc in a plain run; under the grader
+    the sandboxed worker's resident high-water mark, read from outside it. The array
+    it looks for is 32 MiB, so glibc maps it fresh and it always counts."""
     lq = lk = 2048  # the float64 score matrix would be 32 MiB; a 128 x 128 tile is 128 KiB
     q, k, v = qkv(6, lq, lk, 4, 4)
     full = lq * lk * 8
@@ -448,9 +453,12 @@ def test_flash_attention_forward_never_builds_an_lq_by_lk_array():
 
 @pytest.mark.points(2)
 def test_flash_attention_forward_never_builds_a_row_block_of_all_keys():
-    # one tile of 32 queries against 16384 keys, 32 at a time: a [block_q, Lk] row block of
-    # scores is 4 MiB in float64; the 32 x 32 tile is 8 KiB, K and V are 256 KiB each
-    lq, lk, block_q, block_k = 32, 16384, 32, 32
+    """Measured by common.testing.peak_memory: tracemalloc in a plain run; under the grader
+    the sandboxed worker's resident high-water mark, read from outside it. The array
+    it looks for is 32 MiB, so glibc maps it fresh and it always counts."""
+    # one tile of 32 queries against 131072 keys, 32 at a time: a [block_q, Lk] row block of
+    # scores is 32 MiB in float64; the 32 x 32 tile is 8 KiB, K and V are 2 MiB each
+    lq, lk, block_q, block_k = 32, 131072, 32, 32
     q, k, v = qkv(12, lq, lk, 2, 2)
     row_block = block_q * lk * 8
     assert_peak_below(
@@ -459,7 +467,7 @@ def test_flash_attention_forward_never_builds_a_row_block_of_all_keys():
         v,
         block_q,
         block_k,
-        row_block / 4,
+        row_block * 3 / 4,  # room for the inputs' copies the grader's measurement counts
         f"a [block_q, Lk] = [{block_q}, {lk}] row block of scores is {row_block / 2**20:.0f} "
         f"MiB: compute the scores one [block_q, block_k] = [{block_q}, {block_k}] tile at a "
         "time inside the key loop, never for all keys of the query tile at once",
@@ -910,6 +918,9 @@ def test_triton_causal_kernel_never_loads_key_tiles_above_the_diagonal(tiles):
 @pytest.mark.triton
 @pytest.mark.points(0.5)
 def test_triton_launcher_makes_no_host_synchronisation():
+    """Measured by common.testing.host_syncs inside the process that runs the code (under
+    the grader, the sandboxed worker): a teaching check, since a submission that undoes
+    its patching of torch.Tensor is not caught (README: not defended)."""
     import torch
 
     from common.triton_env import DEVICE

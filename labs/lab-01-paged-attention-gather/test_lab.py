@@ -29,6 +29,7 @@ from common.testing import (
     assert_close,
     assert_no_races,
     basic_value_test,
+    called_on_copies,
     head_counts,
     host_syncs,
     kernel_memory,
@@ -37,7 +38,8 @@ from common.testing import (
 )
 from common.triton_env import DEVICE, dot_tile, on_interpreter
 
-impl = load_impl(__file__)
+# every call gets copies of its arrays: expected values come from the test's own
+impl = called_on_copies(load_impl(__file__), writes={"write_kv": (0, 1, "k_cache", "v_cache")})
 
 BLOCK_SIZES = [1, 2, 3, 16]
 F64 = dict(atol=1e-12, rtol=1e-12)
@@ -804,7 +806,11 @@ def test_triton_kernel_ignores_where_the_blocks_live():
 @pytest.mark.points(2)
 def test_triton_launcher_makes_no_host_sync_when_max_seq_len_is_given():
     """A serving engine knows the longest sequence on the host; copying seq_lens from the
-    GPU (.cpu(), .item(), .tolist(), int(t)) would stall the stream every decode step."""
+    GPU (.cpu(), .item(), .tolist(), int(t)) would stall the stream every decode step.
+
+    Measured by common.testing.host_syncs inside the process that runs the code (under
+    the grader, the sandboxed worker): a teaching check, since a submission that undoes
+    its patching of torch.Tensor is not caught (README: not defended)."""
     rng = np.random.default_rng(10)
     lens = [6, 19]
     q, ks, vs = float32_case(rng.standard_normal((2, 4, 16)), *random_kv(rng, lens, 1, 16))

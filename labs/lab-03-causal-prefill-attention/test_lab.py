@@ -31,6 +31,7 @@ from common.testing import (
     assert_close,
     assert_no_races,
     basic_value_test,
+    called_on_copies,
     chunkings,
     head_counts,
     host_syncs,
@@ -40,7 +41,8 @@ from common.testing import (
 )
 from common.triton_env import dot_tile
 
-impl = load_impl(__file__)
+# every call gets copies of its arrays: expected values come from the test's own
+impl = called_on_copies(load_impl(__file__))
 
 FUTURE_NAN_HINT = (
     "NaN reached the output. In this test every key past start_pos + M - 1 (the future) is "
@@ -981,6 +983,9 @@ def test_triton_kernel_runs_float16_and_refuses_bfloat16_on_the_interpreter():
 @pytest.mark.triton
 @pytest.mark.points(2)
 def test_triton_launch_given_max_seq_len_makes_no_host_synchronisation():
+    """Measured by common.testing.host_syncs inside the process that runs the code (under
+    the grader, the sandboxed worker): a teaching check, since a submission that undoes
+    its patching of torch.Tensor is not caught (README: not defended)."""
     batch = make_batch(np.random.default_rng(15), [7, 0], [1, 5], (4, 2), 8, 4)
     result, syncs = host_syncs(
         impl.varlen_prefill_triton, *triton_batch(batch), max_seq_len=batch.max_seq_len
@@ -996,6 +1001,9 @@ def test_triton_launch_given_max_seq_len_makes_no_host_synchronisation():
 @pytest.mark.triton
 @pytest.mark.points(1)
 def test_triton_debug_path_without_max_seq_len_synchronises_at_most_once():
+    """Measured by common.testing.host_syncs inside the process that runs the code (under
+    the grader, the sandboxed worker): a teaching check, since a submission that undoes
+    its patching of torch.Tensor is not caught (README: not defended)."""
     batch = make_batch(np.random.default_rng(16), [7, 0], [1, 5], (4, 2), 8, 4)
     result, syncs = host_syncs(impl.varlen_prefill_triton, *triton_batch(batch))
     assert len(syncs) <= 1, (

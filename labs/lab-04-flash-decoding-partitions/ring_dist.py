@@ -13,7 +13,10 @@ sequence -- its Q shard and, to start with, its own K/V shard -- and then runs P
 The compute of a step is the lab's own ``ring_step`` (from ``solution.py`` or, with
 ``LAB_IMPL=starter``, from ``starter.py``), so this script runs the student's code. Rank 0
 gathers every rank's ``(out, lse)``, checks them against the float64 dense reference, causal
-and not, prints the errors and (``--save``) writes them to an ``.npz`` for the tests.
+and not, prints the errors and (``--save``) writes the gathered outputs, and only them, to an
+``.npz``. The tests never read the problem or the expected answer from that file (the code
+under test ran in this process and could have written anything): they draw the same problem
+from the same arguments themselves and keep their own reference.
 
 Backend: gloo on CPU; NCCL when CUDA is available (K/V then travel between GPUs, and each
 step copies the block to the host for the lab's numpy ``ring_step``: a production
@@ -53,7 +56,8 @@ impl = load_impl(__file__)  # LAB_IMPL=solution (default) or starter
 
 
 def make_problem(seed: int, seq_len: int, heads: int, kv_heads: int, head_dim: int):
-    """The same float64 ``q [L, H, d]``, ``k, v [L, KVH, d]`` on every rank."""
+    """The same float64 ``q [L, H, d]``, ``k, v [L, KVH, d]`` on every rank (the lab's tests
+    draw the same numbers from the same arguments, so change both together)."""
     rng = np.random.default_rng(seed)
     q = rng.standard_normal((seq_len, heads, head_dim))
     k = rng.standard_normal((seq_len, kv_heads, head_dim))
@@ -237,8 +241,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"ring attention on {world} ranks ({backend}), causal={causal}: "
                   f"max |error| vs dense = {err:.2e}", flush=True)
         if args.save:
-            np.savez(
-                args.save, q=q, k=k, v=v, world=world,
+            np.savez(  # the answers only: the tests make the problem and its reference
+                args.save, world=world,
                 out_full=results[False][0], lse_full=results[False][1],
                 out_causal=results[True][0], lse_causal=results[True][1],
             )

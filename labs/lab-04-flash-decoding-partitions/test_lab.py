@@ -28,6 +28,7 @@ from common.testing import (
     LabScript,
     assert_close,
     assert_no_races,
+    called_on_copies,
     head_counts,
     host_syncs,
     kernel_memory,
@@ -36,7 +37,8 @@ from common.testing import (
 )
 from common.triton_env import DEVICE
 
-impl = load_impl(__file__)
+# every call gets copies of its arrays: expected values come from the test's own
+impl = called_on_copies(load_impl(__file__))
 provided = load_lab_module(__file__, "provided")
 ORDERS = ("sequential", "reverse", "tree", "random")
 
@@ -513,8 +515,8 @@ def test_merge_attn_states_with_minus_inf_lse_gives_no_nan(empty_a, empty_b, see
     ea, eb = np.array(empty_a), np.array(empty_b)  # per head: this side's partition is empty
     out_a[:, ea], lse_a[:, ea] = 0.0, -np.inf
     out_b[:, eb], lse_b[:, eb] = 0.0, -np.inf
+    want_out, want_lse = expected_merge(out_a, lse_a, out_b, lse_b)  # before the call
     out, lse = impl.merge_attn_states(out_a, lse_a, out_b, lse_b)
-    want_out, want_lse = expected_merge(out_a, lse_a, out_b, lse_b)
     hint = ("an empty partition has lse = -inf: its weight is 0, and two empty sides give "
             "out 0, lse -inf; exp(-inf - (-inf)) is NaN, so guard it")
     assert_close(out, want_out, what="merge_attn_states out with empty partitions",
@@ -533,15 +535,16 @@ def test_merge_attn_states_treats_plus_inf_lse_as_empty_like_vllm():
     lse_a[1, 2], lse_b[1, 2] = np.inf, np.inf  # both sides empty
     lse_b[1, 3], lse_a[1, 3] = np.inf, -np.inf
     out_a[1, 3] = np.nan  # an empty side's out is never read into the result
+    want_out, want_lse = expected_merge(out_a, lse_a, out_b, lse_b)  # before the call
+    plus_inf = np.isposinf(lse_a) | np.isposinf(lse_b)
     out, lse = impl.merge_attn_states(out_a, lse_a, out_b, lse_b)
-    want_out, want_lse = expected_merge(out_a, lse_a, out_b, lse_b)
     assert_close(out, want_out, what="merge_attn_states out with +inf lses",
                  nan_hint=PLUS_INF_EMPTY)
     assert_close(lse, want_lse, what="merge_attn_states lse with +inf lses",
                  nan_hint=PLUS_INF_EMPTY, wrong_answers={
                      "an lse of +inf was passed through: +inf means 'no keys', the merged lse "
                      "of an empty and a non-empty side is the non-empty side's": np.where(
-                         np.isposinf(lse_a) | np.isposinf(lse_b), np.inf, want_lse)})
+                         plus_inf, np.inf, want_lse)})
 
 
 @pytest.mark.points(1)
@@ -614,6 +617,9 @@ def check_ring(sizes, heads, causal, seed):
     v = rng.standard_normal((L, KVH, d))
     cuts = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
     shard = [slice(lo, hi) for lo, hi in zip(cuts[:-1], cuts[1:])]
+    mask = prefix_mask(np.arange(L), L) if causal else None
+    want_out, want_lse = reference_attention(q, k, v, mask=mask)  # before the call
+    wrong = ring_misconceptions(q, k, v, sizes, causal)
     outs, lses = impl.ring_attention([q[s] for s in shard], [k[s] for s in shard],
                                      [v[s] for s in shard], causal=causal)
     assert len(outs) == len(sizes) and len(lses) == len(sizes), (
@@ -625,9 +631,6 @@ def check_ring(sizes, heads, causal, seed):
             f"device {p} holds {sizes[p]} queries: out must be {(sizes[p], H, d)} and lse "
             f"{(sizes[p], H)}, got {np.shape(o)} and {np.shape(s)}"
         )
-    mask = prefix_mask(np.arange(L), L) if causal else None
-    want_out, want_lse = reference_attention(q, k, v, mask=mask)
-    wrong = ring_misconceptions(q, k, v, sizes, causal)
     what = f"ring attention ({len(sizes)} devices, shard sizes {sizes}, causal={causal})"
     assert_close(np.concatenate(outs), want_out, what=f"{what} out",
                  wrong_answers={why: w[0] for why, w in wrong.items()}, nan_hint=IDENTITY_NAN)
@@ -969,6 +972,9 @@ def test_split_kv_decode_triton_refuses_bfloat16_on_the_interpreter():
 @pytest.mark.parametrize("mode", [{"partition_size": 16}, {"num_segments": 2}],
                          ids=["partitions", "segments"])
 def test_split_kv_decode_triton_makes_no_host_sync_when_given_max_seq_len(mode):
+    """Measured by common.testing.host_syncs inside the process that runs the code (under
+    the grader, the sandboxed worker): a teaching check, since a submission that undoes
+    its patching of torch.Tensor is not caught (README: not defended)."""
     q, ks, vs, paged = paged_problem([9])
     cache = paged.to_torch(torch.float32, DEVICE)
     args = (torch.tensor(q, dtype=torch.float32, device=DEVICE), cache["k_cache"],
@@ -1083,6 +1089,20 @@ def test_split_kv_decode_triton_at_batch_1_with_32k_tokens_in_bf16_on_the_gpu(mo
 
 
 DISTRIBUTED_TEST = "test_ring_attention_on_torch_distributed_equals_dense_attention"
+# The problem the rings solve, passed to ring_dist.py on its command line.
+RING_SEED, RING_LEN, RING_HEADS, RING_KV_HEADS, RING_DIM = 5, 24, 4, 2, 8
+
+
+def ring_problem(seed, seq_len, heads, kv_heads, head_dim):
+    """``q [L, H, d]``, ``k, v [L, KVH, d]``: the numbers ring_dist.py's ``make_problem``
+    draws from the same arguments. The test makes them here and keeps them: the code under
+    test runs in the launcher's processes, so nothing they write (the problem, a reference)
+    is trusted; their ``.npz`` is read for the gathered ``out`` and ``lse`` only."""
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((seq_len, heads, head_dim))
+    k = rng.standard_normal((seq_len, kv_heads, head_dim))
+    v = rng.standard_normal((seq_len, kv_heads, head_dim))
+    return q, k, v
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -1097,8 +1117,12 @@ def ring_launch(request, tmp_path_factory):
         yield None
         return
     save_dir = tmp_path_factory.mktemp("ring")
+    problem = [str(x) for x in (RING_SEED, RING_LEN, RING_HEADS, RING_KV_HEADS, RING_DIM)]
+    options = ("--seed", "--seq-len", "--heads", "--kv-heads", "--head-dim")
     script = LabScript(__file__, "ring_dist.py", "--local", "2", "4", "--save-dir",
-                       str(save_dir), "--timeout", "30", env={"OMP_NUM_THREADS": "1"})
+                       str(save_dir), "--timeout", "30",
+                       *(x for pair in zip(options, problem) for x in pair),
+                       env={"OMP_NUM_THREADS": "1"})
     script.save_dir = save_dir
     yield script
     script.stop()
@@ -1107,6 +1131,16 @@ def ring_launch(request, tmp_path_factory):
 @pytest.mark.points(2)
 @pytest.mark.parametrize("world", [2, 4])
 def test_ring_attention_on_torch_distributed_equals_dense_attention(ring_launch, world):
+    """The launcher's file is read for the ranks' answers only; the problem and the expected
+    values are the test's own (a launcher that writes a forged problem with its matching
+    answer fails)."""
+    q, k, v = ring_problem(RING_SEED, RING_LEN, RING_HEADS, RING_KV_HEADS, RING_DIM)
+    sizes = np.diff([(r * RING_LEN) // world for r in range(world + 1)]).tolist()
+    expected = {}
+    for causal in (False, True):
+        mask = prefix_mask(np.arange(RING_LEN), RING_LEN) if causal else None
+        expected[causal] = (reference_attention(q, k, v, mask=mask),
+                            ring_misconceptions(q, k, v, sizes, causal))
     returncode, output = ring_launch.result(timeout=60)
     result = ring_launch.save_dir / f"ring_{world}.npz"
     tail = "\n".join(output.strip().splitlines()[-25:])
@@ -1114,18 +1148,15 @@ def test_ring_attention_on_torch_distributed_equals_dense_attention(ring_launch,
         f"the ring of {world} processes wrote no result (launcher exit code {returncode}; a "
         f"rank waiting for a transfer that never came?). Its output ends with:\n{tail}"
     )
-    data = np.load(result)
-    q, k, v = data["q"], data["k"], data["v"]
-    L = q.shape[0]
-    sizes = np.diff([(r * L) // world for r in range(world + 1)]).tolist()
+    with np.load(result, allow_pickle=False) as data:
+        answers = {key: np.array(data[key], dtype=np.float64) if key in data.files else None
+                   for key in ("out_full", "lse_full", "out_causal", "lse_causal")}
     for causal, key in ((False, "full"), (True, "causal")):
-        mask = prefix_mask(np.arange(L), L) if causal else None
-        want_out, want_lse = reference_attention(q, k, v, mask=mask)
-        wrong = ring_misconceptions(q, k, v, sizes, causal)
+        (want_out, want_lse), wrong = expected[causal]
         what = f"torch.distributed ring of {world} ranks, causal={causal}"
-        assert_close(data[f"out_{key}"], want_out, what=f"{what} out",
+        assert_close(answers[f"out_{key}"], want_out, what=f"{what} out",
                      wrong_answers={why: w[0] for why, w in wrong.items()})
-        assert_close(data[f"lse_{key}"], want_lse, what=f"{what} lse",
+        assert_close(answers[f"lse_{key}"], want_lse, what=f"{what} lse",
                      wrong_answers={why: w[1] for why, w in wrong.items()})
     assert returncode == 0, f"ring_dist.py exited with {returncode}:\n{tail}"
 

@@ -24,6 +24,7 @@ from common.testing import (
     assert_close,
     assert_no_races,
     basic_value_test,
+    called_on_copies,
     host_syncs,
     kernel_memory,
     peak_memory,
@@ -31,7 +32,8 @@ from common.testing import (
     tolerance,
 )
 
-impl = load_impl(__file__)
+# every call gets copies of its arrays: expected values come from the test's own
+impl = called_on_copies(load_impl(__file__))
 
 F64 = dict(atol=1e-10, rtol=1e-10)  # float64 exercises: 1e-10 against the float64 reference
 NAMES = ("dq", "dk", "dv")
@@ -447,30 +449,39 @@ def assert_peak_below(lq, lk, block_q, block_k, limit, message):
 
 @pytest.mark.points(2)
 def test_flash_backward_never_builds_an_lq_by_lk_array():
-    # the float64 Lq x Lk matrix P is 8 MiB at 1024 x 1024; a 64 x 64 tile is 32 KiB
-    full = 1024 * 1024 * 8
-    assert_peak_below(1024, 1024, 64, 64, full / 8,
-                      "the Lq x Lk P (or S, dP, dS) is 8 MiB: hold one [block_q, block_k] tile "
+    """Measured by common.testing.peak_memory: tracemalloc in a plain run; under the grader
+    the sandboxed worker's resident high-water mark, read from outside it. The array
+    it looks for is 32 MiB, so glibc maps it fresh and it always counts."""
+    # the float64 Lq x Lk matrix P is 32 MiB at 2048 x 2048; a 64 x 64 tile is 32 KiB
+    full = 2048 * 2048 * 8
+    assert_peak_below(2048, 2048, 64, 64, full / 8,
+                      "the Lq x Lk P (or S, dP, dS) is 32 MiB: hold one [block_q, block_k] tile "
                       "of each at a time")
 
 
 @pytest.mark.points(1)
 def test_flash_backward_never_builds_a_block_q_by_lk_row_block():
-    # 64 queries against 16,384 keys: a [block_q, Lk] row block is 8 MiB in float64; K, V,
-    # dK and dV are 256 KiB each
-    row_block = 64 * 16384 * 8
-    assert_peak_below(64, 16384, 64, 64, 2 * 2**20,
-                      f"a [block_q, Lk] = [64, 16384] row block of scores is "
+    """Measured by common.testing.peak_memory: tracemalloc in a plain run; under the grader
+    the sandboxed worker's resident high-water mark, read from outside it. The array
+    it looks for is 32 MiB, so glibc maps it fresh and it always counts."""
+    # 64 queries against 65,536 keys: a [block_q, Lk] row block is 32 MiB in float64; K, V,
+    # dK and dV are 1 MiB each
+    row_block = 64 * 65536 * 8
+    assert_peak_below(64, 65536, 64, 64, 24 * 2**20,
+                      f"a [block_q, Lk] = [64, 65536] row block of scores is "
                       f"{row_block / 2**20:.0f} MiB: tile the keys, [block_q, block_k] at a time")
 
 
 @pytest.mark.points(1)
 def test_flash_backward_never_builds_an_lq_by_block_k_column_strip():
-    # 16,384 queries against 64 keys: the K/V tile is the whole of K, and an [Lq, block_k]
-    # strip of scores (all queries at once) is 8 MiB; q, o, do and dq are 256 KiB each
-    strip = 16384 * 64 * 8
-    assert_peak_below(16384, 64, 64, 64, 2 * 2**20,
-                      f"an [Lq, block_k] = [16384, 64] strip of scores is {strip / 2**20:.0f} "
+    """Measured by common.testing.peak_memory: tracemalloc in a plain run; under the grader
+    the sandboxed worker's resident high-water mark, read from outside it. The array
+    it looks for is 32 MiB, so glibc maps it fresh and it always counts."""
+    # 65,536 queries against 64 keys: the K/V tile is the whole of K, and an [Lq, block_k]
+    # strip of scores (all queries at once) is 32 MiB; q, o, do and dq are 1 MiB each
+    strip = 65536 * 64 * 8
+    assert_peak_below(65536, 64, 64, 64, 24 * 2**20,
+                      f"an [Lq, block_k] = [65536, 64] strip of scores is {strip / 2**20:.0f} "
                       "MiB: the inner loop walks over Q tiles of block_q rows, it does not "
                       "take all queries at once")
 
@@ -727,6 +738,9 @@ def test_triton_head_dims_24_and_64_use_the_real_head_dim(d):
 @pytest.mark.triton
 @pytest.mark.points(1)
 def test_triton_backward_takes_a_custom_scale_and_makes_no_host_synchronisation():
+    """Measured by common.testing.host_syncs inside the process that runs the code (under
+    the grader, the sandboxed worker): a teaching check, since a submission that undoes
+    its patching of torch.Tensor is not caught (README: not defended)."""
     import torch
 
     case = torch_case(1, 1, 1, 16, 16, 16, torch.float32, seed=5, scale=0.3, causal=True)

@@ -32,6 +32,7 @@ from common.testing import (
     assert_close,
     assert_no_races,
     basic_value_test,
+    called_on_copies,
     host_syncs,
     kernel_memory,
     peak_memory,
@@ -40,7 +41,8 @@ from common.testing import (
 )
 from common.triton_env import DEVICE, on_interpreter
 
-impl = load_impl(__file__)
+# every call gets copies of its arrays: expected values come from the test's own
+impl = called_on_copies(load_impl(__file__))
 
 F64 = dict(atol=1e-12, rtol=1e-12)
 ATOL32, RTOL32 = tolerance("float32")
@@ -369,15 +371,19 @@ def test_absorbed_mla_equals_naive_mla_and_the_reference(case):
 def test_absorbed_mla_never_builds_per_head_keys_or_values():
     """The point of absorption: attention runs over the [L, d_c + d_rope] latent rows every
     head shares. Building per-head keys [L, H, d_nope] (or values [L, H, dv], which is what
-    applying w_uv before the weighted sum does) costs H times the latent's memory."""
+    applying w_uv before the weighted sum does) costs H times the latent's memory.
+
+    Measured by common.testing.peak_memory: tracemalloc in a plain run; under the grader
+    the sandboxed worker's resident high-water mark, read from outside it. The arrays
+    it looks for are 32 MiB, so glibc maps them fresh and they always count."""
     rng = np.random.default_rng(3)
-    num_heads, d_nope, d_rope, d_c, dv, length = 16, 32, 16, 32, 32, 256
+    num_heads, d_nope, d_rope, d_c, dv, length = 16, 32, 16, 32, 32, 8192
     case = mla_case(rng, num_heads, d_nope, d_rope, d_c, dv, length)
     scale = 1 / math.sqrt(d_nope + d_rope)
     per_head = length * num_heads * min(d_nope, dv) * 8  # one [L, H, d] float64 array
     result, peak = peak_memory(impl.mla_decode_absorbed, **case, scale=scale)
     check_mla_result(result, case, scale, "mla_decode_absorbed")
-    assert peak < per_head // 2, (
+    assert peak < per_head * 3 // 4, (  # room for the inputs' copies the grader counts
         f"mla_decode_absorbed allocated {peak:,} bytes at its peak; one per-head [L={length}, "
         f"H={num_heads}, d=32] float64 array is {per_head:,}. The absorbed form never builds "
         "per-head keys (fold w_uk into the query: q_latent = q_nope · w_ukᵀ) nor per-head "
@@ -634,6 +640,9 @@ def test_triton_window_sink_kernel_in_float16_matches_the_reference():
 @pytest.mark.triton
 @pytest.mark.points(2)
 def test_triton_window_sink_launcher_makes_no_host_sync_when_max_seq_len_is_given():
+    """Measured by common.testing.host_syncs inside the process that runs the code (under
+    the grader, the sandboxed worker): a teaching check, since a submission that undoes
+    its patching of torch.Tensor is not caught (README: not defended)."""
     rng = np.random.default_rng(10)
     q, ks, vs, paged, sinks = window_triton_case(rng, 4, 2, 16, 4, [6, 19], 8, True)
     t = paged.to_torch(torch.float32, DEVICE)
@@ -824,6 +833,9 @@ def test_triton_mla_kernel_in_float16_matches_the_reference():
 @pytest.mark.triton
 @pytest.mark.points(2)
 def test_triton_mla_launcher_makes_no_host_sync_when_max_seq_len_is_given():
+    """Measured by common.testing.host_syncs inside the process that runs the code (under
+    the grader, the sandboxed worker): a teaching check, since a submission that undoes
+    its patching of torch.Tensor is not caught (README: not defended)."""
     rng = np.random.default_rng(23)
     q_latent, q_pe, rows, paged = mla_triton_case(rng, 4, 32, 16, 4, [7, 18])
     t = paged.to_torch(torch.float32, DEVICE)

@@ -19,10 +19,18 @@ from hypothesis import strategies as st
 
 from common import load_impl
 from common.reference import to_float64
-from common.testing import assert_close, host_syncs, tolerance
+from common.testing import assert_close, called_on_copies, host_syncs, tolerance
 from common.triton_env import dot_tile
 
-impl = load_impl(__file__)
+# every call gets copies of its arrays: expected values come from the test's own
+# the outputs a launcher writes (by position and keyword) are passed as they are
+WRITES = {
+    "add_constant": (1, "out"), "add_vectors": (2, "out"), "transpose": (1, "out"),
+    "row_sum_max": (1, 2, "sums", "maxes"), "softmax_rows": (1, "out"),
+    "small_matmul": (2, "out"), "outer_accumulate": (2, "out"), "matmul": (2, "out"),
+    "online_softmax": (2, 3, "out", "lse"),
+}  # fmt: skip
+impl = called_on_copies(load_impl(__file__), writes=WRITES)
 
 pytestmark = [
     pytest.mark.triton,
@@ -465,6 +473,9 @@ def test_launchers_reject_bad_input_naming_the_argument():
 
 @pytest.mark.points(0.5)
 def test_launchers_make_no_host_synchronisation():
+    """Measured by common.testing.host_syncs inside the process that runs the code (under
+    the grader, the sandboxed worker): a teaching check, since a submission that undoes
+    its patching of torch.Tensor is not caught (README: not defended)."""
     a = poisoned(rand(1, 20, 20))
     out, lse = sentinel(20, 20), sentinel(20)
     for name, fn, args in (("matmul", impl.matmul, (a, a, out, 20, 20, 20)),

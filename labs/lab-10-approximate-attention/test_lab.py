@@ -21,9 +21,10 @@ from hypothesis import strategies as st
 from common import load_impl, reference_attention
 from common.loader import load_lab_module
 from common.reference import to_float64, window_mask
-from common.testing import assert_close, peak_memory
+from common.testing import assert_close, called_on_copies, peak_memory
 
-impl = load_impl(__file__)
+# every call gets copies of its arrays: expected values come from the test's own
+impl = called_on_copies(load_impl(__file__))
 provided = load_lab_module(__file__, "provided")  # given code: the seeded random matrices
 
 WINDOW_ONE_TOO_WIDE = (
@@ -692,6 +693,8 @@ def test_the_worked_example_n4_d2():
 
 @pytest.mark.points(2)
 def test_performer_attention_never_builds_an_n_by_n_array():
+    """Measured by common.testing.peak_memory: tracemalloc in a plain run; under the grader
+    the sandboxed worker's resident high-water mark, read from outside it."""
     n = 2048  # the float64 [N, N] weights would be 32 MiB; phi(Q), phi(K) are 512 KiB each
     q, k, v = qkv(5, n, n, 8, 8)
     omega = provided.performer_omega(8, 32, seed=1)
@@ -765,6 +768,8 @@ def test_the_recurrence_equals_the_causal_parallel_form(n, d, dv, seed):
 
 @pytest.mark.points(1)
 def test_the_recurrence_keeps_a_fixed_size_state():
+    """Measured by common.testing.peak_memory: tracemalloc in a plain run; under the grader
+    the sandboxed worker's resident high-water mark, read from outside it."""
     n = 2048  # an [N, N] weight matrix would be 32 MiB; the state is d x dv
     q, k, v = qkv(8, n, n, 4, 4)
     (out, _, _), peak = peak_memory(impl.linear_attention_recurrent, q, k, v)
@@ -801,7 +806,8 @@ def test_chunked_attention_is_exact_for_any_chunking(lq, lk, d, query_chunk, key
 
 @pytest.mark.points(2)
 def test_chunked_attention_memory_is_linear_in_n():
-    """Measured with tracemalloc around the call (``common.testing.peak_memory``)."""
+    """Measured by common.testing.peak_memory: tracemalloc in a plain run; under the grader
+    the sandboxed worker's resident high-water mark, read from outside it."""
     peaks = {}
     for n in (1024, 4096):
         q, k, v = qkv(13, n, n, 4, 4)
