@@ -96,6 +96,20 @@ def problems(task: Task, check: str, outcome: dict) -> list[str]:
     return found
 
 
+def check_kernels(lab: str, impl: str, labs_root: str = str(LABS)) -> dict[str, list[str]]:
+    """Every kernel of ``lab`` compiled in ONE pool of workers (a spawned worker costs seconds
+    of imports, so a test per kernel asks this once per lab); the problems per kernel name."""
+    pairs = lab_tasks(lab, impl, None, labs_root)
+    outcomes = run_tasks([t for t, _ in pairs], workers=2)
+    found: dict[str, list[str]] = {}
+    for (task, check), outcome in zip(pairs, outcomes):
+        name = GPU_KERNELS[task.entry].kernel
+        if outcome["status"] != "ok" and any("compile" in f for f in found.get(name, [])):
+            continue  # a kernel that does not compile is reported once
+        found.setdefault(name, []).extend(problems(task, check, outcome))
+    return {name: list(dict.fromkeys(f)) for name, f in found.items()}
+
+
 def check_lab(
     lab: str, impl: str, kernel: str | None = None, labs_root: str = str(LABS)
 ) -> list[str]:

@@ -652,6 +652,14 @@ def sm90_kernels(test_file: str) -> list[str]:
     return kernels_of(Path(test_file).resolve().parent.name)
 
 
+@functools.cache
+def _sm90_problems(lab: str, impl: str, labs_root: str) -> dict[str, list[str]]:
+    """All of a lab's kernels compiled at once, asked once per test process."""
+    from bench.student_compile import check_kernels
+
+    return check_kernels(lab, impl, labs_root)
+
+
 def assert_compiles_for_sm_90(test_file: str, kernel: str) -> None:
     """Compile ``kernel`` of the lab beside ``test_file`` (``LAB_IMPL``'s file) for sm_90 with
     Triton's bundled ptxas, on the CPU (``bench.student_compile``: cached, seconds when
@@ -659,11 +667,10 @@ def assert_compiles_for_sm_90(test_file: str, kernel: str) -> None:
     that the interpreter hides (TF32 dots on float32 inputs, spills, 32-bit offsets)."""
     import pytest
 
-    from bench.student_compile import check_lab
     from common.loader import lab_impl
 
     lab = Path(test_file).resolve().parent
-    found = check_lab(lab.name, lab_impl(), kernel, str(lab.parent))
+    found = _sm90_problems(lab.name, lab_impl(), str(lab.parent)).get(kernel, [])
     if found:
         pytest.fail("compiled for an H100 (sm_90) on the CPU:\n" + "\n".join(found),
                     pytrace=False)  # fmt: skip
