@@ -294,8 +294,8 @@ def test_the_3_10_check_catches_what_it_is_meant_to():
 @pytest.mark.timeout(1800)
 @needs_network
 def test_the_pins_resolve_on_pypi_for_every_laptop_and_python():
-    """`pip install --dry-run --isolated --only-binary=:all: --platform ... --python-version
-    ...` of requirements-cpu.txt for Linux x86-64/aarch64, macOS arm64 and Windows amd64 x
+    """`uv pip compile --only-binary :all: --python-platform ... --python-version ...` of
+    requirements-cpu.txt for Linux x86-64/aarch64, macOS arm64 and Windows amd64 x
     Python 3.10-3.13: every pin resolves as pinned, triton only on Linux."""
     results = check_setup.run_matrix(list(check_setup.TARGETS.values()), list(check_setup.PYTHONS))
     table = check_setup.table(results)
