@@ -24,6 +24,9 @@ DEPS := $(if $(filter $(VENV)/bin/python,$(PY)),$(STAMP))
 # The web book's tools (MkDocs, Material, Playwright) have their own pins and stamp.
 BOOK_STAMP := $(VENV)/.installed-book
 BOOK_DEPS := $(if $(DEPS),$(BOOK_STAMP))
+# `make check-setup`'s resolver (uv) has its own pin and stamp.
+CHECK_STAMP := $(VENV)/.installed-check
+CHECK_DEPS := $(if $(DEPS),$(CHECK_STAMP))
 
 .DEFAULT_GOAL := help
 .PHONY: help setup test test-slow test-lab grade bench gpu-report lint clean check-setup test-no-triton vllm-check book trace
@@ -70,6 +73,12 @@ $(BOOK_STAMP): requirements-book.txt $(STAMP)
 	@echo ">> installing the web book's pinned tools into $(VENV)"
 	$(PY) -m pip install --quiet --disable-pip-version-check --only-binary=:all: \
 	  -r requirements-book.txt
+	@touch $@
+
+$(CHECK_STAMP): requirements-check.txt $(STAMP)
+	@echo ">> installing make check-setup's resolver (uv) into $(VENV)"
+	$(PY) -m pip install --quiet --disable-pip-version-check --only-binary=:all: \
+	  -r requirements-check.txt
 	@touch $@
 
 # The web book: the READMEs, the glossary and the visualisations (book/README.md).
@@ -125,7 +134,7 @@ lint: $(STAMP)
 # Resolve requirements-cpu.txt against PyPI for every supported laptop and Python (network,
 # a few minutes), then run the suite with triton unimportable (what a Mac or Windows laptop
 # runs).
-check-setup: $(DEPS)
+check-setup: $(DEPS) $(CHECK_DEPS)
 	@echo ">> resolving the pins for Linux x86-64/aarch64, macOS arm64, Windows x Python 3.10-3.13"
 	CHECK_SETUP=1 LAB_IMPL=$(TEST_IMPL) $(PY) -m pytest -q -p no:cacheprovider -m setup \
 	  tests/test_setup.py tests/test_setup_no_triton.py

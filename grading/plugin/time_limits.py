@@ -7,6 +7,26 @@ with "timed out after S s" and where the code was. If the test is still running
 ``hard_stop_grace(S)`` seconds later (the alarm was caught or ignored, or the code is stuck in
 C), a watchdog thread reports it and ends the process; the grader gives that test 0 and
 re-runs the rest of the lab.
+
+Why not pytest-timeout (pinned in requirements-cpu.txt, and what ``make test`` uses): the
+grader turns it off (``--timeout=0``) because neither of its two methods keeps the grade
+right. Tried with pytest-timeout 2.4.0, ``--timeout=1``, on a ``@given`` test that runs 3 s
+per example and a test that runs 4 s catching ``BaseException`` around ``time.sleep``:
+
+- ``--timeout-method=signal`` raises ``pytest.fail`` (``Failed``) from a one-shot
+  ``SIGALRM``. Hypothesis catches ``Failed`` (it is one of the failures it replays), so it
+  re-ran the example with no limit left and reported ``FlakyFailure: ... unreliable
+  results`` instead of a timeout (8.8 s for a 1 s limit); the ``BaseException`` test
+  swallowed the ``Failed`` and *passed* after 4 s. There is no second line of defence.
+- ``--timeout-method=thread`` dumps the stacks and calls ``os._exit(1)``: the limit holds,
+  but the process ends with no record of which test timed out, so the grader could neither
+  give that one test 0 nor re-run the rest of the lab.
+
+So the limit here is an exception hypothesis does not catch (``PerTestTimeout``) plus a
+watchdog thread that writes a "timeout" event before ending the process: the two methods
+combined, with a record. pytest-timeout's ``pytest_timeout_set_timer`` hook lets a plugin
+supply its own timer, but that timer would be this module's code: the hook only moves where
+it is armed, and ties the grader's limit to ``--timeout``, which ``make test`` also reads.
 """
 
 from __future__ import annotations

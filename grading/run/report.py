@@ -137,7 +137,14 @@ def fmt_points(x: float) -> str:
 
 
 class Table:
-    """The terminal table, printable row by row as labs finish."""
+    """The terminal table, printable row by row as labs finish.
+
+    Formatted here, not by a table library: ``tabulate`` sizes its columns from all the rows,
+    so it cannot print a lab's row the moment the lab ends (the widths are known up front
+    here: the lab names); ``rich`` can (a live table) but brings ``pygments`` and
+    ``markdown-it-py`` into every student's install, which has neither, for four
+    fixed-width columns and one colour code.
+    """
 
     def __init__(self, names: list[str], color: bool = False) -> None:
         self.width = max([len("Total"), len("Lab"), *map(len, names)])
