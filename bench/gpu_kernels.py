@@ -365,16 +365,18 @@ def window_sink_decode(heads: int, kv_heads: int, sinks: bool) -> LaunchFn:
     return launch
 
 
-def mla_decode(heads: int) -> LaunchFn:
-    """``mla_decode_triton``: q_latent ``[64, H, d_c]``, q_pe ``[64, H, 64]``, latent cache
-    ``[64*256, 16, d_c + 64]``, tables ``[64, 256]``; ``d`` is ``d_c`` (512 for DeepSeek-V3);
+def mla_decode(heads: int, batch: int = 64, context: int = 4096) -> LaunchFn:
+    """``mla_decode_triton``: q_latent ``[B, H, d_c]``, q_pe ``[B, H, 64]``, latent cache
+    ``[B*blocks, 16, d_c + 64]``, tables ``[B, context / 16]`` (B = 64 at 4k context by
+    default); ``d`` is ``d_c`` (512 for DeepSeek-V3);
     ``BLOCK_H = min(MLA_GPU_TILES["block_h"], dot_tile(H))`` as in the launcher; the launch
     plan's KV splits on the H100 (``launch_plan.mla_decode``: partials when > 1)."""
 
     def launch(lab: Lab, dtype: str, d: int) -> Launch:
         provided = _need(lab)
-        blocks, page, rope = 256, 16, MLA_ROPE_DIM  # batch 64
-        splits = lp.mla_decode(64, heads, d, blocks * page, lp.H100).splits
+        page, rope = 16, MLA_ROPE_DIM
+        blocks = context // page
+        splits = lp.mla_decode(batch, heads, d, context, lp.H100).splits
         args = {
             "q_latent_ptr": Ptr(dtype), "q_pe_ptr": Ptr(dtype), "kv_cache_ptr": Ptr(dtype),
             "block_tables_ptr": Ptr("i32"), "seq_lens_ptr": Ptr("i32"),
@@ -382,7 +384,7 @@ def mla_decode(heads: int) -> LaunchFn:
             "stride_ql_seq": heads * d, "stride_ql_head": d,
             "stride_qr_seq": heads * rope, "stride_qr_head": rope,
             "stride_kv_block": page * (d + rope), "stride_kv_slot": d + rope,
-            "stride_table_seq": blocks, **_split_outputs(64, heads, d, splits, dtype),
+            "stride_table_seq": blocks, **_split_outputs(batch, heads, d, splits, dtype),
             "NUM_HEADS": heads,
             "BLOCK_H": min(provided.MLA_GPU_TILES["block_h"], dot_tile(heads)),
             "KV_LORA_RANK": d, "KV_LORA_PAD": dot_tile(d), "ROPE_DIM": rope,
@@ -494,9 +496,10 @@ def window_plan(heads: int, kv_heads: int, d: int, window: int | None) -> PlanFn
         _kv_stage(p.tiles["block_n"], d))  # fmt: skip
 
 
-def mla_plan(heads: int) -> PlanFn:
-    """Lab 06's MLA decode at b64 ctx4k, d_c 512 + 64 rotary dims: one latent row per key."""
-    return lambda t: _at(p := lp.mla_decode(64, heads, 512, 4096, t), p.grid,
+def mla_plan(heads: int, batch: int = 64, context: int = 4096) -> PlanFn:
+    """Lab 06's MLA decode at b64 ctx4k (default), d_c 512 + 64 rotary dims: one latent row
+    per key."""
+    return lambda t: _at(p := lp.mla_decode(batch, heads, 512, context, t), p.grid,
                          p.tiles["block_n"] * (512 + MLA_ROPE_DIM) * 2)  # fmt: skip
 
 
@@ -551,6 +554,9 @@ GPU_KERNELS: tuple[GpuKernel, ...] = (
     GpuKernel(LAB06, "_mla_decode_kernel", "16 heads (TP8)", mla_decode(16), "mla",
               "decode mla16 b64 ctx4k d512+64", dtypes=("bf16",), head_dims=(512,),
               plan=mla_plan(16)),
+    GpuKernel(LAB06, "_mla_decode_kernel", "128 heads, batch 1", mla_decode(128, 1, 65536),
+              "mla", "decode mla128 b1 ctx64k d512+64", dtypes=("bf16",), head_dims=(512,),
+              plan=mla_plan(128, 1, 65536)),
 )
 
 # lab-09's kernels, fp16 (float32 tl.dot in "ieee" precision has no tensor-core instruction)
