@@ -881,7 +881,7 @@ SPLIT_CASES = [
 
 
 @pytest.mark.triton
-@pytest.mark.points(1)
+@pytest.mark.points(0.5)
 @pytest.mark.parametrize("num_splits", [1, 2, 3])
 @pytest.mark.parametrize("num_heads, num_kv_heads, lens, window, with_sinks", SPLIT_CASES)
 def test_triton_window_sink_kernel_split_over_the_keys_merges_to_the_reference(
@@ -922,7 +922,7 @@ def test_triton_window_sink_split_reads_strided_views_and_no_two_programs_store_
 
 
 @pytest.mark.triton
-@pytest.mark.points(1)
+@pytest.mark.points(0.5)
 @pytest.mark.parametrize("num_splits", [1, 2, 3])
 @pytest.mark.parametrize("layout", [None, *LAYOUTS])
 def test_triton_mla_kernel_split_over_the_keys_merges_to_the_reference(num_splits, layout):
