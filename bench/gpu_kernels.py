@@ -320,26 +320,41 @@ MLA_ROPE_DIM = 64  # DeepSeek-V3: kv_lora_rank 512 (the entry's head dim) + 64 r
 
 
 
+def _split_outputs(batch: int, heads: int, d: int, splits: int,
+                   dtype: str) -> dict[str, Any]:  # fmt: skip
+    """``provided.split_outputs``' buffers as kernel arguments: ``out`` / ``lse`` themselves
+    (a split dim of 1) for one split, else partials ``[B, H, S, d]`` in the output's dtype
+    and fp32 ``[B, H, S]``."""
+    o = strides(batch, heads, splits, d)
+    sl = strides(batch, heads, splits)
+    return {"out_ptr": Ptr(dtype), "lse_ptr": Ptr("fp32"),
+            "num_splits": splits, "stride_o_seq": o[0], "stride_o_head": o[1],
+            "stride_o_split": o[2], "stride_lse_seq": sl[0], "stride_lse_head": sl[1],
+            "stride_lse_split": sl[2]}  # fmt: skip
+
+
 def window_sink_decode(heads: int, kv_heads: int, sinks: bool) -> LaunchFn:
     """``paged_decode_window_sink_triton``: q ``[64, H, d]``, caches ``[64*256, 16, KVH, d]``,
     tables ``[64, 256]``, a 128-token window; ``GROUP_PAD = dot_tile(H // KVH)``; tiles and
-    launch options ``provided.WINDOW_GPU_TILES`` / ``WINDOW_GPU_LAUNCH``."""
+    launch options ``provided.WINDOW_GPU_TILES`` / ``WINDOW_GPU_LAUNCH``; the launch plan's
+    KV splits on the H100 (``launch_plan.window_decode``)."""
 
     def launch(lab: Lab, dtype: str, d: int) -> Launch:
         provided = _need(lab)
         batch, blocks, page = 64, 256, 16
         cache = strides(batch * blocks, page, kv_heads, d)
         group = heads // kv_heads
+        splits = lp.window_decode(batch, kv_heads, group, d, blocks * page,
+                                  WINDOW if sinks else None, lp.H100).splits
         args = {
             "q_ptr": Ptr(dtype), "k_cache_ptr": Ptr(dtype), "v_cache_ptr": Ptr(dtype),
             "block_tables_ptr": Ptr("i32"), "seq_lens_ptr": Ptr("i32"),
-            "sinks_ptr": Ptr("fp32"), "out_ptr": Ptr(dtype), "lse_ptr": Ptr("fp32"),
+            "sinks_ptr": Ptr("fp32"),
             "qk_scale": LOG2E / d**0.5, "window": WINDOW if sinks else 0,
             "stride_q_seq": heads * d, "stride_q_head": d,
             "stride_k_block": cache[0], "stride_k_slot": cache[1], "stride_k_head": cache[2],
             "stride_v_block": cache[0], "stride_v_slot": cache[1], "stride_v_head": cache[2],
-            "stride_table_seq": blocks,
-            "stride_o_seq": heads * d, "stride_o_head": d, "stride_lse_seq": heads,
+            "stride_table_seq": blocks, **_split_outputs(batch, heads, d, splits, dtype),
             "GROUP": group, "GROUP_PAD": dot_tile(group), "HEAD_DIM": d,
             "HEAD_DIM_PAD": dot_tile(d), "BLOCK_SIZE": page,
             "BLOCK_N": provided.WINDOW_GPU_TILES["block_n"], "HAS_SINKS": sinks,
@@ -350,23 +365,26 @@ def window_sink_decode(heads: int, kv_heads: int, sinks: bool) -> LaunchFn:
     return launch
 
 
-def mla_decode(heads: int) -> LaunchFn:
-    """``mla_decode_triton``: q_latent ``[64, H, d_c]``, q_pe ``[64, H, 64]``, latent cache
-    ``[64*256, 16, d_c + 64]``, tables ``[64, 256]``; ``d`` is ``d_c`` (512 for DeepSeek-V3);
-    ``BLOCK_H = min(MLA_GPU_TILES["block_h"], dot_tile(H))`` as in the launcher."""
+def mla_decode(heads: int, batch: int = 64, context: int = 4096) -> LaunchFn:
+    """``mla_decode_triton``: q_latent ``[B, H, d_c]``, q_pe ``[B, H, 64]``, latent cache
+    ``[B*blocks, 16, d_c + 64]``, tables ``[B, context / 16]`` (B = 64 at 4k context by
+    default); ``d`` is ``d_c`` (512 for DeepSeek-V3);
+    ``BLOCK_H = min(MLA_GPU_TILES["block_h"], dot_tile(H))`` as in the launcher; the launch
+    plan's KV splits on the H100 (``launch_plan.mla_decode``: partials when > 1)."""
 
     def launch(lab: Lab, dtype: str, d: int) -> Launch:
         provided = _need(lab)
-        blocks, page, rope = 256, 16, MLA_ROPE_DIM  # batch 64
+        page, rope = 16, MLA_ROPE_DIM
+        blocks = context // page
+        splits = lp.mla_decode(batch, heads, d, context, lp.H100).splits
         args = {
             "q_latent_ptr": Ptr(dtype), "q_pe_ptr": Ptr(dtype), "kv_cache_ptr": Ptr(dtype),
-            "block_tables_ptr": Ptr("i32"), "seq_lens_ptr": Ptr("i32"), "out_ptr": Ptr(dtype),
-            "lse_ptr": Ptr("fp32"), "qk_scale": LOG2E / (d + rope) ** 0.5,
+            "block_tables_ptr": Ptr("i32"), "seq_lens_ptr": Ptr("i32"),
+            "qk_scale": LOG2E / (d + rope) ** 0.5,
             "stride_ql_seq": heads * d, "stride_ql_head": d,
             "stride_qr_seq": heads * rope, "stride_qr_head": rope,
             "stride_kv_block": page * (d + rope), "stride_kv_slot": d + rope,
-            "stride_table_seq": blocks,
-            "stride_o_seq": heads * d, "stride_o_head": d, "stride_lse_seq": heads,
+            "stride_table_seq": blocks, **_split_outputs(batch, heads, d, splits, dtype),
             "NUM_HEADS": heads,
             "BLOCK_H": min(provided.MLA_GPU_TILES["block_h"], dot_tile(heads)),
             "KV_LORA_RANK": d, "KV_LORA_PAD": dot_tile(d), "ROPE_DIM": rope,
@@ -478,9 +496,10 @@ def window_plan(heads: int, kv_heads: int, d: int, window: int | None) -> PlanFn
         _kv_stage(p.tiles["block_n"], d))  # fmt: skip
 
 
-def mla_plan(heads: int) -> PlanFn:
-    """Lab 06's MLA decode at b64 ctx4k, d_c 512 + 64 rotary dims: one latent row per key."""
-    return lambda t: _at(p := lp.mla_decode(64, heads, 512, 4096, t), p.grid,
+def mla_plan(heads: int, batch: int = 64, context: int = 4096) -> PlanFn:
+    """Lab 06's MLA decode at b64 ctx4k (default), d_c 512 + 64 rotary dims: one latent row
+    per key."""
+    return lambda t: _at(p := lp.mla_decode(batch, heads, 512, context, t), p.grid,
                          p.tiles["block_n"] * (512 + MLA_ROPE_DIM) * 2)  # fmt: skip
 
 
@@ -535,6 +554,9 @@ GPU_KERNELS: tuple[GpuKernel, ...] = (
     GpuKernel(LAB06, "_mla_decode_kernel", "16 heads (TP8)", mla_decode(16), "mla",
               "decode mla16 b64 ctx4k d512+64", dtypes=("bf16",), head_dims=(512,),
               plan=mla_plan(16)),
+    GpuKernel(LAB06, "_mla_decode_kernel", "128 heads, batch 1", mla_decode(128, 1, 65536),
+              "mla", "decode mla128 b1 ctx64k d512+64", dtypes=("bf16",), head_dims=(512,),
+              plan=mla_plan(128, 1, 65536)),
 )
 
 # lab-09's kernels, fp16 (float32 tl.dot in "ieee" precision has no tensor-core instruction)

@@ -90,7 +90,7 @@ def judge(entry: GpuKernel, plan: Plan, target: Target, row: dict[str, Any],
     if ctas < target.sms:
         text = f"sub-wave grid: {ctas} CTAs on {target.sms} SMs"
         wanted = plan.notes.get("wanted_splits", 1)
-        if wanted > 1:
+        if wanted > 1 and plan.splits == 1:
             text += f" (the plan wants {wanted} KV splits; this kernel does not split)"
         (problems if entry.role == "main" and wanted == 1 else flags).append(text)
     if bound == "memory" and in_flight < needed:

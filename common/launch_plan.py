@@ -219,30 +219,30 @@ def window_decode(
     batch: int, num_kv_heads: int, group: int, head_dim: int, max_seq_len: int,
     window: int | None, target: Target,
 ) -> Plan:
-    """Lab 06's window/sink decode: lab 01's tiles; ``splits`` is what the grid would need over
-    the visible keys (``min(context, window)``). The kernel does not split (the report flags
-    a sub-wave grid)."""
+    """Lab 06's window/sink decode: lab 01's tiles, split over the visible keys
+    (``min(context, window)``) by ``kv_splits``; grid ``(B, KVH, splits)``, the partials
+    merged by the lab's given merge kernel when ``splits > 1``."""
     keys = min(max_seq_len, window) if window else max_seq_len
     splits = kv_splits(batch * num_kv_heads, keys, target)
     base = paged_decode(batch, num_kv_heads, group, head_dim, target)
-    return Plan(base.tiles, base.num_warps, base.num_stages, 1, base.grid,
-                why=f"{keys} visible keys", notes={"wanted_splits": splits})
+    return Plan(base.tiles, base.num_warps, base.num_stages, splits, (*base.grid, splits),
+                why=f"{keys} visible keys, {splits} splits", notes={"wanted_splits": splits})
 
 
 def mla_decode(batch: int, num_heads: int, kv_lora_rank: int, max_seq_len: int,
                target: Target) -> Plan:  # fmt: skip
     """Lab 06's absorbed MLA decode: 64 query heads per tile (FlashMLA's tile: the latent cache
     is read once per 64 heads, and 64 rows make a wgmma), 32 keys per tile, 8 warps, 2
-    stages; grid ``(B, ceil(H / block_h))``. ``notes["wanted_splits"]``: the split the grid
-    would need (the kernel does not split)."""
+    stages; split over the keys by ``kv_splits`` when ``B x head tiles`` is under the SM
+    count; grid ``(B, ceil(H / block_h), splits)``."""
     block_h = 64
     if target.interpreter:
         return Plan({"block_h": block_h, "block_n": 16}, 4, 1,
-                    grid=(batch, math.ceil(num_heads / block_h)), why="interpreter")  # fmt: skip
+                    grid=(batch, math.ceil(num_heads / block_h), 1), why="interpreter")  # fmt: skip
     grid = (batch, math.ceil(num_heads / min(block_h, _pow2_at_least(num_heads))))
     splits = kv_splits(math.prod(grid), max_seq_len, target)
-    return Plan({"block_h": block_h, "block_n": 32}, 8, 2, 1, grid,
-                why="64 heads per tile: the latent read once per 64 heads",
+    return Plan({"block_h": block_h, "block_n": 32}, 8, 2, splits, (*grid, splits),
+                why=f"64 heads per tile: the latent read once per 64 heads; {splits} splits",
                 notes={"wanted_splits": splits})  # fmt: skip
 
 

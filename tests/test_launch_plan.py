@@ -65,14 +65,21 @@ def test_the_interpreter_keeps_16_wide_tiles(family: str):
 @pytest.mark.points(1)
 def test_mla_tiles_hold_64_heads_on_a_gpu():
     plan = lp.mla_decode(64, 128, 512, 4096, SM90)
-    assert plan.tiles["block_h"] == 64 and plan.grid == (64, 2)
+    # 64 x 2 = 128 work items on 132 SMs: split 3 ways (384 CTAs, over one wave)
+    assert plan.tiles["block_h"] == 64 and plan.grid == (64, 2, 3) and plan.splits == 3
 
 
 @pytest.mark.points(1)
-def test_mla_and_window_decode_at_batch_1_say_which_split_they_would_need():
-    assert lp.mla_decode(1, 128, 512, 65536, SM90).notes["wanted_splits"] > 1
-    assert lp.window_decode(1, 8, 4, 128, 65536, None, SM90).notes["wanted_splits"] > 1
-    assert lp.window_decode(1, 8, 4, 128, 65536, 128, SM90).notes["wanted_splits"] == 1
+def test_mla_and_window_decode_at_batch_1_split_into_at_least_one_wave():
+    mla = lp.mla_decode(1, 128, 512, 65536, SM90)
+    assert mla.splits > 1 and mla.ctas >= SM90.sms and mla.grid == (1, 2, mla.splits)
+    window = lp.window_decode(1, 8, 4, 128, 65536, None, SM90)
+    assert window.splits > 1 and window.ctas >= SM90.sms and window.grid[-1] == window.splits
+    # a 128-token window is too few keys to split (MIN_SPLIT_KEYS)
+    assert lp.window_decode(1, 8, 4, 128, 65536, 128, SM90).splits == 1
+    # enough work items: no split (FlashInfer's "no split" case)
+    assert lp.window_decode(64, 8, 4, 128, 4096, None, SM90).splits == 1
+    assert lp.mla_decode(2, 16, 64, 64, lp.INTERPRETER).splits == 1
 
 
 @pytest.mark.points(1)

@@ -279,11 +279,13 @@ def _window_sink_decode_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, sinks_ptr, out_ptr, lse_ptr,
     qk_scale,  # softmax scale * log2(e): the kernel works in base 2 (exp2)
     window,  # tokens each query sees, itself included; 0 = no window
+    num_splits,  # KV splits per (sequence, KV head): program_id(2) is the split
     stride_q_seq, stride_q_head,
     stride_k_block, stride_k_slot, stride_k_head,
     stride_v_block, stride_v_slot, stride_v_head,
     stride_table_seq,
-    stride_o_seq, stride_o_head, stride_lse_seq,
+    stride_o_seq, stride_o_head, stride_o_split,
+    stride_lse_seq, stride_lse_head, stride_lse_split,
     GROUP: tl.constexpr,  # query heads per KV head
     GROUP_PAD: tl.constexpr,  # GROUP rounded up to a tl.dot tile (a power of two >= 16)
     HEAD_DIM: tl.constexpr,
@@ -293,24 +295,35 @@ def _window_sink_decode_kernel(
     HAS_SINKS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """One program = one sequence x one KV head (lab 01's grid ``(batch, num_kv_heads)``).
+    """One program = one sequence x one KV head x one KV split (lab 01's grid, plus
+    ``num_splits``: grid ``(batch, num_kv_heads, num_splits)``).
 
-    1. ``seq``, ``kv_head`` from the program ids; load ``seq_len``; ``start`` = the
-       window's first position, as in ``window_decode_attention`` (``window = 0``: 0).
+    1. ``seq``, ``kv_head``, ``split`` from the program ids; load ``seq_len``; ``start`` =
+       the window's first position, as in ``window_decode_attention`` (``window = 0``: 0).
+       The split's keys: ``chunk = cdiv(cdiv(seq_len - start, num_splits), BLOCK_N) *
+       BLOCK_N`` (whole tiles), positions ``lo = start + split * chunk`` up to ``hi =
+       min(lo + chunk, seq_len)`` (empty for a late split of a short sequence).
     2. Load the group's queries as one ``[GROUP_PAD, HEAD_DIM_PAD]`` tile (masked).
     3. The state: with sinks (``HAS_SINKS``), each head's ``(m, l)`` starts from its sink as
        in ``sink_decode_attention``, but in base 2 like the scores (a sink is already a
-       scaled logit: it is multiplied by log2(e) and nothing else); without, ``m = -inf``,
-       ``l = 0``. ``acc = 0`` in both cases.
-    4. For each tile of ``BLOCK_N`` positions from ``start`` (the window is the loop's
-       start, not a mask) while below ``seq_len``: look the blocks up (int64 offsets), load
-       K and V with ``mask=pos < seq_len``, ``other=0``, and run lab 01's base-2 update.
-    5. ``out = acc / l``, ``lse = m * ln 2 + ln l`` (``l = 0``: output 0, ``lse = -inf``).
+       scaled logit: it is multiplied by log2(e) and nothing else), in split 0 only (the
+       merge adds the splits' denominators: a sink in every split would count it
+       ``num_splits`` times); without, ``m = -inf``, ``l = 0``. ``acc = 0`` in both cases.
+    4. For each tile of ``BLOCK_N`` positions from ``lo`` (the window is the loop's start,
+       not a mask) while below ``hi``: look the blocks up (int64 offsets), load K and V with
+       ``mask=pos < hi``, ``other=0``, and run lab 01's base-2 update.
+    5. ``out = acc / l``, ``lse = m * ln 2 + ln l`` (``l = 0``: output 0, ``lse = -inf``),
+       stored at the split's row (``stride_o_split``, ``stride_lse_split``): with one split
+       the final answer, with more a partial that ``provided.merge_splits`` combines.
     """
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
+    split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + seq)
     start = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)  # the window's first token
+    chunk = tl.cdiv(tl.cdiv(seq_len - start, num_splits), BLOCK_N) * BLOCK_N  # whole tiles
+    lo = start + split * chunk  # this split's keys: lo .. hi - 1
+    hi = tl.minimum(lo + chunk, seq_len)
 
     rows = tl.arange(0, GROUP_PAD)
     heads = kv_head * GROUP + rows
@@ -325,17 +338,18 @@ def _window_sink_decode_kernel(
     q = q.to(k_cache_ptr.dtype.element_ty)
 
     if HAS_SINKS:  # the sink is the state's first term: a weight exp(sink), no value
-        m = tl.load(sinks_ptr + heads, mask=head_ok, other=float("-inf")) * 1.4426950408889634
-        l = tl.full([GROUP_PAD], 1.0, dtype=tl.float32)
+        sink_ok = head_ok & (split == 0)  # one split holds it: the merge adds denominators
+        m = tl.load(sinks_ptr + heads, mask=sink_ok, other=float("-inf")) * 1.4426950408889634
+        l = tl.where(sink_ok, 1.0, 0.0).to(tl.float32)
     else:
         m = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
         l = tl.zeros([GROUP_PAD], dtype=tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], dtype=tl.float32)
     block_table = block_tables_ptr + seq * stride_table_seq
 
-    for start_pos in range(start, seq_len, BLOCK_N):
+    for start_pos in range(lo, hi, BLOCK_N):
         pos = start_pos + tl.arange(0, BLOCK_N)  # positions >= start: all inside the window
-        in_seq = pos < seq_len
+        in_seq = pos < hi
         physical_block = tl.load(block_table + pos // BLOCK_SIZE, mask=in_seq, other=0)
         physical_block = physical_block.to(tl.int64)
         slot = pos % BLOCK_SIZE
@@ -366,10 +380,11 @@ def _window_sink_decode_kernel(
     l_safe = tl.where(has_mass, l, 1.0)
     out = acc / l_safe[:, None]
     lse = tl.where(has_mass, m * 0.6931471805599453 + tl.log(l_safe), float("-inf"))  # ln 2
-    out_rows = out_ptr + seq * stride_o_seq + heads * stride_o_head
+    out_rows = out_ptr + seq * stride_o_seq + heads * stride_o_head + split * stride_o_split
     tl.store(out_rows[:, None] + dims[None, :], out.to(out_ptr.dtype.element_ty),
              mask=head_ok[:, None] & dim_ok[None, :])
-    tl.store(lse_ptr + seq * stride_lse_seq + heads, lse, mask=head_ok)
+    tl.store(lse_ptr + seq * stride_lse_seq + heads * stride_lse_head + split * stride_lse_split,
+             lse, mask=head_ok)
 
 
 def paged_decode_window_sink_triton(
@@ -384,8 +399,9 @@ def paged_decode_window_sink_triton(
     *,
     block_n: int | None = None,
     max_seq_len: int | None = None,
+    num_splits: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Paged decode with a sliding window and/or attention sinks, as one Triton launch.
+    """Paged decode with a sliding window and/or attention sinks, split over the keys.
 
     Args:
         q: ``[B, H, d]``.
@@ -399,6 +415,10 @@ def paged_decode_window_sink_triton(
         block_n: tokens per K/V tile, a power of two >= 16 (None = 64 on a GPU, 16 on the
             interpreter).
         max_seq_len: the longest ``seq_lens`` entry if the caller knows it (no host sync).
+        num_splits: KV splits per (sequence, KV head); None = the launch plan's
+            (``provided.window_num_splits``: 1 on the interpreter, enough on a GPU for two
+            CTAs per SM); 1 = one launch, no merge; more: partials, then
+            ``provided.merge_splits``.
 
     Returns:
         ``(out [B, H, d]`` in q's dtype, ``lse [B, H]`` float32, natural log, sinks included).
@@ -421,17 +441,21 @@ def paged_decode_window_sink_triton(
     lse = torch.empty((batch, num_heads), dtype=torch.float32, device=q.device)
     if sinks is not None:
         sinks = torch.as_tensor(sinks, dtype=torch.float32, device=q.device).contiguous()
+    splits = provided.window_num_splits(q, k_cache, block_tables, window, max_seq_len,
+                                        num_splits)
     if batch == 0:
         return out, lse
+    part_out, part_lse = provided.split_outputs(out, lse, splits)  # [B, H, S, d], [B, H, S]
 
-    _window_sink_decode_kernel[(batch, num_kv_heads)](
-        q, k_cache, v_cache, block_tables, seq_lens, lse if sinks is None else sinks, out, lse,
-        log2e_scale(scale), 0 if window is None else int(window),
+    _window_sink_decode_kernel[(batch, num_kv_heads, splits)](
+        q, k_cache, v_cache, block_tables, seq_lens, lse if sinks is None else sinks,
+        part_out, part_lse, log2e_scale(scale), 0 if window is None else int(window), splits,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_tables.stride(0),
-        out.stride(0), out.stride(1), lse.stride(0),
+        part_out.stride(0), part_out.stride(1), part_out.stride(2),
+        part_lse.stride(0), part_lse.stride(1), part_lse.stride(2),
         GROUP=group,
         GROUP_PAD=dot_tile(group),
         HEAD_DIM=head_dim,
@@ -442,6 +466,7 @@ def paged_decode_window_sink_triton(
         DOT_PRECISION=dot_precision(k_cache.dtype),
         **({} if on_interpreter(q) else provided.WINDOW_GPU_LAUNCH),
     )
+    provided.merge_splits(part_out, part_lse, out, lse)
     return out, lse
 
 
@@ -454,11 +479,13 @@ def paged_decode_window_sink_triton(
 def _mla_decode_kernel(
     q_latent_ptr, q_pe_ptr, kv_cache_ptr, block_tables_ptr, seq_lens_ptr, out_ptr, lse_ptr,
     qk_scale,  # softmax scale * log2(e)
+    num_splits,  # KV splits per (sequence, head tile): program_id(2) is the split
     stride_ql_seq, stride_ql_head,
     stride_qr_seq, stride_qr_head,
     stride_kv_block, stride_kv_slot,
     stride_table_seq,
-    stride_o_seq, stride_o_head, stride_lse_seq,
+    stride_o_seq, stride_o_head, stride_o_split,
+    stride_lse_seq, stride_lse_head, stride_lse_split,
     NUM_HEADS: tl.constexpr,
     BLOCK_H: tl.constexpr,  # query heads per tile (a power of two >= 16)
     KV_LORA_RANK: tl.constexpr,  # d_c: the latent, used as K (with q_latent) and as V
@@ -469,24 +496,32 @@ def _mla_decode_kernel(
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """One program = one sequence x ``BLOCK_H`` query heads; the heads are the tile's rows.
+    """One program = one sequence x ``BLOCK_H`` query heads x one KV split; the heads are the
+    tile's rows.
 
-    Grid ``(batch, cdiv(num_heads, BLOCK_H))``. A cache row is ``[latent (d_c) | k_pe
-    (d_rope)]``; the whole row is the key, its latent part is also the value.
+    Grid ``(batch, cdiv(num_heads, BLOCK_H), num_splits)``. A cache row is ``[latent (d_c) |
+    k_pe (d_rope)]``; the whole row is the key, its latent part is also the value.
 
-    1. ``seq``, ``head_tile`` from the program ids; heads ``head_tile * BLOCK_H + r``.
+    1. ``seq``, ``head_tile``, ``split`` from the program ids; heads ``head_tile * BLOCK_H
+       + r``; the split's positions ``lo .. hi - 1`` as in the window kernel (``start = 0``:
+       ``chunk = cdiv(cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N``).
     2. Load ``q_latent [BLOCK_H, KV_LORA_PAD]`` and ``q_pe [BLOCK_H, ROPE_PAD]`` (masked).
     3. ``m = -inf``, ``l = 0``, ``acc = 0 [BLOCK_H, KV_LORA_PAD]`` (fp32).
-    4. For each tile of ``BLOCK_N`` positions below ``seq_len``: find each row through the
-       block table (int64), load the latent ``c [BLOCK_N, KV_LORA_PAD]`` and the rotated key
-       ``k_pe [BLOCK_N, ROPE_PAD]`` (columns ``KV_LORA_RANK ...``), masked by
-       ``pos < seq_len``; ``s = (q_latent · cᵀ + q_pe · k_peᵀ) * qk_scale``; the base-2
+    4. For each tile of ``BLOCK_N`` positions from ``lo`` below ``hi``: find each row through
+       the block table (int64), load the latent ``c [BLOCK_N, KV_LORA_PAD]`` and the rotated
+       key ``k_pe [BLOCK_N, ROPE_PAD]`` (columns ``KV_LORA_RANK ...``), masked by
+       ``pos < hi``; ``s = (q_latent · cᵀ + q_pe · k_peᵀ) * qk_scale``; the base-2
        online update with ``acc += p · c`` (the same loaded latent is the value).
-    5. ``out_latent = acc / l``, ``lse = m ln 2 + ln l``; store rows of real heads.
+    5. ``out_latent = acc / l``, ``lse = m ln 2 + ln l``; store rows of real heads at the
+       split's row (``stride_o_split``, ``stride_lse_split``).
     """
     seq = tl.program_id(0)
     head_tile = tl.program_id(1)
+    split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + seq)
+    chunk = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N  # whole tiles
+    lo = split * chunk  # this split's keys: lo .. hi - 1
+    hi = tl.minimum(lo + chunk, seq_len)
 
     heads = head_tile * BLOCK_H + tl.arange(0, BLOCK_H)  # every query head of the tile
     head_ok = heads < NUM_HEADS
@@ -510,9 +545,9 @@ def _mla_decode_kernel(
     acc = tl.zeros([BLOCK_H, KV_LORA_PAD], dtype=tl.float32)
     block_table = block_tables_ptr + seq * stride_table_seq
 
-    for start_pos in range(0, seq_len, BLOCK_N):
+    for start_pos in range(lo, hi, BLOCK_N):
         pos = start_pos + tl.arange(0, BLOCK_N)
-        in_seq = pos < seq_len
+        in_seq = pos < hi
         physical_block = tl.load(block_table + pos // BLOCK_SIZE, mask=in_seq, other=0)
         row = (kv_cache_ptr + physical_block.to(tl.int64) * stride_kv_block
                + (pos % BLOCK_SIZE) * stride_kv_slot)  # [BLOCK_N] pointers to cache rows
@@ -535,10 +570,11 @@ def _mla_decode_kernel(
     l_safe = tl.where(has_keys, l, 1.0)
     out = acc / l_safe[:, None]
     lse = tl.where(has_keys, m * 0.6931471805599453 + tl.log(l_safe), float("-inf"))
-    out_rows = out_ptr + seq * stride_o_seq + heads * stride_o_head
+    out_rows = out_ptr + seq * stride_o_seq + heads * stride_o_head + split * stride_o_split
     tl.store(out_rows[:, None] + lat[None, :], out.to(out_ptr.dtype.element_ty),
              mask=head_ok[:, None] & lat_ok[None, :])
-    tl.store(lse_ptr + seq * stride_lse_seq + heads, lse, mask=head_ok)
+    tl.store(lse_ptr + seq * stride_lse_seq + heads * stride_lse_head + split * stride_lse_split,
+             lse, mask=head_ok)
 
 
 def mla_decode_triton(
@@ -552,8 +588,9 @@ def mla_decode_triton(
     block_n: int | None = None,
     block_h: int | None = None,
     max_seq_len: int | None = None,
+    num_splits: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Absorbed MLA decode over a paged latent cache, as one Triton launch.
+    """Absorbed MLA decode over a paged latent cache, split over the keys.
 
     Args:
         q_latent: ``[B, H, d_c]``, each head's query with ``w_uk`` folded in.
@@ -567,6 +604,9 @@ def mla_decode_triton(
         block_h: query heads per tile at most (None = 64 on a GPU and on the interpreter);
             a tile has ``min(block_h, dot_tile(H))`` rows.
         max_seq_len: the longest ``seq_lens`` entry if the caller knows it (no host sync).
+        num_splits: KV splits per (sequence, head tile); None = the launch plan's
+            (``provided.mla_num_splits``: 1 on the interpreter); 1 = one launch, no merge;
+            more: partials, then ``provided.merge_splits``.
 
     Returns:
         ``(out_latent [B, H, d_c]`` in q_latent's dtype, ``lse [B, H]`` float32). The caller
@@ -588,17 +628,20 @@ def mla_decode_triton(
     seq_lens = seq_lens.to(device=q_latent.device, dtype=torch.int32).contiguous()
     out = torch.empty((batch, num_heads, d_c), dtype=q_latent.dtype, device=q_latent.device)
     lse = torch.empty((batch, num_heads), dtype=torch.float32, device=q_latent.device)
+    splits = provided.mla_num_splits(q_latent, kv_cache, block_tables, max_seq_len, num_splits)
     if batch == 0:
         return out, lse
+    part_out, part_lse = provided.split_outputs(out, lse, splits)  # [B, H, S, d_c], [B, H, S]
 
-    _mla_decode_kernel[(batch, cdiv(num_heads, heads_per_tile))](
-        q_latent, q_pe, kv_cache, block_tables, seq_lens, out, lse,
-        log2e_scale(scale),
+    _mla_decode_kernel[(batch, cdiv(num_heads, heads_per_tile), splits)](
+        q_latent, q_pe, kv_cache, block_tables, seq_lens, part_out, part_lse,
+        log2e_scale(scale), splits,
         q_latent.stride(0), q_latent.stride(1),
         q_pe.stride(0), q_pe.stride(1),
         kv_cache.stride(0), kv_cache.stride(1),
         block_tables.stride(0),
-        out.stride(0), out.stride(1), lse.stride(0),
+        part_out.stride(0), part_out.stride(1), part_out.stride(2),
+        part_lse.stride(0), part_lse.stride(1), part_lse.stride(2),
         NUM_HEADS=num_heads,
         BLOCK_H=heads_per_tile,
         KV_LORA_RANK=d_c,
@@ -610,4 +653,5 @@ def mla_decode_triton(
         DOT_PRECISION=dot_precision(kv_cache.dtype),
         **({} if on_interpreter(q_latent) else provided.MLA_GPU_LAUNCH),
     )
+    provided.merge_splits(part_out, part_lse, out, lse)
     return out, lse

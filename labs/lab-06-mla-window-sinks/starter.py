@@ -207,11 +207,13 @@ def _window_sink_decode_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, sinks_ptr, out_ptr, lse_ptr,
     qk_scale,  # softmax scale * log2(e): the kernel works in base 2 (exp2)
     window,  # tokens each query sees, itself included; 0 = no window
+    num_splits,  # KV splits per (sequence, KV head): program_id(2) is the split
     stride_q_seq, stride_q_head,
     stride_k_block, stride_k_slot, stride_k_head,
     stride_v_block, stride_v_slot, stride_v_head,
     stride_table_seq,
-    stride_o_seq, stride_o_head, stride_lse_seq,
+    stride_o_seq, stride_o_head, stride_o_split,
+    stride_lse_seq, stride_lse_head, stride_lse_split,
     GROUP: tl.constexpr,  # query heads per KV head
     GROUP_PAD: tl.constexpr,  # GROUP rounded up to a tl.dot tile (a power of two >= 16)
     HEAD_DIM: tl.constexpr,
@@ -221,19 +223,26 @@ def _window_sink_decode_kernel(
     HAS_SINKS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """One program = one sequence x one KV head (lab 01's grid ``(batch, num_kv_heads)``).
+    """One program = one sequence x one KV head x one KV split (lab 01's grid, plus
+    ``num_splits``: grid ``(batch, num_kv_heads, num_splits)``).
 
-    1. ``seq``, ``kv_head`` from the program ids; load ``seq_len``; ``start`` = the
-       window's first position, as in ``window_decode_attention`` (``window = 0``: 0).
+    1. ``seq``, ``kv_head``, ``split`` from the program ids; load ``seq_len``; ``start`` =
+       the window's first position, as in ``window_decode_attention`` (``window = 0``: 0).
+       The split's keys: ``chunk = cdiv(cdiv(seq_len - start, num_splits), BLOCK_N) *
+       BLOCK_N`` (whole tiles), positions ``lo = start + split * chunk`` up to ``hi =
+       min(lo + chunk, seq_len)`` (empty for a late split of a short sequence).
     2. Load the group's queries as one ``[GROUP_PAD, HEAD_DIM_PAD]`` tile (masked).
     3. The state: with sinks (``HAS_SINKS``), each head's ``(m, l)`` starts from its sink as
        in ``sink_decode_attention``, but in base 2 like the scores (a sink is already a
-       scaled logit: it is multiplied by log2(e) and nothing else); without, ``m = -inf``,
-       ``l = 0``. ``acc = 0`` in both cases.
-    4. For each tile of ``BLOCK_N`` positions from ``start`` (the window is the loop's
-       start, not a mask) while below ``seq_len``: look the blocks up (int64 offsets), load
-       K and V with ``mask=pos < seq_len``, ``other=0``, and run lab 01's base-2 update.
-    5. ``out = acc / l``, ``lse = m * ln 2 + ln l`` (``l = 0``: output 0, ``lse = -inf``).
+       scaled logit: it is multiplied by log2(e) and nothing else), in split 0 only (the
+       merge adds the splits' denominators: a sink in every split would count it
+       ``num_splits`` times); without, ``m = -inf``, ``l = 0``. ``acc = 0`` in both cases.
+    4. For each tile of ``BLOCK_N`` positions from ``lo`` (the window is the loop's start,
+       not a mask) while below ``hi``: look the blocks up (int64 offsets), load K and V with
+       ``mask=pos < hi``, ``other=0``, and run lab 01's base-2 update.
+    5. ``out = acc / l``, ``lse = m * ln 2 + ln l`` (``l = 0``: output 0, ``lse = -inf``),
+       stored at the split's row (``stride_o_split``, ``stride_lse_split``): with one split
+       the final answer, with more a partial that ``provided.merge_splits`` combines.
     """
     pass  # TODO: the steps above
 
@@ -250,8 +259,9 @@ def paged_decode_window_sink_triton(
     *,
     block_n: int | None = None,
     max_seq_len: int | None = None,
+    num_splits: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Paged decode with a sliding window and/or attention sinks, as one Triton launch.
+    """Paged decode with a sliding window and/or attention sinks, split over the keys.
 
     Args:
         q: ``[B, H, d]``.
@@ -265,6 +275,10 @@ def paged_decode_window_sink_triton(
         block_n: tokens per K/V tile, a power of two >= 16 (None = 64 on a GPU, 16 on the
             interpreter).
         max_seq_len: the longest ``seq_lens`` entry if the caller knows it (no host sync).
+        num_splits: KV splits per (sequence, KV head); None = the launch plan's
+            (``provided.window_num_splits``: 1 on the interpreter, enough on a GPU for two
+            CTAs per SM); 1 = one launch, no merge; more: partials, then
+            ``provided.merge_splits``.
 
     Returns:
         ``(out [B, H, d]`` in q's dtype, ``lse [B, H]`` float32, natural log, sinks included).
@@ -277,14 +291,19 @@ def paged_decode_window_sink_triton(
     #   3. scale = default_scale(head_dim) when None; the kernel gets log2e_scale(scale);
     #   4. contiguous last dims; block_tables and seq_lens int32 on q's device; sinks (if
     #      any) float32 on q's device (torch.as_tensor(...).contiguous());
-    #   5. allocate out [B, H, d] (q.dtype) and lse [B, H] (float32); B = 0: return them;
-    #   6. launch _window_sink_decode_kernel[(batch, num_kv_heads)](...) with the window as
-    #      an int (0 for None), any float32 tensor in place of sinks when there are none
-    #      (HAS_SINKS=False), every stride, GROUP_PAD = dot_tile(group), HEAD_DIM_PAD =
-    #      dot_tile(head_dim), BLOCK_SIZE, BLOCK_N = tiles["block_n"], DOT_PRECISION =
+    #   5. allocate out [B, H, d] (q.dtype) and lse [B, H] (float32); splits =
+    #      provided.window_num_splits(q, k_cache, block_tables, window, max_seq_len,
+    #      num_splits); B = 0: return them; part_out, part_lse =
+    #      provided.split_outputs(out, lse, splits) (out and lse themselves for one split);
+    #   6. launch _window_sink_decode_kernel[(batch, num_kv_heads, splits)](...) writing
+    #      part_out / part_lse, with the window as an int (0 for None), splits, any float32
+    #      tensor in place of sinks when there are none (HAS_SINKS=False), every stride (the
+    #      partials' three), GROUP_PAD = dot_tile(group), HEAD_DIM_PAD = dot_tile(head_dim),
+    #      BLOCK_SIZE, BLOCK_N = tiles["block_n"], DOT_PRECISION =
     #      dot_precision(k_cache.dtype), and **provided.WINDOW_GPU_LAUNCH unless
     #      on_interpreter(q);
-    #   7. return out, lse.
+    #   7. provided.merge_splits(part_out, part_lse, out, lse) (given: nothing for one
+    #      split); return out, lse.
     raise NotImplementedError(
         "TODO: write _window_sink_decode_kernel (lab 01's kernel: its docstring lists what "
         "changes), then follow the launcher's steps above."
@@ -300,11 +319,13 @@ def paged_decode_window_sink_triton(
 def _mla_decode_kernel(
     q_latent_ptr, q_pe_ptr, kv_cache_ptr, block_tables_ptr, seq_lens_ptr, out_ptr, lse_ptr,
     qk_scale,  # softmax scale * log2(e)
+    num_splits,  # KV splits per (sequence, head tile): program_id(2) is the split
     stride_ql_seq, stride_ql_head,
     stride_qr_seq, stride_qr_head,
     stride_kv_block, stride_kv_slot,
     stride_table_seq,
-    stride_o_seq, stride_o_head, stride_lse_seq,
+    stride_o_seq, stride_o_head, stride_o_split,
+    stride_lse_seq, stride_lse_head, stride_lse_split,
     NUM_HEADS: tl.constexpr,
     BLOCK_H: tl.constexpr,  # query heads per tile (a power of two >= 16)
     KV_LORA_RANK: tl.constexpr,  # d_c: the latent, used as K (with q_latent) and as V
@@ -315,20 +336,24 @@ def _mla_decode_kernel(
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """One program = one sequence x ``BLOCK_H`` query heads; the heads are the tile's rows.
+    """One program = one sequence x ``BLOCK_H`` query heads x one KV split; the heads are the
+    tile's rows.
 
-    Grid ``(batch, cdiv(num_heads, BLOCK_H))``. A cache row is ``[latent (d_c) | k_pe
-    (d_rope)]``; the whole row is the key, its latent part is also the value.
+    Grid ``(batch, cdiv(num_heads, BLOCK_H), num_splits)``. A cache row is ``[latent (d_c) |
+    k_pe (d_rope)]``; the whole row is the key, its latent part is also the value.
 
-    1. ``seq``, ``head_tile`` from the program ids; heads ``head_tile * BLOCK_H + r``.
+    1. ``seq``, ``head_tile``, ``split`` from the program ids; heads ``head_tile * BLOCK_H
+       + r``; the split's positions ``lo .. hi - 1`` as in the window kernel (``start = 0``:
+       ``chunk = cdiv(cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N``).
     2. Load ``q_latent [BLOCK_H, KV_LORA_PAD]`` and ``q_pe [BLOCK_H, ROPE_PAD]`` (masked).
     3. ``m = -inf``, ``l = 0``, ``acc = 0 [BLOCK_H, KV_LORA_PAD]`` (fp32).
-    4. For each tile of ``BLOCK_N`` positions below ``seq_len``: find each row through the
-       block table (int64), load the latent ``c [BLOCK_N, KV_LORA_PAD]`` and the rotated key
-       ``k_pe [BLOCK_N, ROPE_PAD]`` (columns ``KV_LORA_RANK ...``), masked by
-       ``pos < seq_len``; ``s = (q_latent · cᵀ + q_pe · k_peᵀ) * qk_scale``; the base-2
+    4. For each tile of ``BLOCK_N`` positions from ``lo`` below ``hi``: find each row through
+       the block table (int64), load the latent ``c [BLOCK_N, KV_LORA_PAD]`` and the rotated
+       key ``k_pe [BLOCK_N, ROPE_PAD]`` (columns ``KV_LORA_RANK ...``), masked by
+       ``pos < hi``; ``s = (q_latent · cᵀ + q_pe · k_peᵀ) * qk_scale``; the base-2
        online update with ``acc += p · c`` (the same loaded latent is the value).
-    5. ``out_latent = acc / l``, ``lse = m ln 2 + ln l``; store rows of real heads.
+    5. ``out_latent = acc / l``, ``lse = m ln 2 + ln l``; store rows of real heads at the
+       split's row (``stride_o_split``, ``stride_lse_split``).
     """
     pass  # TODO: the steps above
 
@@ -344,8 +369,9 @@ def mla_decode_triton(
     block_n: int | None = None,
     block_h: int | None = None,
     max_seq_len: int | None = None,
+    num_splits: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Absorbed MLA decode over a paged latent cache, as one Triton launch.
+    """Absorbed MLA decode over a paged latent cache, split over the keys.
 
     Args:
         q_latent: ``[B, H, d_c]``, each head's query with ``w_uk`` folded in.
@@ -359,6 +385,9 @@ def mla_decode_triton(
         block_h: query heads per tile at most (None = 64 on a GPU and on the interpreter);
             a tile has ``min(block_h, dot_tile(H))`` rows.
         max_seq_len: the longest ``seq_lens`` entry if the caller knows it (no host sync).
+        num_splits: KV splits per (sequence, head tile); None = the launch plan's
+            (``provided.mla_num_splits``: 1 on the interpreter); 1 = one launch, no merge;
+            more: partials, then ``provided.merge_splits``.
 
     Returns:
         ``(out_latent [B, H, d_c]`` in q_latent's dtype, ``lse [B, H]`` float32). The caller
@@ -372,12 +401,16 @@ def mla_decode_triton(
     #      heads per tile = min(tiles["block_h"], dot_tile(num_heads));
     #   3. scale = default_scale(d_c + d_rope) when None; the kernel gets log2e_scale(scale);
     #   4. contiguous last dims; block_tables and seq_lens int32 on the queries' device;
-    #   5. allocate out [B, H, d_c] (q_latent.dtype) and lse [B, H] (float32); B = 0: return;
-    #   6. launch _mla_decode_kernel[(batch, cdiv(num_heads, heads_per_tile))](...) with
-    #      every stride, KV_LORA_PAD = dot_tile(d_c), ROPE_PAD = dot_tile(d_rope), BLOCK_SIZE,
-    #      BLOCK_N = tiles["block_n"], DOT_PRECISION = dot_precision(kv_cache.dtype), and
+    #   5. allocate out [B, H, d_c] (q_latent.dtype) and lse [B, H] (float32); splits =
+    #      provided.mla_num_splits(q_latent, kv_cache, block_tables, max_seq_len,
+    #      num_splits); B = 0: return; part_out, part_lse = provided.split_outputs(out, lse,
+    #      splits);
+    #   6. launch _mla_decode_kernel[(batch, cdiv(num_heads, heads_per_tile), splits)](...)
+    #      writing part_out / part_lse, with splits, every stride (the partials' three),
+    #      KV_LORA_PAD = dot_tile(d_c), ROPE_PAD = dot_tile(d_rope), BLOCK_SIZE, BLOCK_N =
+    #      tiles["block_n"], DOT_PRECISION = dot_precision(kv_cache.dtype), and
     #      **provided.MLA_GPU_LAUNCH unless on_interpreter(q_latent);
-    #   7. return out, lse.
+    #   7. provided.merge_splits(part_out, part_lse, out, lse); return out, lse.
     raise NotImplementedError(
         "TODO: write _mla_decode_kernel (its docstring lists the steps), then follow the "
         "launcher's steps above."

@@ -518,7 +518,7 @@ def test_a_sink_of_minus_infinity_is_no_sink_and_an_empty_context_gives_the_sink
 
 
 def run_window_triton(q, paged, window=None, sinks=None, scale=None, *, dtype=torch.float32,
-                      block_n=None, max_seq_len=None, layout=None, reports=None):
+                      block_n=None, max_seq_len=None, layout=None, reports=None, **extra):
     """``layout``: q, the caches and the block table as ``strided_view``s; ``reports``: a
     list that gets ``kernel_memory``'s per-launch reports."""
     t = paged.to_torch(dtype, DEVICE)
@@ -528,7 +528,7 @@ def run_window_triton(q, paged, window=None, sinks=None, scale=None, *, dtype=to
     if layout is not None:
         tensors = [strided_view(x, layout) for x in tensors]
     args = (*tensors, t["seq_lens"], window, sinks_t, scale)
-    kwargs = {"block_n": block_n, "max_seq_len": max_seq_len}
+    kwargs = {"block_n": block_n, "max_seq_len": max_seq_len, **extra}
     if reports is None:
         result = impl.paged_decode_window_sink_triton(*args, **kwargs)
     else:
@@ -848,6 +848,113 @@ def test_triton_mla_launcher_makes_no_host_sync_when_max_seq_len_is_given():
     check_mla_triton(out.double().numpy(), lse.double().numpy(), q_latent, q_pe, rows, F32)
 
 
+# ---- 7. Split-KV: every split a partial (out, lse), merged exactly ----------------------------
+
+SINK_PER_SPLIT = (
+    "the sink was counted once per split: it is one term of the softmax denominator, so it "
+    "belongs to one split's state only (split 0); the merge adds the splits' denominators"
+)
+SPLIT_HINT = (
+    "with num_splits = S, program_id(2) is the split: it covers whole BLOCK_N tiles of the "
+    "visible keys, lo = start + split * chunk up to min(lo + chunk, seq_len), and stores its "
+    "(out, lse) at its split row; provided.merge_splits combines them"
+)
+
+
+def sink_in_every_split(q, ks, vs, window, sinks, scale, num_splits, block_n):
+    """The answer when each of the non-empty splits starts from the sink (the classic
+    split-KV sink bug): the denominator gains exp(sink) once per split that has keys, plus
+    once if split 0 has none."""
+    start = 0 if window is None else max(len(ks) - window, 0)
+    visible = len(ks) - start
+    chunk = math.ceil(math.ceil(visible / num_splits) / block_n) * block_n
+    counted = max(1, sum(1 for s in range(num_splits) if s * chunk < visible))
+    return reference_decode(q, ks, vs, window, sinks + np.log(counted), scale)[0]
+
+
+SPLIT_CASES = [
+    # num_heads, num_kv_heads, lens, window, sinks
+    pytest.param(4, 2, [37, 5, 0], None, True, id="sinks-no-window-empty-seq"),
+    pytest.param(4, 2, [50, 18], 40, True, id="window-40-and-sinks"),
+    pytest.param(2, 1, [45], 33, False, id="window-33-no-sinks"),
+]
+
+
+@pytest.mark.triton
+@pytest.mark.points(0.5)
+@pytest.mark.parametrize("num_splits", [1, 2, 3])
+@pytest.mark.parametrize("num_heads, num_kv_heads, lens, window, with_sinks", SPLIT_CASES)
+def test_triton_window_sink_kernel_split_over_the_keys_merges_to_the_reference(
+    num_heads, num_kv_heads, lens, window, with_sinks, num_splits
+):
+    """``num_splits`` = 1, 2, 3 at 16-key tiles: the same answer, the sink counted once."""
+    rng = np.random.default_rng(70 + sum(lens))
+    q, ks, vs, paged, sinks = window_triton_case(rng, num_heads, num_kv_heads, 16, 4, lens,
+                                                 window, with_sinks)
+    out, lse = run_window_triton(q, paged, window, sinks, block_n=16, num_splits=num_splits)
+    for b in range(len(ks)):
+        want_out, want_lse = reference_decode(q[b], ks[b], vs[b], window, sinks)
+        wrong = {}
+        if sinks is not None and num_splits > 1:
+            wrong[SINK_PER_SPLIT] = sink_in_every_split(q[b], ks[b], vs[b], window, sinks,
+                                                        None, num_splits, 16)
+        what = f"sequence {b} (seq_len {len(ks[b])}, window {window}, {num_splits} splits)"
+        assert_close(out[b], want_out, what=f"out of {what}", wrong_answers=wrong,
+                     nan_hint=KERNEL_NAN, hint=SPLIT_HINT, **F32)
+        assert_close(lse[b], want_lse, what=f"lse of {what}", hint=SPLIT_HINT + ". " + LSE_HINT,
+                     **F32)
+
+
+@pytest.mark.triton
+@pytest.mark.points(1)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_triton_window_sink_split_reads_strided_views_and_no_two_programs_store_one_element(
+    layout,
+):
+    """Three splits over strided views: each split stores only its own partial row."""
+    rng = np.random.default_rng(63)
+    q, ks, vs, paged, sinks = window_triton_case(rng, 4, 2, 16, 4, [40, 9], None, True)
+    reports: list = []
+    out, lse = run_window_triton(q, paged, None, sinks, block_n=16, layout=layout,
+                                 reports=reports, num_splits=3)
+    check_window_triton(out, lse, q, ks, vs, None, sinks, F32, hint=SPLIT_HINT)
+    assert_no_races(reports, "paged_decode_window_sink_triton with 3 splits")
+
+
+@pytest.mark.triton
+@pytest.mark.points(0.5)
+@pytest.mark.parametrize("num_splits", [1, 2, 3])
+@pytest.mark.parametrize("layout", [None, *LAYOUTS])
+def test_triton_mla_kernel_split_over_the_keys_merges_to_the_reference(num_splits, layout):
+    """``num_splits`` = 1, 2, 3: the same answer; an empty sequence gives 0 and -inf; no two
+    programs store one element, strided views included."""
+    rng = np.random.default_rng(64 + num_splits)
+    q_latent, q_pe, rows, paged = mla_triton_case(rng, 8, 32, 16, 4, [41, 0, 7])
+    reports: list = []
+    out, lse = run_mla_triton(q_latent, q_pe, paged, block_n=16, layout=layout,
+                              reports=reports, num_splits=num_splits)
+    check_mla_triton(out, lse, q_latent, q_pe, rows, F32, hint=SPLIT_HINT)
+    assert_no_races(reports, f"mla_decode_triton with {num_splits} splits")
+
+
+@pytest.mark.triton
+@pytest.mark.points(1)
+def test_triton_split_kernels_in_float16_stay_within_float16_tolerance():
+    """Three splits in float16: the partial outputs are float16, their lse float32."""
+    rng = np.random.default_rng(66)
+    q, ks, vs, paged, sinks = window_triton_case(rng, 4, 1, 32, 8, [3, 45], None, True,
+                                                 dtype=np.float16)
+    out, lse = run_window_triton(q, paged, None, sinks, dtype=torch.float16, block_n=16,
+                                 num_splits=3)
+    atol, rtol = tolerance("float16")
+    check_window_triton(out, lse, q, ks, vs, None, sinks, dict(atol=atol, rtol=rtol),
+                        hint=SPLIT_HINT)
+    q_latent, q_pe, rows, paged = mla_triton_case(rng, 4, 32, 16, 8, [5, 40], dtype=np.float16)
+    out, lse = run_mla_triton(q_latent, q_pe, paged, dtype=torch.float16, block_n=16,
+                              num_splits=3)
+    check_mla_triton(out, lse, q_latent, q_pe, rows, dict(atol=atol, rtol=rtol), hint=SPLIT_HINT)
+
+
 # ---- bad input --------------------------------------------------------------------------------
 
 
@@ -949,6 +1056,10 @@ BAD_TRITON_CALLS = {
         *_mla_inputs(), block_h=24)),
     "mla: block_n below 16": ("block_n", lambda: impl.mla_decode_triton(
         *_mla_inputs(), block_n=8)),
+    "window: num_splits 0": ("num_splits", lambda: impl.paged_decode_window_sink_triton(
+        *_window_inputs(), 3, num_splits=0)),
+    "mla: num_splits 1.5": ("num_splits", lambda: impl.mla_decode_triton(
+        *_mla_inputs(), num_splits=1.5)),
 }
 
 
