@@ -667,3 +667,53 @@ def assert_compiles_for_sm_90(test_file: str, kernel: str) -> None:
     if found:
         pytest.fail("compiled for an H100 (sm_90) on the CPU:\n" + "\n".join(found),
                     pytrace=False)  # fmt: skip
+
+
+# ---- bad input: a ValueError that names the argument ---------------------------------------
+
+# A bad-input table: ``{case id: (argument, call)}``. ``argument`` is the name the message
+# must contain as a whole word (or, if it is not a plain name, a regular expression);
+# ``call`` takes no arguments and makes the bad call.
+BadInputs = dict[str, tuple[str, Callable[[], Any]]]
+
+
+def assert_value_error_names(call: Callable[[], Any], argument: str, case: str = "") -> None:
+    """Assert ``call()`` raises a ``ValueError`` whose message names ``argument``.
+
+    A plain name (``"block_n"``) must appear as a whole word; anything else is a regular
+    expression searched in the message. Any other exception propagates (a starter's
+    ``NotImplementedError`` fails the test)."""
+    __tracebackhide__ = True
+    import re
+
+    pattern = rf"\b{argument}\b" if re.fullmatch(r"\w+", argument) else argument
+    where = f"{case}: " if case else ""
+    try:
+        call()
+    except ValueError as e:
+        if not re.search(pattern, str(e)):
+            raise AssertionError(
+                f"{where}the ValueError should name {argument!r} (the argument that is wrong "
+                f"and what is wrong with it), got: {e}") from None
+        return
+    raise AssertionError(
+        f"{where}expected a ValueError naming {argument!r}, none was raised: check the "
+        "argument before computing with it")
+
+
+def bad_input_test(cases: BadInputs, *, points: float, marks: tuple[Any, ...] = ()
+                   ) -> Callable[[str], None]:
+    """A graded test, parametrized over ``cases`` (a bad-input table, see ``BadInputs``), that
+    each bad call raises a ``ValueError`` naming its argument; ``points`` per case. Bind it to
+    a ``test_...`` name in the lab's test module."""
+    import pytest
+
+    def test(case: str) -> None:
+        __tracebackhide__ = True
+        argument, call = cases[case]
+        assert_value_error_names(call, argument, case)
+
+    test = pytest.mark.parametrize("case", list(cases))(test)
+    for mark in (pytest.mark.points(points), *marks):
+        test = mark(test)
+    return test

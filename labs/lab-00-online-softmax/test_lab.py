@@ -21,8 +21,10 @@ from common.reference import reference_softmax, to_float64
 from common.testing import (
     LAYOUTS,
     ODD_HEAD_DIMS,
+    BadInputs,
     assert_close,
     assert_no_races,
+    bad_input_test,
     basic_value_test,
     called_on_copies,
     host_syncs,
@@ -529,35 +531,22 @@ def test_score_matrix_bytes_multiplies_by_heads_layers_and_element_size():
 # ---- 4. bad input is a ValueError that names the argument ------------------------------
 
 _q, _k, _v = qkv(8, 3, 5, 4, 2)
-BAD_INPUTS = [
-    ("naive_attention", lambda: impl.naive_attention(_q, _k[:, :3], _v), "k"),
-    ("naive_attention", lambda: impl.naive_attention(_q, _k, _v[:4]), "v"),
-    ("flash_attention_forward", lambda: impl.flash_attention_forward(_q, _k, _v[:4]), "v"),
-    ("flash_attention_forward", lambda: impl.flash_attention_forward(_q[:, :2], _k, _v), "k"),
-    (
-        "flash_attention_forward",
-        lambda: impl.flash_attention_forward(_q, _k, _v, block_q=0),
-        "block_q",
-    ),
-    (
-        "flash_attention_forward",
-        lambda: impl.flash_attention_forward(_q, _k, _v, block_k=-2),
-        "block_k",
-    ),
-    ("online_softmax_steps", lambda: impl.online_softmax_steps(np.ones(4), 0), "tile_size"),
-    ("online_softmax", lambda: impl.online_softmax(np.ones(4), -1), "tile_size"),
-    ("online_softmax", lambda: impl.online_softmax(np.ones((2, 2)), 2), "x"),
-    ("score_matrix_bytes", lambda: impl.score_matrix_bytes(-1), "seq_len"),
-]
-
-
-@pytest.mark.points(0.5)
-@pytest.mark.parametrize(
-    "call, argument", [(c, a) for _, c, a in BAD_INPUTS], ids=[f"{f}-{a}" for f, _, a in BAD_INPUTS]
-)
-def test_bad_input_raises_value_error_naming_the_argument(call, argument):
-    with pytest.raises(ValueError, match=rf"\b{argument}\b"):
-        call()
+BAD_INPUTS: BadInputs = {
+    "naive_attention-k": ("k", lambda: impl.naive_attention(_q, _k[:, :3], _v)),
+    "naive_attention-v": ("v", lambda: impl.naive_attention(_q, _k, _v[:4])),
+    "flash_attention_forward-v": ("v", lambda: impl.flash_attention_forward(_q, _k, _v[:4])),
+    "flash_attention_forward-k": ("k", lambda: impl.flash_attention_forward(_q[:, :2], _k, _v)),
+    "flash_attention_forward-block_q": (
+        "block_q", lambda: impl.flash_attention_forward(_q, _k, _v, block_q=0)),
+    "flash_attention_forward-block_k": (
+        "block_k", lambda: impl.flash_attention_forward(_q, _k, _v, block_k=-2)),
+    "online_softmax_steps-tile_size": (
+        "tile_size", lambda: impl.online_softmax_steps(np.ones(4), 0)),
+    "online_softmax-tile_size": ("tile_size", lambda: impl.online_softmax(np.ones(4), -1)),
+    "online_softmax-x": ("x", lambda: impl.online_softmax(np.ones((2, 2)), 2)),
+    "score_matrix_bytes-seq_len": ("seq_len", lambda: impl.score_matrix_bytes(-1)),
+}
+test_bad_input_raises_value_error_naming_the_argument = bad_input_test(BAD_INPUTS, points=0.5)
 
 
 # ---- 5. the Triton kernel (interpreter on a CPU, CUDA on a GPU) -------------------------

@@ -11,6 +11,7 @@ Run:  LAB_IMPL=starter pytest labs/lab-01-paged-attention-gather -q   (grades st
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -26,8 +27,10 @@ from common.testing import (
     HEAD_RATIOS,
     LAYOUTS,
     ODD_HEAD_DIMS,
+    BadInputs,
     assert_close,
     assert_no_races,
+    bad_input_test,
     basic_value_test,
     called_on_copies,
     head_counts,
@@ -858,7 +861,7 @@ def _cache(num_blocks=4, block_size=4, num_kv_heads=2, head_dim=8):
     return np.zeros(shape), np.zeros(shape)
 
 
-BAD_NUMPY_CALLS = {
+BAD_NUMPY_CALLS: BadInputs = {
     "block_table too short for seq_len": (
         "block_table", lambda: impl.paged_decode_attention(
             np.zeros((2, 8)), *_cache(), np.array([0, 1]), 10)),
@@ -902,12 +905,8 @@ BAD_NUMPY_CALLS = {
 }
 
 
-@pytest.mark.points(0.5)
-@pytest.mark.parametrize("case", list(BAD_NUMPY_CALLS))
-def test_bad_input_raises_a_value_error_that_names_the_argument(case):
-    argument, call = BAD_NUMPY_CALLS[case]
-    with pytest.raises(ValueError, match=argument):
-        call()
+test_bad_input_raises_a_value_error_that_names_the_argument = bad_input_test(
+    BAD_NUMPY_CALLS, points=0.5)
 
 
 def _torch_inputs(num_heads=2, head_dim=16, lens=(5,), max_blocks=2):
@@ -921,11 +920,15 @@ def _torch_inputs(num_heads=2, head_dim=16, lens=(5,), max_blocks=2):
     return q, k_cache, k_cache.clone(), tables, seq_lens
 
 
+def _bad_triton_call(inputs: dict, kwargs: dict) -> None:
+    impl.paged_decode_triton(*_torch_inputs(**inputs), **kwargs)
+
+
 BAD_TRITON_CALLS = {
     "block_tables too narrow for a seq_len": ("block_tables", dict(lens=(9,)), {}),
     "block_tables too narrow for max_seq_len": ("block_tables", {}, dict(max_seq_len=9)),
     "num_heads not a multiple of num_kv_heads": ("num_kv_heads", dict(num_heads=3), {}),
-    "negative seq_lens": ("seq_len", dict(lens=(-1,)), {}),
+    "negative seq_lens": ("seq_lens", dict(lens=(-1,)), {}),
     "negative max_seq_len": ("max_seq_len", {}, dict(max_seq_len=-1)),
     "head_dim of q differs from the cache's": ("head_dim", dict(head_dim=8), {}),
     "block_n not a power of two": ("block_n", {}, dict(block_n=24)),
@@ -933,13 +936,10 @@ BAD_TRITON_CALLS = {
 }
 
 
-@pytest.mark.triton
-@pytest.mark.points(0.5)
-@pytest.mark.parametrize("case", list(BAD_TRITON_CALLS))
-def test_triton_wrapper_rejects_bad_input_with_a_value_error_naming_the_argument(case):
-    argument, inputs, kwargs = BAD_TRITON_CALLS[case]
-    with pytest.raises(ValueError, match=argument):
-        impl.paged_decode_triton(*_torch_inputs(**inputs), **kwargs)
+test_triton_wrapper_rejects_bad_input_with_a_value_error_naming_the_argument = bad_input_test(
+    {case: (argument, functools.partial(_bad_triton_call, inputs, kwargs))
+     for case, (argument, inputs, kwargs) in BAD_TRITON_CALLS.items()},
+    points=0.5, marks=(pytest.mark.triton,))
 
 
 # ---- on a GPU: realistic size, bf16/fp16 --------------------------------------------------
