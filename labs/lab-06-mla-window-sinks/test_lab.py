@@ -29,8 +29,10 @@ from common.testing import (
     HEAD_RATIOS,
     LAYOUTS,
     ODD_HEAD_DIMS,
+    BadInputs,
     assert_close,
     assert_no_races,
+    bad_input_test,
     basic_value_test,
     called_on_copies,
     host_syncs,
@@ -862,7 +864,7 @@ def _mla(**changes):
     return case
 
 
-BAD_NUMPY_CALLS = {
+BAD_NUMPY_CALLS: BadInputs = {
     "kv_bytes: an unknown kind": (
         "kind", lambda: impl.kv_bytes_per_token("mlha", 2, 8, 4)),
     "kv_bytes: gqa without num_kv_heads": (
@@ -903,12 +905,8 @@ BAD_NUMPY_CALLS = {
 }
 
 
-@pytest.mark.points(0.5)
-@pytest.mark.parametrize("case", list(BAD_NUMPY_CALLS))
-def test_bad_input_raises_a_value_error_that_names_the_argument(case):
-    argument, call = BAD_NUMPY_CALLS[case]
-    with pytest.raises(ValueError, match=argument):
-        call()
+test_bad_input_raises_a_value_error_that_names_the_argument = bad_input_test(
+    BAD_NUMPY_CALLS, points=0.5)
 
 
 def _window_inputs(num_heads=2, head_dim=16, lens=(5,), max_blocks=2):
@@ -928,7 +926,7 @@ def _mla_inputs(num_heads=2, d_c=32, d_rope=16, width=48, lens=(5,), max_blocks=
             torch.tensor(lens, dtype=torch.int32, device=DEVICE))
 
 
-BAD_TRITON_CALLS = {
+BAD_TRITON_CALLS: BadInputs = {
     "window: window 0": ("window", lambda: impl.paged_decode_window_sink_triton(
         *_window_inputs(), 0)),
     "window: sinks per KV head": ("sinks", lambda: impl.paged_decode_window_sink_triton(
@@ -952,13 +950,8 @@ BAD_TRITON_CALLS = {
 }
 
 
-@pytest.mark.triton
-@pytest.mark.points(0.5)
-@pytest.mark.parametrize("case", list(BAD_TRITON_CALLS))
-def test_triton_launchers_reject_bad_input_with_a_value_error_naming_the_argument(case):
-    argument, call = BAD_TRITON_CALLS[case]
-    with pytest.raises(ValueError, match=argument):
-        call()
+test_triton_launchers_reject_bad_input_with_a_value_error_naming_the_argument = bad_input_test(
+    BAD_TRITON_CALLS, points=0.5, marks=(pytest.mark.triton,))
 
 
 # ---- on a GPU: realistic sizes ----------------------------------------------------------------
