@@ -8,6 +8,7 @@ future, unused cache slots, padding blocks) is NaN.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,6 +31,8 @@ from common.testing import (
     ODD_HEAD_DIMS,
     assert_close,
     assert_no_races,
+    assert_value_error_names,
+    bad_input_test,
     basic_value_test,
     called_on_copies,
     chunkings,
@@ -451,9 +454,7 @@ PREFILL_BAD_INPUT = {
 }
 
 
-@pytest.mark.points(1)
-@pytest.mark.parametrize("case", list(PREFILL_BAD_INPUT))
-def test_prefill_rejects_bad_input_with_a_value_error_naming_the_argument(case):
+def _bad_prefill(case: str) -> None:
     rng = np.random.default_rng(4)
     q = rng.standard_normal((4, 4, 8))
     k = rng.standard_normal((9, 2, 8))
@@ -464,8 +465,12 @@ def test_prefill_rejects_bad_input_with_a_value_error_naming_the_argument(case):
         start_pos = -1
     else:
         k = rng.standard_normal((9, 3, 8))
-    with pytest.raises(ValueError, match=PREFILL_BAD_INPUT[case]):
-        impl.prefill_attention(q, k, k.copy(), start_pos)
+    impl.prefill_attention(q, k, k.copy(), start_pos)
+
+
+test_prefill_rejects_bad_input_with_a_value_error_naming_the_argument = bad_input_test(
+    {case: (argument, functools.partial(_bad_prefill, case))
+     for case, argument in PREFILL_BAD_INPUT.items()}, points=1)
 
 
 # ---- chunked_prefill: the payoff ---------------------------------------------------------------
@@ -653,14 +658,16 @@ BAD_METADATA = {
 }
 
 
-@pytest.mark.points(1)
-@pytest.mark.parametrize("case", list(BAD_METADATA))
-def test_varlen_rejects_bad_metadata_with_a_value_error_naming_the_argument(case):
+def _bad_metadata(case: str) -> None:
     batch = make_batch(np.random.default_rng(7), MIXED_CACHED, MIXED_NEW, block_size=8)
     q, k_cache, v_cache, tables, qsl, seq_lens = batch.args()
     q, tables, qsl, seq_lens = corrupt(case, q, tables, qsl, seq_lens)
-    with pytest.raises(ValueError, match=BAD_METADATA[case]):
-        impl.varlen_prefill_attention(q, k_cache, v_cache, tables, qsl, seq_lens)
+    impl.varlen_prefill_attention(q, k_cache, v_cache, tables, qsl, seq_lens)
+
+
+test_varlen_rejects_bad_metadata_with_a_value_error_naming_the_argument = bad_input_test(
+    {case: (argument, functools.partial(_bad_metadata, case))
+     for case, argument in BAD_METADATA.items()}, points=1)
 
 
 # ---- causal_mask against the real PyTorch functions ---------------------------------------------
@@ -1041,9 +1048,8 @@ def test_triton_wrapper_rejects_bad_input_with_a_value_error_naming_the_argument
     with pytest.raises(ValueError, match="seq_lens"):
         impl.varlen_prefill_triton(q, k_cache, v_cache, tables, qsl, short.to(torch.int32))
     for case, (kwargs, name) in BAD_LAUNCH.items():
-        with pytest.raises(ValueError, match=name):
-            impl.varlen_prefill_triton(*args, **kwargs)
-            pytest.fail(f"{case}: no ValueError")
+        assert_value_error_names(functools.partial(impl.varlen_prefill_triton, *args, **kwargs),
+                                 name, case)
     group_of_32 = make_batch(np.random.default_rng(17), [3], [2], (32, 1), 8, 4)
     with pytest.raises(ValueError, match="block_m"):  # a tile must hold a whole query group
         impl.varlen_prefill_triton(*triton_batch(group_of_32), block_m=16)
