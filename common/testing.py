@@ -717,3 +717,21 @@ def bad_input_test(cases: BadInputs, *, points: float, marks: tuple[Any, ...] = 
     for mark in (pytest.mark.points(points), *marks):
         test = mark(test)
     return test
+
+
+# ---- hypothesis: how many examples a property test runs ------------------------------------
+
+# The course profile (conftest.py) runs 25 examples a property test.
+COURSE_EXAMPLES = 25
+
+
+def examples(n: int) -> Any:
+    """``@examples(n)``: the one way a lab's property test sets its own hypothesis settings.
+
+    Runs ``n`` examples under the course profile (a slow test asks for fewer than its 25);
+    under another profile (``HYPOTHESIS_PROFILE=thorough`` or ``explore``) ``n`` scales with
+    that profile's number, so a thorough run is thorough for every test."""
+    from hypothesis import settings
+
+    return settings(max_examples=max(1, round(n * settings.default.max_examples
+                                              / COURSE_EXAMPLES)))

@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
@@ -27,6 +27,7 @@ from common.testing import (
     bad_input_test,
     basic_value_test,
     called_on_copies,
+    examples,
     host_syncs,
     kernel_memory,
     peak_memory,
@@ -364,7 +365,7 @@ def test_causal_attends_the_diagonal(lq, lk):
 
 
 @pytest.mark.points(2)
-@settings(max_examples=20)
+@examples(20)
 @given(
     lq=st.integers(1, 24),
     extra=st.integers(1, 24),

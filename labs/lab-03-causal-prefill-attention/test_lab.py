@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from common import (
@@ -36,6 +36,7 @@ from common.testing import (
     basic_value_test,
     called_on_copies,
     chunkings,
+    examples,
     head_counts,
     host_syncs,
     kernel_memory,
@@ -592,7 +593,7 @@ def test_varlen_batch_of_prefill_chunks_and_decode_rows_equals_each_sequence_alo
 
 
 @pytest.mark.points(3)
-@settings(max_examples=20)
+@examples(20)
 @given(
     lengths=st.lists(st.tuples(st.integers(0, 20), st.integers(1, 9)), min_size=1, max_size=4),
     heads=st.one_of(head_counts(), st.sampled_from(HEAD_RATIOS)),
@@ -836,7 +837,7 @@ def test_triton_kernel_handles_long_chunks_pages_of_any_size_and_never_reads_pas
 
 @pytest.mark.triton
 @pytest.mark.points(2)
-@settings(max_examples=5)
+@examples(5)
 @given(
     lengths=st.lists(st.tuples(st.integers(0, 20), st.integers(1, 12)), min_size=1, max_size=3),
     tile_shape=st.sampled_from([(16, 16), (16, 32), (32, 16), (64, 16)]),

@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from common import load_impl, prefix_mask, reference_attention
@@ -28,6 +28,7 @@ from common.testing import (
     bad_input_test,
     basic_value_test,
     called_on_copies,
+    examples,
     host_syncs,
     kernel_memory,
     peak_memory,
@@ -351,7 +352,7 @@ def test_backward_delta_equals_rowsum_of_p_times_dp_without_building_p(lq, lk, d
 
 
 @pytest.mark.points(4)
-@settings(max_examples=30)
+@examples(30)
 @given(
     lq=st.integers(0, 24), lk=st.integers(0, 24), d=st.integers(1, 6), dv=st.integers(1, 6),
     block_q=st.integers(1, 12), block_k=st.integers(1, 12), causal=st.booleans(),

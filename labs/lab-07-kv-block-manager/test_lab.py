@@ -824,21 +824,18 @@ class KVCacheMachine(RuleBasedStateMachine):
                 assert self.pool.get_cached_block(h) == block
 
 
+# The number of runs is the profile's; 20 steps each keep the machine quick. No shrinking (and
+# no replay of saved examples): minimising a failing run of a state machine can take minutes,
+# so a failure shows its whole run, and the assertion names what went wrong.
+MACHINE_SETTINGS = settings(
+    stateful_step_count=20,
+    phases=[p for p in settings.default.phases if p not in (Phase.reuse, Phase.shrink)],
+)
+
+
 @pytest.mark.points(8)
 def test_random_sequences_of_allocate_append_fork_free_preempt_keep_every_invariant():
-    this = test_random_sequences_of_allocate_append_fork_free_preempt_keep_every_invariant
-    run_state_machine_as_test(KVCacheMachine, settings=this._hypothesis_internal_use_settings)
-
-
-# Where hypothesis keeps a @given test's settings; the grader's plugin rewrites this attribute
-# and the test above reads it back when it runs. The number of runs is the profile's; 20 steps
-# each keep the machine quick. No shrinking: minimising a failing run of a state machine can
-# take minutes, so a failure shows its whole run, and the assertion names what went wrong.
-test_random_sequences_of_allocate_append_fork_free_preempt_keep_every_invariant.\
-    _hypothesis_internal_use_settings = settings(
-        stateful_step_count=20,
-        phases=[p for p in settings.default.phases if p is not Phase.shrink],
-    )
+    run_state_machine_as_test(KVCacheMachine, settings=MACHINE_SETTINGS)
 
 
 # ---- 5. end to end: K/V through the slot mapping, attention through the block tables ----

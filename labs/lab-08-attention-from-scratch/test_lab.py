@@ -15,13 +15,20 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from common import load_impl, prefix_mask, reference_attention
 from common.loader import load_lab_module
 from common.reference import to_float64
-from common.testing import HEAD_RATIOS, BadInputs, assert_close, bad_input_test, called_on_copies
+from common.testing import (
+    HEAD_RATIOS,
+    BadInputs,
+    assert_close,
+    bad_input_test,
+    called_on_copies,
+    examples,
+)
 
 # every call gets copies of its arrays: expected values come from the test's own
 impl = called_on_copies(load_impl(__file__))
@@ -446,7 +453,7 @@ def test_scaled_dot_product_attention_equals_the_float64_reference(
 
 
 @pytest.mark.points(2)
-@settings(max_examples=15)
+@examples(15)
 @given(lq=st.integers(1, 6), lk=st.integers(1, 6), seed=st.integers(0, 2**16))
 def test_a_boolean_attn_mask_means_true_attends_as_in_pytorch(lq, lk, seed):
     q, k, v = qkv(seed, (2, 2), lq, lk, 4, 3)
@@ -648,7 +655,7 @@ def mha_wrongs(query, key, value, w, h, mask, flipped=None):
 
 
 @pytest.mark.points(4)
-@settings(max_examples=20)
+@examples(20)
 @given(
     b=st.integers(1, 2), lq=st.integers(1, 5), lk=st.integers(1, 5), h=st.sampled_from([1, 2, 4]),
     head_dim=st.integers(1, 3), cross=st.booleans(), padded=st.booleans(), causal=st.booleans(),

@@ -15,13 +15,20 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from common import load_impl, reference_attention
 from common.loader import load_lab_module
 from common.reference import to_float64, window_mask
-from common.testing import BadInputs, assert_close, bad_input_test, called_on_copies, peak_memory
+from common.testing import (
+    BadInputs,
+    assert_close,
+    bad_input_test,
+    called_on_copies,
+    examples,
+    peak_memory,
+)
 
 # every call gets copies of its arrays: expected values come from the test's own
 impl = called_on_copies(load_impl(__file__))
@@ -220,7 +227,7 @@ def test_a_global_token_is_attended_by_every_query_and_attends_every_key():
 
 
 @pytest.mark.points(2)
-@settings(max_examples=15)
+@examples(15)
 @given(
     n=st.integers(1, 48),
     window=st.integers(1, 6),
