@@ -21,7 +21,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from common.loader import load_impl
-from common.paged import blocks_needed, build_paged_kv, random_kv, random_kv_shared_prefix
+from common.paged import (
+    blocks_needed,
+    build_paged_kv,
+    random_kv,
+    random_kv_shared_prefix,
+    random_paged_decode,
+)
 from common.reference import reference_attention
 from common.testing import (
     HEAD_RATIOS,
@@ -244,14 +250,8 @@ def decode_cases(draw, max_batch: int = 1, allow_empty: bool = False):
     padding = draw(st.sampled_from(["minus_one", "poisoned"]))
     shared_prefix = draw(st.sampled_from([0, 0, 2 * block_size + 1]))
     rng = np.random.default_rng(draw(st.integers(0, 2**16)))
-    if shared_prefix:
-        ks, vs = random_kv_shared_prefix(rng, lens, shared_prefix, num_kv_heads, head_dim)
-    else:
-        ks, vs = random_kv(rng, lens, num_kv_heads, head_dim)
-    paged = build_paged_kv(ks, vs, block_size, rng=rng, padding=padding,
-                           share_blocks=bool(shared_prefix))
-    q = rng.standard_normal((batch, num_heads, head_dim))
-    return q, ks, vs, paged
+    return random_paged_decode(rng, lens, num_heads, num_kv_heads, head_dim, block_size,
+                               padding=padding, shared_prefix=shared_prefix)
 
 
 # ---- the write path: slot_mapping, write_kv, gather_kv ---------------------------------

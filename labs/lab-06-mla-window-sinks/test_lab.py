@@ -23,7 +23,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from common.loader import load_impl
-from common.paged import build_paged_kv, random_kv
+from common.paged import build_paged_kv, random_kv, random_paged_decode
 from common.reference import reference_attention
 from common.testing import (
     HEAD_RATIOS,
@@ -200,9 +200,8 @@ def window_cases(draw, heads=st.sampled_from(HEAD_RATIOS), head_dims=(1, 4, 8)):
     block_size = draw(st.sampled_from([1, 2, 3, 4, 16]))
     seq_len, window = draw(window_lengths(block_size))
     rng = np.random.default_rng(draw(st.integers(0, 2**16)))
-    (k,), (v,) = random_kv(rng, [seq_len], num_kv_heads, head_dim)
-    paged = build_paged_kv([k], [v], block_size, rng=rng, padding="poisoned")
-    q = rng.standard_normal((num_heads, head_dim))
+    (q,), (k,), (v,), paged = random_paged_decode(rng, [seq_len], num_heads, num_kv_heads,
+                                                  head_dim, block_size)
     return q, k, v, window, poison_before_windows(paged, window)
 
 
