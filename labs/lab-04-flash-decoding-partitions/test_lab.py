@@ -676,7 +676,7 @@ BAD_INPUTS: BadInputs = {
 }
 
 
-test_bad_input_raises_value_error_naming_the_argument = bad_input_test(BAD_INPUTS, points=1)
+test_bad_input_raises_value_error_naming_the_argument = bad_input_test(BAD_INPUTS, points=0.5)
 
 
 # ---- Triton: partition kernel + merge kernel over a paged cache ------------------------

@@ -903,7 +903,7 @@ def _bad_triton_call(case: str) -> None:
 test_triton_rejects_bad_input_naming_the_argument = bad_input_test(
     {case: (argument, functools.partial(_bad_triton_call, case))
      for case, argument in BAD_TRITON.items()},
-    points=0.25, marks=(pytest.mark.triton,))
+    points=0.5, marks=(pytest.mark.triton,))
 
 
 # ---- 6. flash_attention: autograd end to end -----------------------------------------------
