@@ -735,3 +735,26 @@ def examples(n: int) -> Any:
 
     return settings(max_examples=max(1, round(n * settings.default.max_examples
                                               / COURSE_EXAMPLES)))
+
+
+def sm90_compile_test(test_file: str) -> Callable[[str], None] | None:
+    """The graded test that every kernel of the lab beside ``test_file`` compiles for sm_90
+    (``assert_compiles_for_sm_90``), parametrized over ``sm90_kernels``, 1 point a kernel;
+    None (nothing to collect) where bench/ is absent, as in the grader's copy."""
+    import pytest
+
+    kernels = sm90_kernels(test_file)
+    if not kernels:
+        return None
+
+    @pytest.mark.points(1)
+    @pytest.mark.triton
+    @pytest.mark.gpu_compile
+    @pytest.mark.parametrize("kernel", kernels)
+    def test(kernel: str) -> None:
+        """The kernel compiles for sm_90 with the bundled ptxas (a plain Python global read
+        in a kernel runs on the interpreter and does not compile for a GPU), float32 inputs
+        keep ieee dots, the lab's GPU tiles do not spill, large tensors get 64-bit offsets."""
+        assert_compiles_for_sm_90(test_file, kernel)
+
+    return test

@@ -32,6 +32,7 @@ from common.testing import (
     host_syncs,
     kernel_memory,
     peak_memory,
+    sm90_compile_test,
     strided_view,
     tolerance,
 )
@@ -1053,17 +1054,5 @@ def test_loss_backward_on_a_gpu_matches_sdpa():
 
 
 # ---- compiled for an H100 on the CPU: what the interpreter cannot see (bench/student_compile.py)
-import common.testing  # noqa: E402
-
-SM90_KERNELS = common.testing.sm90_kernels(__file__)  # []: no bench/ (the grader's copy)
-if SM90_KERNELS:
-
-    @pytest.mark.points(1)
-    @pytest.mark.triton
-    @pytest.mark.gpu_compile
-    @pytest.mark.parametrize("kernel", SM90_KERNELS)
-    def test_kernel_compiles_for_sm_90_with_ieee_dots_no_spills_and_64_bit_offsets(kernel: str):
-        """The kernel compiles for sm_90 with the bundled ptxas (a plain Python global read
-        in a kernel runs on the interpreter and does not compile for a GPU), float32 inputs
-        keep ieee dots, the lab's GPU tiles do not spill, large tensors get 64-bit offsets."""
-        common.testing.assert_compiles_for_sm_90(__file__, kernel)
+test_kernel_compiles_for_sm_90_with_ieee_dots_no_spills_and_64_bit_offsets = sm90_compile_test(
+    __file__)  # None where bench/ is absent (the grader's copy): nothing to collect
