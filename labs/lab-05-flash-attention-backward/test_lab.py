@@ -875,16 +875,15 @@ def _bad_triton_calls():
     case = torch_case(1, 4, 2, 8, 8, 16, torch.float32)
     q, k, v, o, lse, do = case
     return {
-        "k head_dim differs": ("k", (q, k[..., :8], v, o, lse, do), {}),
-        "v length differs": ("v", (q, k, v[:, :, :5], o, lse, do), {}),
-        "heads do not divide": ("num_kv_heads", (q[:, :3], k, v, o[:, :3], lse[:, :3],
-                                                 do[:, :3]), {}),
-        "o shaped unlike q": ("o", (q, k, v, o[:, :, :5], lse, do), {}),
-        "do shaped unlike q": ("do", (q, k, v, o, lse, do[:, :2]), {}),
-        "lse of the wrong shape": ("lse", (q, k, v, o, lse[..., :3], do), {}),
-        "lse not float32": ("lse", (q, k, v, o, lse.double(), do), {}),
-        "block_m not a power of two": ("block_m", case, {"block_m": 24}),
-        "block_n below 16": ("block_n", case, {"block_n": 8}),
+        "k head_dim differs": ((q, k[..., :8], v, o, lse, do), {}),
+        "v length differs": ((q, k, v[:, :, :5], o, lse, do), {}),
+        "heads do not divide": ((q[:, :3], k, v, o[:, :3], lse[:, :3], do[:, :3]), {}),
+        "o shaped unlike q": ((q, k, v, o[:, :, :5], lse, do), {}),
+        "do shaped unlike q": ((q, k, v, o, lse, do[:, :2]), {}),
+        "lse of the wrong shape": ((q, k, v, o, lse[..., :3], do), {}),
+        "lse not float32": ((q, k, v, o, lse.double(), do), {}),
+        "block_m not a power of two": (case, {"block_m": 24}),
+        "block_n below 16": (case, {"block_n": 8}),
     }
 
 
@@ -897,7 +896,7 @@ BAD_TRITON = {"k head_dim differs": "k", "v length differs": "v",
 
 
 def _bad_triton_call(case: str) -> None:
-    _, args, kwargs = _bad_triton_calls()[case]
+    args, kwargs = _bad_triton_calls()[case]
     impl.flash_attention_backward_triton(*args, **kwargs)
 
 
