@@ -27,6 +27,7 @@ from common.paged import (
     random_kv,
     random_kv_shared_prefix,
     random_paged_decode,
+    zero_paged_decode_torch,
 )
 from common.reference import reference_attention
 from common.testing import (
@@ -910,15 +911,8 @@ test_bad_input_raises_a_value_error_that_names_the_argument = bad_input_test(
     BAD_NUMPY_CALLS, points=0.5)
 
 
-def _torch_inputs(num_heads=2, head_dim=16, lens=(5,), max_blocks=2):
-    k_cache = torch.zeros(4, 4, 2, 16, device=DEVICE)
-    q = torch.zeros(len(lens), num_heads, head_dim, device=DEVICE)
-    # A view into a wider table: a wrapper that forgets to check the width reads zeros (a
-    # real block) past column max_blocks instead of memory outside the tensor.
-    tables = torch.zeros(len(lens), max_blocks + 8, dtype=torch.int32, device=DEVICE)
-    tables = tables[:, :max_blocks]
-    seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
-    return q, k_cache, k_cache.clone(), tables, seq_lens
+def _torch_inputs(**shape) -> tuple:
+    return zero_paged_decode_torch(DEVICE, **shape)
 
 
 def _bad_triton_call(inputs: dict, kwargs: dict) -> None:

@@ -23,7 +23,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from common.loader import load_impl
-from common.paged import build_paged_kv, random_kv, random_paged_decode
+from common.paged import build_paged_kv, random_kv, random_paged_decode, zero_paged_decode_torch
 from common.reference import reference_attention
 from common.testing import (
     HEAD_RATIOS,
@@ -909,12 +909,8 @@ test_bad_input_raises_a_value_error_that_names_the_argument = bad_input_test(
     BAD_NUMPY_CALLS, points=0.5)
 
 
-def _window_inputs(num_heads=2, head_dim=16, lens=(5,), max_blocks=2):
-    k_cache = torch.zeros(4, 4, 2, 16, device=DEVICE)
-    q = torch.zeros(len(lens), num_heads, head_dim, device=DEVICE)
-    tables = torch.zeros(len(lens), max_blocks + 8, dtype=torch.int32, device=DEVICE)
-    seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
-    return q, k_cache, k_cache.clone(), tables[:, :max_blocks], seq_lens
+def _window_inputs(**shape) -> tuple:
+    return zero_paged_decode_torch(DEVICE, **shape)
 
 
 def _mla_inputs(num_heads=2, d_c=32, d_rope=16, width=48, lens=(5,), max_blocks=2):
