@@ -13,13 +13,14 @@ from hypothesis import HealthCheck, Phase, settings
 
 from common.device import configure_triton, describe, has_cuda
 from common.loader import lab_impl
+from common.testing import COURSE_EXAMPLES
 
 configure_triton()
 
 # Deterministic examples: a student re-running the suite sees the same cases each time.
 settings.register_profile(
     "course",
-    max_examples=25,
+    max_examples=COURSE_EXAMPLES,
     deadline=None,
     derandomize=True,
     print_blob=True,

@@ -201,3 +201,52 @@ def random_kv(
     ks = [rng.standard_normal((n, num_kv_heads, head_dim)) for n in seq_lens]
     vs = [rng.standard_normal((n, num_kv_heads, dv)) for n in seq_lens]
     return ks, vs
+
+
+def random_paged_decode(
+    rng: np.random.Generator,
+    seq_lens: list[int],
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    *,
+    padding: str = "poisoned",
+    shared_prefix: int = 0,
+) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray], PagedKV]:
+    """A random decode step over a paged cache: ``(q [B, H, d], ks, vs, paged)``.
+
+    ``ks, vs``: dense ``[seq_len_b, num_kv_heads, head_dim]`` per sequence (the reference's
+    input); ``paged``: the same K/V in shuffled, poisoned blocks. With ``shared_prefix``
+    tokens every sequence starts with the same prompt and shares its full blocks physically.
+    """
+    if shared_prefix:
+        ks, vs = random_kv_shared_prefix(rng, seq_lens, shared_prefix, num_kv_heads, head_dim)
+    else:
+        ks, vs = random_kv(rng, seq_lens, num_kv_heads, head_dim)
+    paged = build_paged_kv(ks, vs, block_size, rng=rng, padding=padding,
+                           share_blocks=bool(shared_prefix))
+    q = rng.standard_normal((len(seq_lens), num_heads, head_dim))  # [B, H, d]
+    return q, ks, vs, paged
+
+
+def zero_paged_decode_torch(
+    device: Any,
+    num_heads: int = 2,
+    head_dim: int = 16,
+    lens: tuple[int, ...] = (5,),
+    max_blocks: int = 2,
+) -> tuple[Any, Any, Any, Any, Any]:
+    """Tiny all-zero torch decode inputs for bad-input tests: ``(q [B, H, d], k_cache,
+    v_cache [4, 4, 2, 16], block_tables [B, max_blocks], seq_lens [B])``.
+
+    ``block_tables`` is a view into a wider table: a launcher that forgets to check its
+    width reads zeros (a real block) past ``max_blocks`` instead of memory outside the tensor.
+    """
+    import torch
+
+    k_cache = torch.zeros(4, 4, 2, 16, device=device)
+    q = torch.zeros(len(lens), num_heads, head_dim, device=device)
+    tables = torch.zeros(len(lens), max_blocks + 8, dtype=torch.int32, device=device)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
+    return q, k_cache, k_cache.clone(), tables[:, :max_blocks], seq_lens

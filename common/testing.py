@@ -674,3 +674,94 @@ def assert_compiles_for_sm_90(test_file: str, kernel: str) -> None:
     if found:
         pytest.fail("compiled for an H100 (sm_90) on the CPU:\n" + "\n".join(found),
                     pytrace=False)  # fmt: skip
+
+
+# ---- bad input: a ValueError that names the argument ---------------------------------------
+
+# A bad-input table: ``{case id: (argument, call)}``. ``argument`` is the name the message
+# must contain as a whole word (or, if it is not a plain name, a regular expression);
+# ``call`` takes no arguments and makes the bad call.
+BadInputs = dict[str, tuple[str, Callable[[], Any]]]
+
+
+def assert_value_error_names(call: Callable[[], Any], argument: str, case: str = "") -> None:
+    """Assert ``call()`` raises a ``ValueError`` whose message names ``argument``.
+
+    A plain name (``"block_n"``) must appear as a whole word; anything else is a regular
+    expression searched in the message. Any other exception propagates (a starter's
+    ``NotImplementedError`` fails the test)."""
+    __tracebackhide__ = True
+    import re
+
+    pattern = rf"\b{argument}\b" if re.fullmatch(r"\w+", argument) else argument
+    where = f"{case}: " if case else ""
+    try:
+        call()
+    except ValueError as e:
+        if not re.search(pattern, str(e)):
+            raise AssertionError(
+                f"{where}the ValueError should name {argument!r} (the argument that is wrong "
+                f"and what is wrong with it), got: {e}") from None
+        return
+    raise AssertionError(
+        f"{where}expected a ValueError naming {argument!r}, none was raised: check the "
+        "argument before computing with it")
+
+
+def bad_input_test(cases: BadInputs, *, points: float, marks: tuple[Any, ...] = ()
+                   ) -> Callable[[str], None]:
+    """A graded test, parametrized over ``cases`` (a bad-input table, see ``BadInputs``), that
+    each bad call raises a ``ValueError`` naming its argument; ``points`` per case. Bind it to
+    a ``test_...`` name in the lab's test module."""
+    import pytest
+
+    def test(case: str) -> None:
+        __tracebackhide__ = True
+        argument, call = cases[case]
+        assert_value_error_names(call, argument, case)
+
+    test = pytest.mark.parametrize("case", list(cases))(test)
+    for mark in (pytest.mark.points(points), *marks):
+        test = mark(test)
+    return test
+
+
+# ---- hypothesis: how many examples a property test runs ------------------------------------
+
+# The course profile (conftest.py) runs 25 examples a property test.
+COURSE_EXAMPLES = 25
+
+
+def examples(n: int) -> Any:
+    """``@examples(n)``: the one way a lab's property test sets its own hypothesis settings.
+
+    Runs ``n`` examples under the course profile (a slow test asks for fewer than its 25);
+    under another profile (``HYPOTHESIS_PROFILE=thorough`` or ``explore``) ``n`` scales with
+    that profile's number, so a thorough run is thorough for every test."""
+    from hypothesis import settings
+
+    return settings(max_examples=max(1, round(n * settings.default.max_examples
+                                              / COURSE_EXAMPLES)))
+
+
+def sm90_compile_test(test_file: str) -> Callable[[str], None] | None:
+    """The graded test that every kernel of the lab beside ``test_file`` compiles for sm_90
+    (``assert_compiles_for_sm_90``), parametrized over ``sm90_kernels``, 1 point a kernel;
+    None (nothing to collect) where bench/ is absent, as in the grader's copy."""
+    import pytest
+
+    kernels = sm90_kernels(test_file)
+    if not kernels:
+        return None
+
+    @pytest.mark.points(1)
+    @pytest.mark.triton
+    @pytest.mark.gpu_compile
+    @pytest.mark.parametrize("kernel", kernels)
+    def test(kernel: str) -> None:
+        """The kernel compiles for sm_90 with the bundled ptxas (a plain Python global read
+        in a kernel runs on the interpreter and does not compile for a GPU), float32 inputs
+        keep ieee dots, the lab's GPU tiles do not spill, large tensors get 64-bit offsets."""
+        assert_compiles_for_sm_90(test_file, kernel)
+
+    return test

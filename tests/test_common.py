@@ -200,3 +200,43 @@ def test_called_on_copies_copies_before_peak_memory_measures():
     big = np.zeros(2**20)  # 8 MiB: its copy is made outside the measured call
     value, peak = peak_memory(impl.first, big)
     assert value == 0.0 and peak < 2**20
+
+
+def _raise(error: Exception) -> None:
+    raise error
+
+
+def test_assert_value_error_names_wants_the_argument_as_a_whole_word():
+    from common.testing import assert_value_error_names
+
+    assert_value_error_names(lambda: _raise(ValueError("seq_lens must be >= 0")), "seq_lens")
+    with pytest.raises(AssertionError, match="should name 'seq_len'"):
+        assert_value_error_names(lambda: _raise(ValueError("seq_lens must be >= 0")), "seq_len")
+    with pytest.raises(AssertionError, match="none was raised"):
+        assert_value_error_names(lambda: None, "k", "case")
+    with pytest.raises(NotImplementedError):  # a starter's TODO fails the test
+        assert_value_error_names(lambda: _raise(NotImplementedError("TODO")), "k")
+    assert_value_error_names(lambda: _raise(ValueError("k or v")), r"\bv\b|block")
+
+
+def test_bad_input_test_is_one_parametrized_test_with_points_per_case():
+    from common.testing import bad_input_test
+
+    test = bad_input_test({"a": ("x", lambda: _raise(ValueError("x < 0")))}, points=0.5,
+                          marks=(pytest.mark.triton,))
+    marks = {m.name: m for m in test.pytestmark}
+    assert marks["points"].args == (0.5,) and "triton" in marks
+    assert marks["parametrize"].args == ("case", ["a"])
+    test("a")
+
+
+def test_random_paged_decode_pages_the_dense_kv_it_returns():
+    from common.paged import random_paged_decode
+
+    rng = np.random.default_rng(0)
+    q, ks, vs, paged = random_paged_decode(rng, [5, 9], 4, 2, 8, 4, shared_prefix=5)
+    assert q.shape == (2, 4, 8) and [k.shape for k in ks] == [(5, 2, 8), (9, 2, 8)]
+    table = paged.block_tables[1]
+    for t in range(9):
+        np.testing.assert_array_equal(paged.k_cache[table[t // 4], t % 4], ks[1][t])
+    np.testing.assert_array_equal(ks[0], ks[1][:5])  # the shared prefix

@@ -15,13 +15,20 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from common import load_impl, prefix_mask, reference_attention
 from common.loader import load_lab_module
 from common.reference import to_float64
-from common.testing import HEAD_RATIOS, assert_close, called_on_copies
+from common.testing import (
+    HEAD_RATIOS,
+    BadInputs,
+    assert_close,
+    bad_input_test,
+    called_on_copies,
+    examples,
+)
 
 # every call gets copies of its arrays: expected values come from the test's own
 impl = called_on_copies(load_impl(__file__))
@@ -446,7 +453,7 @@ def test_scaled_dot_product_attention_equals_the_float64_reference(
 
 
 @pytest.mark.points(2)
-@settings(max_examples=15)
+@examples(15)
 @given(lq=st.integers(1, 6), lk=st.integers(1, 6), seed=st.integers(0, 2**16))
 def test_a_boolean_attn_mask_means_true_attends_as_in_pytorch(lq, lk, seed):
     q, k, v = qkv(seed, (2, 2), lq, lk, 4, 3)
@@ -648,7 +655,7 @@ def mha_wrongs(query, key, value, w, h, mask, flipped=None):
 
 
 @pytest.mark.points(4)
-@settings(max_examples=20)
+@examples(20)
 @given(
     b=st.integers(1, 2), lq=st.integers(1, 5), lk=st.integers(1, 5), h=st.sampled_from([1, 2, 4]),
     head_dim=st.integers(1, 3), cross=st.booleans(), padded=st.booleans(), causal=st.booleans(),
@@ -783,36 +790,32 @@ def test_rope_scores_depend_only_on_the_distance_m_minus_n(half, m, n, shift, in
 
 _q, _k, _v = normal(1, 1, 2, 3, 4), normal(2, 1, 2, 5, 4), normal(3, 1, 2, 5, 2)
 _w = provided.MultiHeadWeights(*(normal(i, 4, 4) for i in range(4)))
-BAD_INPUTS = [
-    ("dot_scores", lambda: impl.dot_scores(_q, _k[..., :3]), "k"),
-    ("general_scores", lambda: impl.general_scores(_q[0, 0], _k[0, 0], np.ones((3, 4))), "w"),
-    ("additive_scores",
-     lambda: impl.additive_scores(_q[0, 0], _k[0, 0], np.ones((4, 3)), np.ones((4, 3)),
-                                  np.ones(2)), "v_a"),
-    ("sdpa", lambda: impl.scaled_dot_product_attention(_q, _k, _v[..., :4, :]), "v"),
-    ("sdpa", lambda: impl.scaled_dot_product_attention(_q, _k, _v, np.ones((3, 4), bool)),
-     "attn_mask"),
-    ("sdpa", lambda: impl.scaled_dot_product_attention(
-        _q, _k, _v, np.ones((3, 5), bool), is_causal=True), "attn_mask"),
-    ("sdpa-gqa", lambda: impl.scaled_dot_product_attention(
-        normal(1, 1, 3, 3, 4), _k, _v, enable_gqa=True), "k"),
-    ("key_padding_mask", lambda: impl.key_padding_mask(np.array([2, 6]), 5), "lengths"),
-    ("split_heads", lambda: impl.split_heads(np.ones((1, 2, 6)), 4), "num_heads"),
-    ("multi_head_attention", lambda: impl.multi_head_attention(
-        np.ones((1, 2, 4)), np.ones((1, 3, 4)), np.ones((1, 3, 4)), _w, 3), "num_heads"),
-    ("multi_head_attention", lambda: impl.multi_head_attention(
-        np.ones((1, 2, 4)), np.ones((1, 3, 5)), np.ones((1, 3, 4)), _w, 2), "w_k"),
-    ("sinusoidal_positions", lambda: impl.sinusoidal_positions(4, 5), "dim"),
-    ("apply_rope", lambda: impl.apply_rope(np.ones((3, 5)), np.arange(3)), "x"),
-    ("apply_rope", lambda: impl.apply_rope(np.ones((3, 4)), np.arange(4)), "positions"),
-    ("scale_experiment", lambda: impl.scale_experiment(0), "d"),
-]  # fmt: skip
-
-
-@pytest.mark.points(0.5)
-@pytest.mark.parametrize(
-    "call, argument", [(c, a) for _, c, a in BAD_INPUTS], ids=[f"{f}-{a}" for f, _, a in BAD_INPUTS]
-)
-def test_bad_input_raises_value_error_naming_the_argument(call, argument):
-    with pytest.raises(ValueError, match=rf"\b{argument}\b"):
-        call()
+BAD_INPUTS: BadInputs = {
+    "dot_scores-k": ("k", lambda: impl.dot_scores(_q, _k[..., :3])),
+    "general_scores-w": ("w", lambda: impl.general_scores(_q[0, 0], _k[0, 0], np.ones((3, 4)))),
+    "additive_scores-v_a": (
+        "v_a", lambda: impl.additive_scores(_q[0, 0], _k[0, 0], np.ones((4, 3)), np.ones((4, 3)),
+            np.ones(2))),
+    "sdpa-v": ("v", lambda: impl.scaled_dot_product_attention(_q, _k, _v[..., :4, :])),
+    "sdpa-attn_mask": (
+        "attn_mask", lambda: impl.scaled_dot_product_attention(_q, _k, _v, np.ones((3, 4), bool))),
+    "sdpa-attn_mask-2": (
+        "attn_mask", lambda: impl.scaled_dot_product_attention(
+            _q, _k, _v, np.ones((3, 5), bool), is_causal=True)),
+    "sdpa-gqa-k": (
+        "k", lambda: impl.scaled_dot_product_attention(
+            normal(1, 1, 3, 3, 4), _k, _v, enable_gqa=True)),
+    "key_padding_mask-lengths": ("lengths", lambda: impl.key_padding_mask(np.array([2, 6]), 5)),
+    "split_heads-num_heads": ("num_heads", lambda: impl.split_heads(np.ones((1, 2, 6)), 4)),
+    "multi_head_attention-num_heads": (
+        "num_heads", lambda: impl.multi_head_attention(
+            np.ones((1, 2, 4)), np.ones((1, 3, 4)), np.ones((1, 3, 4)), _w, 3)),
+    "multi_head_attention-w_k": (
+        "w_k", lambda: impl.multi_head_attention(
+            np.ones((1, 2, 4)), np.ones((1, 3, 5)), np.ones((1, 3, 4)), _w, 2)),
+    "sinusoidal_positions-dim": ("dim", lambda: impl.sinusoidal_positions(4, 5)),
+    "apply_rope-x": ("x", lambda: impl.apply_rope(np.ones((3, 5)), np.arange(3))),
+    "apply_rope-positions": ("positions", lambda: impl.apply_rope(np.ones((3, 4)), np.arange(4))),
+    "scale_experiment-d": ("d", lambda: impl.scale_experiment(0)),
+}  # fmt: skip
+test_bad_input_raises_value_error_naming_the_argument = bad_input_test(BAD_INPUTS, points=0.5)

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from common import load_impl
 from common.reference import to_float64
-from common.testing import assert_close, called_on_copies, host_syncs, tolerance
+from common.testing import assert_close, called_on_copies, examples, host_syncs, tolerance
 from common.triton_env import dot_tile
 
 # every call gets copies of its arrays: expected values come from the test's own
@@ -224,7 +224,7 @@ def test_2_add_vectors_over_a_grid_of_cdiv_n_block_programs(n, block):
 
 
 @pytest.mark.points(1)
-@settings(max_examples=15)
+@examples(15)
 @given(n=st.integers(1, 130), block=st.sampled_from([16, 32, 64]), seed=st.integers(0, 99))
 def test_2_add_vectors_for_any_n_and_block(n, block, seed):
     x, y = rand(seed, n), rand(seed + 1, n)
@@ -255,7 +255,7 @@ def test_3_transpose_moves_2d_tiles_through_any_strides(m, n, block_m, block_n, 
 
 
 @pytest.mark.points(1)
-@settings(max_examples=8)
+@examples(8)
 @given(m=st.integers(1, 40), n=st.integers(1, 40), block_m=st.sampled_from([16, 32]),
        block_n=st.sampled_from([16, 32]), x_layout=st.sampled_from(["row", "col"]),
        out_layout=st.sampled_from(["row", "col"]))  # fmt: skip
