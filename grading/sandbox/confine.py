@@ -92,26 +92,46 @@ def private_temp(tmp: str | None) -> bool:
         return False
     fds: list[int] = []
     bound: list[bytes] = []
+    keep_paths = _kept_under_temp(scratch)
     try:  # descriptors opened in the new namespace: mount sources that the binds cannot hide
-        fds = [os.open(scratch, os.O_RDONLY | os.O_DIRECTORY),
-               os.open(tmp, os.O_RDONLY | os.O_DIRECTORY)]
-        keep, lab_tmp = (f"/proc/self/fd/{fd}".encode() for fd in fds)
+        fds = [os.open(tmp, os.O_RDONLY | os.O_DIRECTORY)]
+        fds += [os.open(path, os.O_RDONLY | os.O_DIRECTORY) for path in keep_paths]
+        lab_tmp = f"/proc/self/fd/{fds[0]}".encode()
         for target in PRIVATE_TEMP_DIRS:
             if os.path.isdir(target) and not os.path.islink(target):
                 if libc.mount(lab_tmp, target.encode(), None, _MS_BIND, None) != 0:
                     raise OSError(f"cannot mount over {target}")
                 bound.append(target.encode())
-        if not os.path.isdir(tmp):  # the scratch copy was inside one: mount it back
-            os.makedirs(scratch, exist_ok=True)
-            if libc.mount(keep, scratch.encode(), None, _MS_BIND, None) != 0:
-                raise OSError("cannot mount the scratch copy back")
-            bound.insert(0, scratch.encode())
+        # what lived inside one (the scratch copy; a clone's .venv in /tmp): mounted back
+        for path, fd in zip(keep_paths, fds[1:]):
+            if os.path.isdir(path):
+                continue
+            os.makedirs(path, exist_ok=True)
+            source = f"/proc/self/fd/{fd}".encode()
+            if libc.mount(source, path.encode(), None, _MS_BIND, None) != 0:
+                raise OSError(f"cannot mount {path} back")
+            bound.insert(0, path.encode())
         return os.path.isdir(tmp) or _undo(libc, bound)
     except OSError:
         return _undo(libc, bound)
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def _kept_under_temp(scratch: str) -> list[str]:
+    """Folders inside a private temp dir that the sandbox still needs, outermost only: the
+    scratch copy, and the Python it runs (a clone in /tmp keeps its .venv there: without it
+    the graded code could not import what the zygote did not import first)."""
+    packages = [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
+    needed = [scratch, sys.prefix, sys.exec_prefix, *packages]  # never the course tree
+    under = sorted({os.path.realpath(p) for p in needed if os.path.isdir(p) and any(
+        os.path.realpath(p).startswith(d + os.sep) for d in PRIVATE_TEMP_DIRS)})
+    outer: list[str] = []
+    for path in under:
+        if not any(path.startswith(o + os.sep) for o in outer):
+            outer.append(path)
+    return outer
 
 
 def _undo(libc: object, bound: list[bytes]) -> bool:
