@@ -16,7 +16,8 @@ SUMMARY_DTYPE, SUMMARY_HEAD_DIM, SUMMARY_ARCH = "bf16", 128, "sm_90"
 def write_report(report: dict, out: pathlib.Path) -> None:
     """``<out>.md`` and ``<out>.json``."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
+    ordered = {"provenance": report["provenance"], **report}  # the header first, like the .md
+    out.with_suffix(".json").write_text(json.dumps(ordered, indent=1) + "\n")
     out.with_suffix(".md").write_text(markdown(report))
 
 

@@ -266,6 +266,8 @@ def provenance(command: str, rows: list[dict]) -> dict[str, Any]:
         "triton": tools.get("triton", "unknown"),
         "ptxas": ptxas,
         "cuobjdump": tools.get("cuobjdump", "unknown"),
+        "gpu": "none: compiled on a CPU-only machine, nothing ran",
+        "driver": "none: no CUDA driver was used (Triton's bundled ptxas and cuobjdump)",
         "note": NOT_RUN,
     }
 
