@@ -6,6 +6,7 @@ without CUDA) before anything imports triton.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import pytest
@@ -13,9 +14,26 @@ from hypothesis import HealthCheck, Phase, settings
 
 from common.device import configure_triton, describe, has_cuda
 from common.loader import lab_impl
-from common.testing import COURSE_EXAMPLES
+from common.testing import COURSE_EXAMPLES, register_compile_checks
 
 configure_triton()
+
+
+def _kernels_of(lab: str) -> list[str]:
+    from bench.student_compile import kernels_of
+
+    return kernels_of(lab)
+
+
+def _check_kernels(lab: str, impl: str, labs_root: str) -> dict[str, list[str]]:
+    from bench.student_compile import check_kernels
+
+    return check_kernels(lab, impl, labs_root)
+
+
+# The labs' sm_90 compile tests use the GPU report's compiler (bench/), where the copy has it.
+if importlib.util.find_spec("bench.student_compile") is not None:
+    register_compile_checks(_kernels_of, _check_kernels)
 
 # Deterministic examples: a student re-running the suite sees the same cases each time.
 settings.register_profile(

@@ -154,6 +154,16 @@ def reference_softmax(x: Any) -> np.ndarray:
     return e / e.sum()
 
 
+def reference_decode(q: Any, k: Any, v: Any, *, scale: float | None = None,
+                     window: int | None = None, sinks: Any = None
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """One decode step (the last of ``L`` tokens) in float64: ``q [H, d]``, ``k [L, KVH, d]``,
+    ``v [L, KVH, dv]`` -> ``(out [H, dv], lse [H])``; ``window`` and ``sinks`` as in
+    :func:`reference_attention`."""
+    out, lse = reference_attention(q[None], k, v, scale=scale, window=window, sinks=sinks)
+    return out[0], lse[0]
+
+
 def reference_attention_backward(
     q: Any,
     k: Any,

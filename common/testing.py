@@ -183,6 +183,21 @@ def chunkings(total: int) -> st.SearchStrategy[list[int]]:
     return cuts.map(lambda c: np.diff([0, *sorted(c), total]).astype(int).tolist())
 
 
+# ---- tile shapes: where BLOCK_M and BLOCK_N must not be mixed up ---------------------------
+
+# One square tile and both oblong ones: a loop bound that uses BLOCK_N where BLOCK_M belongs
+# (or the other way) gives the right answer on square tiles only.
+TILE_SHAPES: tuple[tuple[int, int], ...] = ((16, 16), (16, 32), (32, 16))
+
+
+def tile_shapes(*shapes: tuple[int, int], name: str = "tiles") -> Any:
+    """``@tile_shapes()``: parametrize a test over ``(block_m, block_n)`` pairs (default
+    :data:`TILE_SHAPES`), with ids like ``16x32``."""
+    import pytest
+
+    return pytest.mark.parametrize(name, shapes or TILE_SHAPES, ids=lambda t: f"{t[0]}x{t[1]}")
+
+
 # ---- layouts: the same values in memory a kernel may not assume ----------------------------
 
 LAYOUTS: tuple[str, ...] = ("transposed", "sliced")
@@ -336,45 +351,14 @@ def called_on_copies(module: types.ModuleType,
 # the measurement is taken where the code runs.
 
 
-class ResidentPeak:
-    """The growth of another process's resident memory high-water mark, measured from
-    outside it (Linux): ``start(pid)`` resets the mark (``/proc/<pid>/clear_refs`` <- "5")
-    and notes the resident size; ``peak()`` is ``VmHWM`` minus that, in bytes. The grader
-    measures a sandboxed worker's call with it, where the graded code cannot replace the
-    instrument; ``None`` where ``/proc`` does not allow it (then the worker measures)."""
-
-    def __init__(self, pid: int, base: int) -> None:
-        self.pid, self.base = pid, base
-
-    @staticmethod
-    def _status(pid: int, key: str) -> int:
-        with open(f"/proc/{pid}/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1]) * 1024
-        raise OSError(f"no {key} in /proc/{pid}/status")
-
-    @classmethod
-    def start(cls, pid: int) -> ResidentPeak | None:
-        try:
-            with open(f"/proc/{pid}/clear_refs", "w", encoding="ascii") as f:
-                f.write("5")
-            return cls(pid, cls._status(pid, "VmRSS"))
-        except (OSError, ValueError):
-            return None
-
-    def peak(self) -> int:
-        return max(self._status(self.pid, "VmHWM") - self.base, 0)
-
-
 def peak_memory(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, int]:
     """``(fn(*args, **kwargs), peak bytes the call added)``.
 
     In a plain pytest run: the bytes Python and numpy allocated at the peak (``tracemalloc``).
     Under the grader, where the code runs in a sandboxed worker: the growth of the worker's
-    resident-memory high-water mark over the call, read by the trusted side from ``/proc``
-    (:class:`ResidentPeak`), so a submission cannot replace the measurement; it counts pages
-    the call touched (its inputs' copies included), a little more than ``tracemalloc``."""
+    resident-memory high-water mark over the call, read by the grader from ``/proc``, so a
+    submission cannot replace the measurement; it counts pages the call touched (its inputs'
+    copies included), a little more than ``tracemalloc``."""
     remote = getattr(fn, "__instrumented_call__", None)
     if remote is not None:
         return remote("peak_memory", args, kwargs)
@@ -390,6 +374,18 @@ def peak_memory(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any,
         if not was_tracing:
             tracemalloc.stop()
     return result, max(int(peak), 0)
+
+
+def assert_peak_below(fn: Callable[..., Any], *args: Any, limit: int, message: str,
+                      **kwargs: Any) -> Any:
+    """Call ``fn(*args, **kwargs)`` under :func:`peak_memory`; fail with ``message`` (the
+    likely misconception) when it added ``limit`` bytes or more. Returns ``fn``'s result, for
+    the test to check its values."""
+    __tracebackhide__ = True
+    result, peak = peak_memory(fn, *args, **kwargs)
+    mib = f"{peak / 2**20:.2f} MiB (limit {limit / 2**20:g} MiB)"
+    assert peak < limit, f"peak memory {mib}: {message}"
+    return result
 
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -642,37 +638,35 @@ class LabScript:
         self.proc.wait()
 
 
-def sm90_kernels(test_file: str) -> list[str]:
-    """The ``@triton.jit`` kernels of the lab beside ``test_file`` that ``make gpu-report``
-    compiles (``bench/gpu_kernels.py``); [] where bench/ is absent."""
-    try:
-        from bench.student_compile import kernels_of
-    except ImportError:
-        return []
-    return kernels_of(Path(test_file).resolve().parent.name)
+# ---- compiled for a GPU: what the interpreter hides --------------------------------------
+#
+# The compile check lives with the GPU report (``bench/student_compile.py``). The course's
+# ``conftest.py`` registers it here, so ``common/`` imports nothing above it; where nothing is
+# registered (a copy of the course without ``bench/``), no compile test is collected.
+COMPILE_CHECKS: dict[str, Callable[..., Any]] = {}
 
 
-@functools.cache
-def _sm90_problems(lab: str, impl: str, labs_root: str) -> dict[str, list[str]]:
-    """All of a lab's kernels compiled at once, asked once per test process."""
-    from bench.student_compile import check_kernels
-
-    return check_kernels(lab, impl, labs_root)
+def register_compile_checks(kernels_of: Callable[[str], list[str]],
+                            check_kernels: Callable[[str, str, str], dict[str, list[str]]]
+                            ) -> None:
+    """Register ``kernels_of(lab)`` (the kernels to compile) and ``check_kernels(lab, impl,
+    labs_root)`` (every kernel's problems, by name) for ``sm90_compile_test``."""
+    COMPILE_CHECKS.update(kernels_of=kernels_of, check_kernels=functools.cache(check_kernels))
 
 
 def assert_compiles_for_sm_90(test_file: str, kernel: str) -> None:
     """Compile ``kernel`` of the lab beside ``test_file`` (``LAB_IMPL``'s file) for sm_90 with
-    Triton's bundled ptxas, on the CPU (``bench.student_compile``: cached, seconds when
-    nothing changed); fail with the compiler's message, or with what the compiled code shows
-    that the interpreter hides (TF32 dots on float32 inputs, spills, 32-bit offsets)."""
+    Triton's bundled ptxas, on the CPU (all of a lab's kernels at once, asked once per test
+    process); fail with the compiler's message, or with what the compiled code shows that the
+    interpreter hides (TF32 dots on float32 inputs, spills, 32-bit offsets)."""
     import pytest
 
     from common.loader import lab_impl
 
     lab = Path(test_file).resolve().parent
-    found = _sm90_problems(lab.name, lab_impl(), str(lab.parent)).get(kernel, [])
-    if found:
-        pytest.fail("compiled for an H100 (sm_90) on the CPU:\n" + "\n".join(found),
+    problems = COMPILE_CHECKS["check_kernels"](lab.name, lab_impl(), str(lab.parent))
+    if problems.get(kernel):
+        pytest.fail("compiled for an H100 (sm_90) on the CPU:\n" + "\n".join(problems[kernel]),
                     pytrace=False)  # fmt: skip
 
 
@@ -746,13 +740,13 @@ def examples(n: int) -> Any:
 
 def sm90_compile_test(test_file: str) -> Callable[[str], None] | None:
     """The graded test that every kernel of the lab beside ``test_file`` compiles for sm_90
-    (``assert_compiles_for_sm_90``), parametrized over ``sm90_kernels``, 1 point a kernel;
-    None (nothing to collect) where bench/ is absent, as in the grader's copy."""
+    (``assert_compiles_for_sm_90``), one point a kernel; None (nothing to collect) where no
+    compile check is registered."""
     import pytest
 
-    kernels = sm90_kernels(test_file)
-    if not kernels:
+    if not COMPILE_CHECKS:
         return None
+    kernels = COMPILE_CHECKS["kernels_of"](Path(test_file).resolve().parent.name)
 
     @pytest.mark.points(1)
     @pytest.mark.triton
@@ -764,4 +758,4 @@ def sm90_compile_test(test_file: str) -> Callable[[str], None] | None:
         keep ieee dots, the lab's GPU tiles do not spill, large tensors get 64-bit offsets."""
         assert_compiles_for_sm_90(test_file, kernel)
 
-    return test
+    return test if kernels else None

@@ -40,6 +40,7 @@ from grading.plugin.remote import (
     describe_exit,
     plain_result,
 )
+from grading.plugin.resident_peak import ResidentPeak
 from grading.plugin.sandboxes import current_deadline, replace_sandbox
 from grading.sandbox import frames, wire
 from grading.sandbox.lab_sandbox import LabSandbox
@@ -109,12 +110,10 @@ MAX_TIMEOUTS = 2
 
 def _peak_from_outside(instrument: str | None, pid: int) -> tuple[Any, str | None]:
     """``(measurement, instrument left to the worker)``: ``peak_memory`` is measured by the
-    trusted side (the worker's resident high-water mark, :class:`common.testing.ResidentPeak`)
+    trusted side (the worker's resident high-water mark, :class:`ResidentPeak`)
     where ``/proc`` allows it, and then the worker just calls."""
     if instrument != "peak_memory":
         return None, instrument
-    from common.testing import ResidentPeak
-
     measured = ResidentPeak.start(pid)
     return measured, (instrument if measured is None else None)
 
