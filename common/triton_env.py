@@ -59,21 +59,6 @@ class _MissingTriton:
     def jit(self, fn: Any = None, **kwargs: Any) -> Any:
         return _MissingKernel(fn) if fn is not None else _MissingKernel
 
-    def autotune(self, *args: Any, **kwargs: Any) -> Any:
-        return lambda fn: fn
-
-    def heuristics(self, *args: Any, **kwargs: Any) -> Any:
-        return lambda fn: fn
-
-    def Config(self, *args: Any, **kwargs: Any) -> None:  # noqa: N802 (triton's name)
-        return None
-
-    def cdiv(self, a: int, b: int) -> int:
-        return -(-a // b)
-
-    def next_power_of_2(self, n: int) -> int:
-        return 1 if n <= 1 else 1 << (n - 1).bit_length()
-
     def __getattr__(self, name: str) -> Any:
         raise TritonUnavailable(f"triton.{name}: {TRITON_MISSING}")
 
@@ -220,22 +205,8 @@ def default_scale(head_dim: int) -> float:
 
 
 __all__ = [
-    "DEVICE",
-    "HAVE_TRITON",
-    "INTERPRET",
-    "LOG2E",
-    "MIN_DOT_TILE",
-    "TRITON_MISSING",
-    "TritonUnavailable",
-    "cdiv",
-    "check_kernel_dtype",
-    "default_scale",
-    "dot_precision",
-    "dot_tile",
-    "log2e_scale",
-    "on_interpreter",
-    "require_triton",
-    "tile_config",
-    "tl",
+    "DEVICE", "HAVE_TRITON", "INTERPRET", "LOG2E", "MIN_DOT_TILE", "TRITON_MISSING",
+    "TritonUnavailable", "cdiv", "check_kernel_dtype", "default_scale", "dot_precision",
+    "dot_tile", "log2e_scale", "on_interpreter", "require_triton", "tile_config", "tl",
     "triton",
 ]
