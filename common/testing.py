@@ -183,6 +183,24 @@ def chunkings(total: int) -> st.SearchStrategy[list[int]]:
     return cuts.map(lambda c: np.diff([0, *sorted(c), total]).astype(int).tolist())
 
 
+def qkv_sizes(max_len: int, max_dim: int, *,
+              min_len: int = 1) -> dict[str, st.SearchStrategy[int]]:
+    """``@given(**qkv_sizes(12, 6), ...)``: the sizes of one random attention problem, lengths
+    ``lq``, ``lk`` in ``[min_len, max_len]``, head dims ``d``, ``dv`` in ``[1, max_dim]``,
+    and a ``seed`` (for :func:`random_qkv`)."""
+    lengths, dims = st.integers(min_len, max_len), st.integers(1, max_dim)
+    return {"lq": lengths, "lk": lengths, "d": dims, "dv": dims, "seed": st.integers(0, 2**16)}
+
+
+def random_qkv(seed: int, lq: int, lk: int, d: int, dv: int, *,
+               spread: float = 1.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Standard-normal float64 ``q [lq, d]``, ``k [lk, d]`` (both times ``spread``: scores
+    grow as ``spread²``) and ``v [lk, dv]``, drawn in that order from ``seed``."""
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((lq, d)) * spread, rng.standard_normal((lk, d)) * spread,
+            rng.standard_normal((lk, dv)))
+
+
 # ---- tile shapes: where BLOCK_M and BLOCK_N must not be mixed up ---------------------------
 
 # One square tile and both oblong ones: a loop bound that uses BLOCK_N where BLOCK_M belongs

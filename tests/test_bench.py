@@ -35,7 +35,7 @@ FAKE_LABS = {
         import torch
         from bench.workloads import torch_attention
 
-        def flash_attention_triton(q, k, v, causal=False, scale=None):
+        def flash_attention_triton(q, k, v, causal=False, *, scale=None):
             pos = torch.arange(q.shape[2]) if causal else None
             return torch_attention(q, k, v, scale or q.shape[-1] ** -0.5, positions=pos)
     """,

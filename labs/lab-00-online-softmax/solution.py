@@ -338,8 +338,8 @@ def flash_attention_triton(
     k: torch.Tensor,
     v: torch.Tensor,
     causal: bool = False,
-    scale: float | None = None,
     *,
+    scale: float | None = None,
     block_m: int | None = None,
     block_n: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -21,18 +21,22 @@ from common.reference import reference_softmax, to_float64
 from common.testing import (
     LAYOUTS,
     ODD_HEAD_DIMS,
+    TILE_SHAPES,
     BadInputs,
     assert_close,
     assert_no_races,
+    assert_peak_below,
     bad_input_test,
     basic_value_test,
     called_on_copies,
     examples,
     host_syncs,
     kernel_memory,
-    peak_memory,
+    qkv_sizes,
+    random_qkv,
     sm90_compile_test,
     strided_view,
+    tile_shapes,
     tolerance,
 )
 
@@ -182,15 +186,6 @@ def as_steps_array(steps, x, tile_size):
     return np.array([(float(m), float(l)) for m, l in steps], dtype=np.float64).reshape(-1, 2)
 
 
-def qkv(seed, lq, lk, d, dv, spread=1.0):
-    rng = np.random.default_rng(seed)
-    return (
-        rng.standard_normal((lq, d)) * spread,
-        rng.standard_normal((lk, d)) * spread,
-        rng.standard_normal((lk, dv)),
-    )
-
-
 finite = st.floats(-60.0, 60.0, allow_nan=False, allow_infinity=False)
 vectors = arrays(np.float64, st.integers(1, 40), elements=finite)
 
@@ -277,20 +272,16 @@ def test_masked_minus_inf_scores_get_zero_probability_without_nan():
 
 @pytest.mark.points(4)
 @given(
-    lq=st.integers(0, 40),
-    lk=st.integers(0, 40),
-    d=st.integers(1, 8),
-    dv=st.integers(1, 8),
+    **qkv_sizes(40, 8, min_len=0),
     block_q=st.integers(1, 20),
     block_k=st.integers(1, 20),
     causal=st.booleans(),
-    seed=st.integers(0, 2**16),
 )
 @basic_value_test
 def test_flash_attention_forward_equals_the_float64_reference(
     lq, lk, d, dv, block_q, block_k, causal, seed
 ):
-    q, k, v = qkv(seed, lq, lk, d, dv, spread=1.5)
+    q, k, v = random_qkv(seed, lq, lk, d, dv, spread=1.5)
     want_out, want_lse = reference(q, k, v, causal)
     result = impl.flash_attention_forward(q, k, v, block_q=block_q, block_k=block_k, causal=causal)
     assert isinstance(result, tuple) and len(result) == 2, "return the pair (out, lse)"
@@ -329,7 +320,7 @@ def test_the_accumulator_is_rescaled_when_the_running_max_grows(causal):
 
 @pytest.mark.points(1)
 def test_lse_includes_the_running_max():
-    q, k, v = qkv(3, 6, 20, 4, 4)
+    q, k, v = random_qkv(3, 6, 20, 4, 4)
     k = k * 30.0  # scores in the tens: lse - m is far from lse
     _, lse = impl.flash_attention_forward(q, k, v, block_q=4, block_k=8)
     assert_attention_close(
@@ -339,7 +330,7 @@ def test_lse_includes_the_running_max():
 
 @pytest.mark.points(1)
 def test_scores_are_scaled_by_one_over_sqrt_d_by_default():
-    q, k, v = qkv(4, 9, 13, 16, 5)
+    q, k, v = random_qkv(4, 9, 13, 16, 5)
     out, lse = impl.flash_attention_forward(q, k, v, block_q=4, block_k=4)
     want_out, want_lse = reference(q, k, v)
     wrong_out, wrong_lse = reference(q, k, v, scale=1.0)
@@ -352,7 +343,7 @@ def test_scores_are_scaled_by_one_over_sqrt_d_by_default():
 @pytest.mark.points(1)
 @pytest.mark.parametrize("lq, lk", [(10, 10), (7, 12), (12, 7)])
 def test_causal_attends_the_diagonal(lq, lk):
-    q, k, v = qkv(5, lq, lk, 4, 3)
+    q, k, v = random_qkv(5, lq, lk, 4, 3)
     with np.errstate(all="ignore"):
         out, _ = impl.flash_attention_forward(q, k, v, block_q=4, block_k=4, causal=True)
     want = reference(q, k, v, causal=True)[0]
@@ -376,7 +367,7 @@ def test_causal_attends_the_diagonal(lq, lk):
 )
 def test_causal_never_reads_keys_past_the_last_query(lq, extra, block_q, block_k, seed):
     lk = lq + extra  # top-left causal: keys lq..lk-1 are attended by nobody
-    q, k, v = qkv(seed, lq, lk, 4, 3)
+    q, k, v = random_qkv(seed, lq, lk, 4, 3)
     want_out, want_lse = reference(q, k[:lq], v[:lq], causal=True)
     wrong_out = out_misconceptions(q, k, v, block_k, causal=True)
     wrong_lse = lse_misconceptions(q, k, v, block_k, causal=True)
@@ -404,7 +395,7 @@ def test_causal_never_reads_keys_past_the_last_query(lq, extra, block_q, block_k
 def test_rows_whose_scores_are_all_far_below_zero_still_get_a_softmax(causal):
     # every score is about -800: exp(-800) is 0 in float64, so m must start at -inf (then
     # take the tile's max), never at 0, or l sums to 0 and out = 0 / 0
-    q, k, v = qkv(11, 9, 21, 4, 3, spread=0.1)
+    q, k, v = random_qkv(11, 9, 21, 4, 3, spread=0.1)
     q, k = q + 20.0, k - 20.0  # q . k / sqrt(4) ~ -800 for every pair
     with np.errstate(all="ignore"):
         out, lse = impl.flash_attention_forward(q, k, v, block_q=4, block_k=8, causal=causal)
@@ -418,14 +409,8 @@ def test_rows_whose_scores_are_all_far_below_zero_still_get_a_softmax(causal):
     assert_attention_close(lse, want_lse, what="lse for scores near -800", nan_hint=hint)
 
 
-def assert_peak_below(q, k, v, block_q, block_k, limit, message):
-    """Run the forward pass under peak_memory; check the bytes, then a few rows' values."""
-    (out, _), peak = peak_memory(
-        impl.flash_attention_forward, q, k, v, block_q=block_q, block_k=block_k
-    )
-    assert peak < limit, (
-        f"peak memory {peak / 2**20:.2f} MiB (limit {limit / 2**20:g} MiB): {message}"
-    )
+def assert_some_rows_close(out, q, k, v):
+    """The memory tests' value check: a few rows of ``out`` against the reference."""
     rows = np.unique([0, 1, len(q) // 2, len(q) - 1])
     assert_attention_close(
         to_float64(out)[rows],
@@ -435,63 +420,60 @@ def assert_peak_below(q, k, v, block_q, block_k, limit, message):
     )
 
 
+# The memory tests measure with common.testing.peak_memory: tracemalloc in a plain run; under
+# the grader the sandboxed worker's resident high-water mark, read from outside it. The array
+# each looks for is 32 MiB, so glibc maps it fresh and it always counts.
+
+
 @pytest.mark.points(2)
 def test_flash_attention_forward_never_builds_an_lq_by_lk_array():
-    """Measured by common.testing.peak_memory: tracemalloc in a plain run; under the grader
-    the sandboxed worker's resident high-water mark, read from outside it. The array
-    it looks for is 32 MiB, so glibc maps it fresh and it always counts."""
     lq = lk = 2048  # the float64 score matrix would be 32 MiB; a 128 x 128 tile is 128 KiB
-    q, k, v = qkv(6, lq, lk, 4, 4)
+    q, k, v = random_qkv(6, lq, lk, 4, 4)
     full = lq * lk * 8
-    assert_peak_below(
+    out, _ = assert_peak_below(
+        impl.flash_attention_forward,
         q,
         k,
         v,
-        128,
-        128,
-        full / 8,
-        f"the Lq x Lk score matrix is {full / 2**20:.0f} MiB; flash_attention_forward must "
-        "only ever hold a block_q x block_k tile of scores (128 x 128 here)",
+        block_q=128,
+        block_k=128,
+        limit=full / 8,
+        message=f"the Lq x Lk score matrix is {full / 2**20:.0f} MiB; flash_attention_forward "
+        "must only ever hold a block_q x block_k tile of scores (128 x 128 here)",
     )
+    assert_some_rows_close(out, q, k, v)
 
 
 @pytest.mark.points(2)
 def test_flash_attention_forward_never_builds_a_row_block_of_all_keys():
-    """Measured by common.testing.peak_memory: tracemalloc in a plain run; under the grader
-    the sandboxed worker's resident high-water mark, read from outside it. The array
-    it looks for is 32 MiB, so glibc maps it fresh and it always counts."""
     # one tile of 32 queries against 131072 keys, 32 at a time: a [block_q, Lk] row block of
     # scores is 32 MiB in float64; the 32 x 32 tile is 8 KiB, K and V are 2 MiB each
-    lq, lk, block_q, block_k = 32, 131072, 32, 32
-    q, k, v = qkv(12, lq, lk, 2, 2)
-    row_block = block_q * lk * 8
-    assert_peak_below(
+    lq, lk, block = 32, 131072, 32
+    q, k, v = random_qkv(12, lq, lk, 2, 2)
+    row_block = block * lk * 8
+    out, _ = assert_peak_below(
+        impl.flash_attention_forward,
         q,
         k,
         v,
-        block_q,
-        block_k,
-        row_block * 3 / 4,  # room for the inputs' copies the grader's measurement counts
-        f"a [block_q, Lk] = [{block_q}, {lk}] row block of scores is {row_block / 2**20:.0f} "
-        f"MiB: compute the scores one [block_q, block_k] = [{block_q}, {block_k}] tile at a "
-        "time inside the key loop, never for all keys of the query tile at once",
+        block_q=block,
+        block_k=block,
+        limit=row_block * 3 / 4,  # room for the inputs' copies the grader's measurement counts
+        message=f"a [block_q, Lk] = [{block}, {lk}] row block of scores is "
+        f"{row_block / 2**20:.0f} MiB: compute the scores one [block_q, block_k] = [{block}, "
+        f"{block}] tile at a time inside the key loop, never for all keys of the query tile "
+        "at once",
     )
+    assert_some_rows_close(out, q, k, v)
 
 
 # ---- 3. the naive baseline and the memory arithmetic ------------------------------------
 
 
 @pytest.mark.points(1)
-@given(
-    lq=st.integers(1, 12),
-    lk=st.integers(1, 12),
-    d=st.integers(1, 6),
-    dv=st.integers(1, 6),
-    causal=st.booleans(),
-    seed=st.integers(0, 2**16),
-)
+@given(**qkv_sizes(12, 6), causal=st.booleans())
 def test_naive_attention_equals_the_float64_reference(lq, lk, d, dv, causal, seed):
-    q, k, v = qkv(seed, lq, lk, d, dv)
+    q, k, v = random_qkv(seed, lq, lk, d, dv)
     wrong = out_misconceptions(q, k, v, max(lk, 1), causal)
     wrong.pop(NO_RESCALE_ACC)
     wrong.pop(NO_RESCALE_L)
@@ -532,7 +514,7 @@ def test_score_matrix_bytes_multiplies_by_heads_layers_and_element_size():
 
 # ---- 4. bad input is a ValueError that names the argument ------------------------------
 
-_q, _k, _v = qkv(8, 3, 5, 4, 2)
+_q, _k, _v = random_qkv(8, 3, 5, 4, 2)
 BAD_INPUTS: BadInputs = {
     "naive_attention-k": ("k", lambda: impl.naive_attention(_q, _k[:, :3], _v)),
     "naive_attention-v": ("v", lambda: impl.naive_attention(_q, _k, _v[:4])),
@@ -570,9 +552,6 @@ SWAPPED_TILES = (
     "whatever the key tile size"
 )
 LN2 = math.log(2.0)
-
-# (block_m, block_n): the interpreter must see the shapes a GPU uses, block_m != block_n too
-TILES = [(16, 16), (16, 32), (32, 16)]
 
 
 def torch_qkv(b, h, lq, lk, d, dv, dtype, device, seed=0, layout="bhld", shift=0.0):
@@ -665,7 +644,9 @@ def triton_misconceptions(q, k, v, causal, block_m, block_n):
     return wrong_out, wrong_lse
 
 
-def check_triton(q, k, v, causal, tiles, scale=None, what="", nan_hint=None, tol=None, want=None):
+def check_forward_kernel(
+    q, k, v, causal, tiles, scale=None, what="", nan_hint=None, tol=None, want=None
+):
     """Run flash_attention_triton at ``tiles`` and grade out AND lse against float64."""
     block_m, block_n = tiles
     result = impl.flash_attention_triton(
@@ -721,9 +702,9 @@ TRITON_CASES = {
 }
 # every case at two tile shapes, block_m != block_n among them (both ways for causal cases)
 TRITON_RUNS = [
-    (case, tiles)
+    (case, TILE_SHAPES[j])
     for i, case in enumerate(TRITON_CASES)
-    for tiles in (TILES[i % 3], TILES[1 + i % 2] if i % 3 == 0 else TILES[(i + 1) % 3])
+    for j in (i % 3, 1 + i % 2 if i % 3 == 0 else (i + 1) % 3)
 ]
 
 
@@ -740,7 +721,7 @@ def test_triton_kernel_matches_the_reference_at_several_tile_shapes(case, tiles)
 
     b, h, lq, lk, d, dv, causal, layout = TRITON_CASES[case]
     q, k, v = torch_qkv(b, h, lq, lk, d, dv, torch.float32, DEVICE, seed=lq + lk, layout=layout)
-    check_triton(q, k, v, causal, tiles)
+    check_forward_kernel(q, k, v, causal, tiles)
 
 
 @pytest.mark.triton
@@ -751,7 +732,7 @@ def test_triton_kernel_takes_a_custom_scale():
     from common.triton_env import DEVICE
 
     q, k, v = torch_qkv(1, 1, 19, 30, 16, 16, torch.float32, DEVICE, seed=5)
-    check_triton(q, k, v, False, (16, 32), scale=0.3)
+    check_forward_kernel(q, k, v, False, (16, 32), scale=0.3)
 
 
 @pytest.mark.triton
@@ -765,7 +746,7 @@ def test_triton_head_dims_that_are_not_powers_of_two_use_the_real_head_dim(d):
     # d is padded to a tl.dot tile (24 -> 32, 40 -> 64, 80 and 96 -> 128); the default scale
     # must stay 1/sqrt(d) and the pad must read zeros
     q, k, v = torch_qkv(1, 1, 20, 24, d, d, torch.float32, DEVICE, seed=d)
-    check_triton(q, k, v, d in (40, 96), (16, 16) if d < 64 else (32, 16))
+    check_forward_kernel(q, k, v, d in (40, 96), (16, 16) if d < 64 else (32, 16))
 
 
 @pytest.mark.triton
@@ -777,12 +758,12 @@ def test_triton_kernel_in_float16(causal):
     from common.triton_env import DEVICE
 
     q, k, v = torch_qkv(1, 1, 24, 37, 32, 32, torch.float16, DEVICE, seed=9)
-    check_triton(q, k, v, causal, (16, 32) if causal else (32, 16))
+    check_forward_kernel(q, k, v, causal, (16, 32) if causal else (32, 16))
 
 
 @pytest.mark.triton
 @pytest.mark.points(1)
-@pytest.mark.parametrize("tiles", [(16, 32), (32, 16)], ids=["16x32", "32x16"])
+@tile_shapes((16, 32), (32, 16))
 def test_triton_causal_never_reads_keys_past_the_last_query(tiles):
     import torch
 
@@ -793,7 +774,7 @@ def test_triton_causal_never_reads_keys_past_the_last_query(tiles):
     want = reference_bhld(q, k[:, :, :lq], v[:, :, :lq], causal=True)
     k[:, :, lq:] = float("nan")
     v[:, :, lq:] = float("nan")
-    check_triton(
+    check_forward_kernel(
         q,
         k,
         v,
@@ -820,7 +801,7 @@ def test_triton_rows_whose_scores_are_all_far_below_zero_still_get_a_softmax():
     # m_i must start at -inf (m_i = 0 gives l_i = 0 and out = 0 / 0). Scores this large
     # carry float32 rounding of about 1e-5 in the exponent, hence the looser tolerance.
     q, k, v = torch_qkv(1, 1, 20, 40, 16, 16, torch.float32, DEVICE, seed=4, shift=5.6)
-    check_triton(
+    check_forward_kernel(
         q,
         k,
         v,
@@ -862,7 +843,7 @@ def test_triton_kernel_reads_transposed_and_sliced_views_through_their_strides(l
     q, k, v = torch_qkv(2, 2, 37, 29, 16, 24, torch.float32, DEVICE, seed=17)
     want = reference_bhld(q, k, v, True)
     q, k, v = (strided_view(t, layout) for t in (q, k, v))
-    check_triton(q, k, v, True, (16, 32), want=want, what=f"{layout} views, ", nan_hint=(
+    check_forward_kernel(q, k, v, True, (16, 32), want=want, what=f"{layout} views, ", nan_hint=(
         f"NaN from {layout} views: NaN sits between the rows of a sliced view, so the kernel "
         "stepped with a stride it assumed (contiguous [B, H, L, d]) instead of the tensor's "
         "own: pass q.stride(), k.stride(), v.stride() and use one stride per dim"))
@@ -877,7 +858,7 @@ def interpreter_only():
 
 @pytest.mark.triton
 @pytest.mark.points(1)
-@pytest.mark.parametrize("tiles", [(16, 16), (16, 32), (32, 16)], ids=lambda t: f"{t[0]}x{t[1]}")
+@tile_shapes()
 def test_triton_causal_kernel_never_loads_key_tiles_above_the_diagonal(tiles):
     import torch
 

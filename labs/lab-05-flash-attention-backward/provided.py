@@ -220,7 +220,7 @@ def tile_grid(batch: int, heads: int, length: int, block: int) -> tuple[int]:
 # ---------------------------------------------------------------------------------------
 
 
-def attention_forward(q: Any, k: Any, v: Any, causal: bool = False,
+def attention_forward(q: Any, k: Any, v: Any, causal: bool = False, *,
                       scale: float | None = None) -> tuple[Any, Any]:
     """``(o [B, H, Lq, d]`` in q's dtype, ``lse [B, H, Lq]`` float32``)``, plain torch.
 
@@ -253,8 +253,8 @@ def attention_forward(q: Any, k: Any, v: Any, causal: bool = False,
 def autograd_gradients(
     attention: Callable[..., Any],
 ) -> Callable[..., tuple[Any, Any, Any]]:
-    """Make ``gradients_through_autograd(q, k, v, do, causal=False, scale=None)`` for a
-    differentiable ``attention(q, k, v, causal, scale)``.
+    """Make ``gradients_through_autograd(q, k, v, do, causal=False, *, scale=None)`` for a
+    differentiable ``attention(q, k, v, causal, *, scale)``.
 
     ``starter.py`` and the reference both define
     ``gradients_through_autograd = provided.autograd_gradients(flash_attention)``: the tests
@@ -262,7 +262,7 @@ def autograd_gradients(
     that requires grad to code running in another process.
     """
 
-    def gradients_through_autograd(q: Any, k: Any, v: Any, do: Any, causal: bool = False,
+    def gradients_through_autograd(q: Any, k: Any, v: Any, do: Any, causal: bool = False, *,
                                    scale: float | None = None) -> tuple[Any, Any, Any]:
         """``(q.grad, k.grad, v.grad)`` after ``(flash_attention(q, k, v) * do).sum()
         .backward()``: the gradients autograd gets from this module's ``flash_attention``.

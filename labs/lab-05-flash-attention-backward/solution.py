@@ -342,8 +342,8 @@ def flash_attention_backward_triton(
     lse: torch.Tensor,
     do: torch.Tensor,
     causal: bool = False,
-    scale: float | None = None,
     *,
+    scale: float | None = None,
     block_m: int | None = None,
     block_n: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -433,6 +433,7 @@ def flash_attention(
     k: torch.Tensor,
     v: torch.Tensor,
     causal: bool = False,
+    *,
     scale: float | None = None,
 ) -> torch.Tensor:
     """Differentiable attention: ``o [B, H, Lq, d]``; ``o.backward(do)`` runs the Triton

@@ -255,8 +255,8 @@ def flash_attention_backward_triton(
     lse: torch.Tensor,
     do: torch.Tensor,
     causal: bool = False,
-    scale: float | None = None,
     *,
+    scale: float | None = None,
     block_m: int | None = None,
     block_n: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -343,6 +343,7 @@ def flash_attention(
     k: torch.Tensor,
     v: torch.Tensor,
     causal: bool = False,
+    *,
     scale: float | None = None,
 ) -> torch.Tensor:
     """Differentiable attention: ``o [B, H, Lq, d]``; ``o.backward(do)`` runs the Triton

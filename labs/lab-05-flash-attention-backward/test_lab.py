@@ -25,15 +25,18 @@ from common.testing import (
     BadInputs,
     assert_close,
     assert_no_races,
+    assert_peak_below,
     bad_input_test,
     basic_value_test,
     called_on_copies,
     examples,
     host_syncs,
     kernel_memory,
-    peak_memory,
+    qkv_sizes,
+    random_qkv,
     sm90_compile_test,
     strided_view,
+    tile_shapes,
     tolerance,
 )
 
@@ -283,9 +286,9 @@ def check_gradients(got, want, what, wrong=None, tol=F64, nan_hint=NAN_HINT, hin
 
 
 def qkv_do(seed, lq, lk, d, dv, spread=1.0):
-    rng = np.random.default_rng(seed)
-    return (rng.standard_normal((lq, d)) * spread, rng.standard_normal((lk, d)) * spread,
-            rng.standard_normal((lk, dv)), rng.standard_normal((lq, dv)))
+    """``random_qkv``'s q, k, v and a gradient dO ``[lq, dv]`` of the output."""
+    q, k, v = random_qkv(seed, lq, lk, d, dv, spread=spread)
+    return q, k, v, np.random.default_rng([seed, 1]).standard_normal((lq, dv))
 
 
 def run_flash(q, k, v, do, causal, block_q, block_k, scale=None, o_lse=None):
@@ -299,10 +302,7 @@ def run_flash(q, k, v, do, causal, block_q, block_k, scale=None, o_lse=None):
 
 
 @pytest.mark.points(3)
-@given(
-    lq=st.integers(1, 12), lk=st.integers(1, 12), d=st.integers(1, 6), dv=st.integers(1, 6),
-    causal=st.booleans(), seed=st.integers(0, 2**16),
-)
+@given(**qkv_sizes(12, 6), causal=st.booleans())
 @basic_value_test
 def test_naive_backward_equals_the_float64_autograd_gradients(lq, lk, d, dv, causal, seed):
     q, k, v, do = qkv_do(seed, lq, lk, d, dv)
@@ -354,11 +354,8 @@ def test_backward_delta_equals_rowsum_of_p_times_dp_without_building_p(lq, lk, d
 
 @pytest.mark.points(4)
 @examples(30)
-@given(
-    lq=st.integers(0, 24), lk=st.integers(0, 24), d=st.integers(1, 6), dv=st.integers(1, 6),
-    block_q=st.integers(1, 12), block_k=st.integers(1, 12), causal=st.booleans(),
-    seed=st.integers(0, 2**16),
-)
+@given(**qkv_sizes(24, 6, min_len=0), block_q=st.integers(1, 12), block_k=st.integers(1, 12),
+       causal=st.booleans())
 @basic_value_test
 def test_flash_backward_equals_the_float64_autograd_gradients(
     lq, lk, d, dv, block_q, block_k, causal, seed
@@ -431,64 +428,38 @@ def test_causal_tiled_backward_never_reads_keys_past_the_last_query(lq, lk, bloc
                     hint="keys nobody attends get dk = dv = 0")
 
 
-def assert_peak_below(lq, lk, block_q, block_k, limit, message):
-    q, k, v, do = qkv_do(9, lq, lk, 2, 2)
-    o, lse = forward(q[:4], k, v, False)  # o, lse of 4 rows, repeated up to lq rows (cheap)
-    reps = -(-lq // 4)
-    q, do = np.tile(q[:4], (reps, 1))[:lq], np.tile(do[:4], (reps, 1))[:lq]
-    o, lse = np.tile(o, (reps, 1))[:lq], np.tile(lse, reps)[:lq]
-    got, peak = peak_memory(impl.flash_attention_backward, q, k, v, o, lse, do,
-                            block_q=block_q, block_k=block_k)
-    assert peak < limit, (
-        f"peak memory {peak / 2**20:.2f} MiB (limit {limit / 2**20:g} MiB): {message}")
+MiB = 2**20
+
+
+@pytest.mark.parametrize("lq, lk, limit, message", [
+    pytest.param(2048, 2048, 4 * MiB, "the Lq x Lk P (or S, dP, dS) is 32 MiB: hold one "
+                 "[block_q, block_k] tile of each at a time",
+                 marks=pytest.mark.points(2), id="Lq-by-Lk"),
+    pytest.param(64, 65536, 24 * MiB, "a [block_q, Lk] = [64, 65536] row block of scores is "
+                 "32 MiB: tile the keys, [block_q, block_k] at a time",
+                 marks=pytest.mark.points(1), id="block_q-by-Lk"),
+    pytest.param(65536, 64, 24 * MiB, "an [Lq, block_k] = [65536, 64] strip of scores is 32 "
+                 "MiB: the inner loop walks over Q tiles of block_q rows, it does not take all "
+                 "queries at once", marks=pytest.mark.points(1), id="Lq-by-block_k"),
+])
+def test_flash_backward_holds_one_tile_of_scores_at_a_time(lq, lk, limit, message):
+    """64 x 64 tiles; a float64 score array of all queries or all keys is 32 MiB, so glibc
+    maps it fresh and it always counts (the inputs and gradients are 1 MiB each at most).
+    Measured by common.testing.peak_memory: tracemalloc in a plain run; under the grader
+    the sandboxed worker's resident high-water mark, read from outside it."""
+    q4, k, v, do4 = qkv_do(9, 4, lk, 2, 2)  # 4 query rows, repeated: the forward stays cheap
+    o4, lse4 = forward(q4, k, v, False)
+    reps = lq // 4
+    q, o, do = (np.tile(x, (reps, 1)) for x in (q4, o4, do4))
+    got = assert_peak_below(impl.flash_attention_backward, q, k, v, o, np.tile(lse4, reps), do,
+                            block_q=64, block_k=64, limit=limit, message=message)
     # the values, cheaply: dq of rows 0..3 (each row's dq depends on that row alone) and, as
     # rows repeat every 4, dk and dv are reps times those of the first 4 rows
-    want_dq, want_dk, want_dv = gradients(q[:4], k, v, do[:4], False)
-    scaled = (want_dq, reps * want_dk, reps * want_dv) if lq % 4 == 0 else None
-    got = tuple(to_float64(g) for g in got)
-    check_gradients((got[0][:4], *got[1:]) if scaled else got[:1],
-                    scaled or (want_dq,), "memory is fine",
-                    tol=dict(atol=1e-9, rtol=1e-9),
+    want_dq, want_dk, want_dv = gradients(q4, k, v, do4, False)
+    dq, dk, dv = (to_float64(g) for g in got)
+    check_gradients((dq[:4], dk, dv), (want_dq, reps * want_dk, reps * want_dv),
+                    "memory is fine", tol=dict(atol=1e-9, rtol=1e-9),
                     hint="the values are wrong: the other tests say why")
-
-
-@pytest.mark.points(2)
-def test_flash_backward_never_builds_an_lq_by_lk_array():
-    """Measured by common.testing.peak_memory: tracemalloc in a plain run; under the grader
-    the sandboxed worker's resident high-water mark, read from outside it. The array
-    it looks for is 32 MiB, so glibc maps it fresh and it always counts."""
-    # the float64 Lq x Lk matrix P is 32 MiB at 2048 x 2048; a 64 x 64 tile is 32 KiB
-    full = 2048 * 2048 * 8
-    assert_peak_below(2048, 2048, 64, 64, full / 8,
-                      "the Lq x Lk P (or S, dP, dS) is 32 MiB: hold one [block_q, block_k] tile "
-                      "of each at a time")
-
-
-@pytest.mark.points(1)
-def test_flash_backward_never_builds_a_block_q_by_lk_row_block():
-    """Measured by common.testing.peak_memory: tracemalloc in a plain run; under the grader
-    the sandboxed worker's resident high-water mark, read from outside it. The array
-    it looks for is 32 MiB, so glibc maps it fresh and it always counts."""
-    # 64 queries against 65,536 keys: a [block_q, Lk] row block is 32 MiB in float64; K, V,
-    # dK and dV are 1 MiB each
-    row_block = 64 * 65536 * 8
-    assert_peak_below(64, 65536, 64, 64, 24 * 2**20,
-                      f"a [block_q, Lk] = [64, 65536] row block of scores is "
-                      f"{row_block / 2**20:.0f} MiB: tile the keys, [block_q, block_k] at a time")
-
-
-@pytest.mark.points(1)
-def test_flash_backward_never_builds_an_lq_by_block_k_column_strip():
-    """Measured by common.testing.peak_memory: tracemalloc in a plain run; under the grader
-    the sandboxed worker's resident high-water mark, read from outside it. The array
-    it looks for is 32 MiB, so glibc maps it fresh and it always counts."""
-    # 65,536 queries against 64 keys: the K/V tile is the whole of K, and an [Lq, block_k]
-    # strip of scores (all queries at once) is 32 MiB; q, o, do and dq are 1 MiB each
-    strip = 65536 * 64 * 8
-    assert_peak_below(65536, 64, 64, 64, 24 * 2**20,
-                      f"an [Lq, block_k] = [65536, 64] strip of scores is {strip / 2**20:.0f} "
-                      "MiB: the inner loop walks over Q tiles of block_q rows, it does not "
-                      "take all queries at once")
 
 
 # ---- 4. bad input is a ValueError that names the argument ------------------------------
@@ -654,9 +625,9 @@ def triton_misconceptions(q, k, v, do, causal, tiles, scale=None):
     return wrong
 
 
-def check_triton(case, tiles=(None, None), *, causal=False, scale=None, what="", tol=None,
-                 want=None, poison=None, rows=None, no_host_sync=False, layout=None,
-                 skip=0, poison_rows=None, nan_hint=NAN_HINT):
+def check_backward_kernel(case, tiles=(None, None), *, causal=False, scale=None, what="",
+                          tol=None, want=None, poison=None, rows=None, no_host_sync=False,
+                          layout=None, skip=0, poison_rows=None, nan_hint=NAN_HINT):
     """Run flash_attention_backward_triton on ``case`` and grade dq, dk, dv against float64.
 
     ``poison(k, v)`` NaN-poisons keys after the forward ran, ``poison_rows`` the first rows
@@ -716,8 +687,8 @@ def test_triton_backward_matches_float64_gradients_at_several_tile_shapes(case):
     import torch
 
     b, h, kvh, lq, lk, d, causal, tiles = TRITON_CASES[case]
-    check_triton(torch_case(b, h, kvh, lq, lk, d, torch.float32, seed=lq + lk, causal=causal),
-                 tiles, causal=causal)
+    case = torch_case(b, h, kvh, lq, lk, d, torch.float32, seed=lq + lk, causal=causal)
+    check_backward_kernel(case, tiles, causal=causal)
 
 
 @pytest.mark.triton
@@ -728,8 +699,8 @@ def test_triton_head_dims_24_and_64_use_the_real_head_dim(d):
     import torch
 
     causal = d != 64
-    check_triton(torch_case(1, 1, 1, 20, 20, d, torch.float32, seed=d, causal=causal),
-                 (16, 16), causal=causal)
+    case = torch_case(1, 1, 1, 20, 20, d, torch.float32, seed=d, causal=causal)
+    check_backward_kernel(case, (16, 16), causal=causal)
 
 
 @pytest.mark.triton
@@ -741,7 +712,7 @@ def test_triton_backward_takes_a_custom_scale_and_makes_no_host_synchronisation(
     import torch
 
     case = torch_case(1, 1, 1, 16, 16, 16, torch.float32, seed=5, scale=0.3, causal=True)
-    check_triton(case, (16, 16), causal=True, scale=0.3, no_host_sync=True)
+    check_backward_kernel(case, (16, 16), causal=True, scale=0.3, no_host_sync=True)
 
 
 @pytest.mark.triton
@@ -752,8 +723,8 @@ def test_triton_dk_dv_of_a_kv_head_sum_over_its_query_group(h, kvh, causal):
     """A KV head's dK, dV are the sums over the H // KVH query heads that read it."""
     import torch
 
-    check_triton(torch_case(1, h, kvh, 16, 16, 16, torch.float32, seed=h + kvh, causal=causal),
-                 (16, 16), causal=causal, what="GQA: ")
+    case = torch_case(1, h, kvh, 16, 16, 16, torch.float32, seed=h + kvh, causal=causal)
+    check_backward_kernel(case, (16, 16), causal=causal, what="GQA: ")
 
 
 @pytest.mark.triton
@@ -763,8 +734,8 @@ def test_triton_backward_in_float16():
 
     # float16 inputs, float32 accumulation; P and dS are rounded to float16 for the tl.dots
     # as on a GPU, so the gradients carry about 1e-3 relative error
-    check_triton(torch_case(1, 2, 1, 24, 24, 32, torch.float16, seed=9, causal=True),
-                 (16, 32), causal=True, tol=(1e-2, 1e-2))
+    case = torch_case(1, 2, 1, 24, 24, 32, torch.float16, seed=9, causal=True)
+    check_backward_kernel(case, (16, 32), causal=True, tol=(1e-2, 1e-2))
 
 
 @pytest.mark.triton
@@ -776,10 +747,11 @@ def test_triton_backward_reads_transposed_and_sliced_views_through_their_strides
     import torch
 
     case = torch_case(1, 4, 2, 24, 24, 16, torch.float32, seed=19, causal=True)
-    check_triton(case, (16, 16), causal=True, layout=layout, what=f"{layout} views, ",
-                 nan_hint=f"NaN with {layout} views: NaN sits between the rows of a sliced "
-                 "view, so a kernel stepped with a stride it assumed instead of the tensor's "
-                 "own (pass every .stride(), or make the inputs contiguous first)")
+    check_backward_kernel(case, (16, 16), causal=True, layout=layout, what=f"{layout} views, ",
+                          nan_hint=f"NaN with {layout} views: NaN sits between the rows of a "
+                          "sliced view, so a kernel stepped with a stride it assumed instead of "
+                          "the tensor's own (pass every .stride(), or make the inputs contiguous "
+                          "first)")
 
 
 @pytest.mark.triton
@@ -801,7 +773,7 @@ def test_triton_backward_programs_store_disjoint_gradients_no_atomics_needed():
 
 @pytest.mark.triton
 @pytest.mark.points(2)
-@pytest.mark.parametrize("tiles", [(16, 16), (16, 32), (32, 16)], ids=lambda t: f"{t[0]}x{t[1]}")
+@tile_shapes()
 def test_triton_causal_dk_dv_never_visit_query_rows_above_the_diagonal(tiles):
     """Rows 0..31 of q, dO, O and lse are NaN. Under the causal mask keys 32.. are seen by
     rows 32.. only, so their dK, dV (and dQ of rows 32..) stay finite: a dK/dV loop that
@@ -811,13 +783,14 @@ def test_triton_causal_dk_dv_never_visit_query_rows_above_the_diagonal(tiles):
     cut = 32
     case = torch_case(1, 2, 1, 48, 48, 16, torch.float32, seed=29, causal=True)
 
-    check_triton(case, tiles, causal=True, poison_rows=cut, skip=cut,
-                 what=f"query rows < {cut} NaN-poisoned, graded from row/key {cut}, ",
-                 nan_hint=(f"NaN: query rows 0..{cut - 1} are poisoned, and under the causal "
-                           f"mask no key >= {cut} is seen by them. The dK/dV loop over query "
-                           "tiles must start at the tile holding row start_n * BLOCK_N "
-                           "(lo = start_n * BLOCK_N // BLOCK_M * BLOCK_M), not at 0: masking "
-                           "P to 0 does not help, since dS = P * (dP - Delta) is 0 * NaN"))
+    check_backward_kernel(case, tiles, causal=True, poison_rows=cut, skip=cut,
+                          what=f"query rows < {cut} NaN-poisoned, graded from row/key {cut}, ",
+                          nan_hint=(f"NaN: query rows 0..{cut - 1} are poisoned, and under the "
+                                    f"causal mask no key >= {cut} is seen by them. The dK/dV "
+                                    "loop over query tiles must start at the tile holding row "
+                                    "start_n * BLOCK_N (lo = start_n * BLOCK_N // BLOCK_M * "
+                                    "BLOCK_M), not at 0: masking P to 0 does not help, since "
+                                    "dS = P * (dP - Delta) is 0 * NaN"))
 
 
 @pytest.mark.triton
@@ -839,8 +812,8 @@ def test_triton_causal_backward_never_reads_keys_no_query_may_see(lq, lk, rows, 
         k[:, :, start:] = float("nan")
         v[:, :, start:] = float("nan")
 
-    check_triton(case, tiles, causal=True, poison=poison, rows=rows,
-                 what=f"keys >= {start} NaN-poisoned, ")
+    check_backward_kernel(case, tiles, causal=True, poison=poison, rows=rows,
+                          what=f"keys >= {start} NaN-poisoned, ")
 
 
 @pytest.mark.triton
