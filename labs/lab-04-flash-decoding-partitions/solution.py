@@ -50,7 +50,6 @@ def empty_state(num_heads: int | tuple[int, ...], head_dim: int) -> AttentionSta
 
 def _rescale(m_part: np.ndarray, m: np.ndarray) -> np.ndarray:
     """``exp(m_part - m)``, and 0 where ``m_part = -inf`` (an empty side adds nothing).
-
     Without the guard, two empty sides give ``exp(-inf - (-inf)) = exp(nan)``.
     """
     safe_m = np.where(np.isneginf(m), 0.0, m)
