@@ -214,11 +214,11 @@ def split_plan(target: Target) -> Plan:
 def split_partition(num_segments: int | None) -> LaunchFn:
     """``split_kv_decode_triton``'s partition kernel: q ``[1, 32, d]``, caches ``[4096, 16, 8,
     d]``, partials ``[1, 32, splits, d]`` fp32; ``num_segments`` None = the launch plan's
-    partitions (``launch_plan.split_kv_decode`` on the H100); launch options
-    ``provided.PARTITION_LAUNCH``."""
+    partitions (``launch_plan.split_kv_decode`` on the H100); ``block_n`` and the launch
+    options from ``provided.gpu_tiles(d)``."""
 
     def launch(lab: Lab, dtype: str, d: int) -> Launch:
-        provided = _need(lab)
+        tiles = _need(lab).gpu_tiles(d)
         heads, kv_heads, page = 32, 8, 16
         blocks = SPLIT_CONTEXT // page
         plan = split_plan(lp.H100)
@@ -241,19 +241,20 @@ def split_partition(num_segments: int | None) -> LaunchFn:
         args.update(PARTITION_SIZE=size, NUM_SEGMENTS=num_segments or 0, BLOCK_SIZE=page,
                     GROUP=group, HEAD_DIM=d, HEAD_DIM_V=d, BLOCK_H=dot_tile(group),
                     BLOCK_D=dot_tile(d), BLOCK_DV=dot_tile(d),
-                    BLOCK_N=provided.GPU_TILES["block_n"], DOT_PRECISION=_precision(dtype),
+                    BLOCK_N=tiles["block_n"], DOT_PRECISION=_precision(dtype),
                     LOG2E=LOG2E)  # fmt: skip
-        return Launch(args, dict(provided.PARTITION_LAUNCH))
+        return Launch(args, {"num_warps": tiles["num_warps"], "num_stages": tiles["num_stages"]})
 
     return launch
 
 
 def merge_partitions(splits: int | None) -> LaunchFn:
     """``split_kv_decode_triton``'s merge kernel: fp32 partials ``[1, 32, splits, d]``, out
-    ``[1, 32, d]`` in the entry's dtype; launch options ``provided.MERGE_LAUNCH``."""
+    ``[1, 32, d]`` in the entry's dtype; ``block_p`` and the launch options from
+    ``provided.gpu_tiles(d)``."""
 
     def launch(lab: Lab, dtype: str, d: int) -> Launch:
-        provided = _need(lab)
+        tiles = _need(lab).gpu_tiles(d)
         heads, splits_ = 32, splits or split_plan(lp.H100).splits
         args: dict[str, Any] = {
             "part_out_ptr": Ptr("fp32"), "part_lse_ptr": Ptr("fp32"), "out_ptr": Ptr(dtype),
@@ -263,9 +264,9 @@ def merge_partitions(splits: int | None) -> LaunchFn:
         args.update(zip(("stride_lb", "stride_lh"), strides(1, heads, splits_)))
         args.update(zip(("stride_fb", "stride_fh"), strides(1, heads, d)))
         args.update(zip(("stride_sb", "stride_sh"), strides(1, heads)))
-        args.update(HEAD_DIM_V=d, BLOCK_P=provided.GPU_TILES["block_p"], BLOCK_DV=dot_tile(d),
+        args.update(HEAD_DIM_V=d, BLOCK_P=tiles["block_p"], BLOCK_DV=dot_tile(d),
                     LOG2E=LOG2E)  # fmt: skip
-        return Launch(args, dict(provided.MERGE_LAUNCH))
+        return Launch(args, {"num_warps": tiles["num_warps"], "num_stages": tiles["num_stages"]})
 
     return launch
 

@@ -55,7 +55,7 @@ FAKE_LABS = {
         import torch
 
         def split_kv_decode_triton(q, k_cache, v_cache, block_tables, seq_lens,
-                                   partition_size=512, scale=None):
+                                   partition_size=512, *, scale=None):
             return torch.zeros_like(q), torch.zeros(q.shape[:2])  # wrong on purpose
     """,
 }

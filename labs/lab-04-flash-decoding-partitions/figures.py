@@ -172,7 +172,7 @@ def sm_occupancy() -> None:
 def partitions_vs_segments() -> None:
     """The trade-off of the two split modes, from the launcher's own grid arithmetic."""
     contexts = np.unique(np.geomspace(256, 1 << 20, 200).astype(int))
-    block_n = provided.GPU_TILES["block_n"]
+    block_n = provided.gpu_tiles(128)["block_n"]  # d = 128: the GPU tile
     modes = {
         f"partitions of {provided.DEFAULT_PARTITION_SIZE} tokens": [
             provided.num_splits(n, provided.DEFAULT_PARTITION_SIZE, None) for n in contexts],

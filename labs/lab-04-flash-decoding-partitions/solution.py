@@ -20,9 +20,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import torch
 
 from common.loader import load_lab_module
-from common.triton_env import tl, triton
+from common.triton_env import LOG2E, dot_precision, dot_tile, log2e_scale, tile_config, tl, triton
 
 provided = load_lab_module(__file__, "provided")
 AttentionState = provided.AttentionState
@@ -49,7 +50,6 @@ def empty_state(num_heads: int | tuple[int, ...], head_dim: int) -> AttentionSta
 
 def _rescale(m_part: np.ndarray, m: np.ndarray) -> np.ndarray:
     """``exp(m_part - m)``, and 0 where ``m_part = -inf`` (an empty side adds nothing).
-
     Without the guard, two empty sides give ``exp(-inf - (-inf)) = exp(nan)``.
     """
     safe_m = np.where(np.isneginf(m), 0.0, m)
@@ -467,9 +467,120 @@ def _merge_partitions_kernel(
     tl.store(lse_ptr + b * stride_sb + head * stride_sh, lse)
 
 
-# The launchers (validation, tile sizes, buffers, grids) are given: provided.py, bound here
-# to this file's two kernels.
-split_kv_decode_triton = provided.split_kv_decode(
-    _split_kv_partition_kernel, _merge_partitions_kernel
-)
-merge_partitions_triton = provided.merge_partitions(_merge_partitions_kernel)
+# ---- Triton: the launchers -------------------------------------------------------------
+
+
+def split_kv_decode_triton(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    partition_size: int | None = None,
+    *,
+    scale: float | None = None,
+    block_n: int | None = None,
+    num_segments: int | None = None,
+    max_seq_len: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Split-KV (flash-decoding) paged decode: a partition kernel, then a merge kernel.
+
+    Args:
+        q: ``[B, H, d]``, one new token per sequence (float16 or float32; bfloat16 on a GPU
+            only).
+        k_cache, v_cache: ``[num_blocks, block_size, KVH, d]`` / ``[..., dv]`` (NHD).
+        block_tables: ``[B, max_blocks]`` int32; entries past a sequence's last block are
+            never read. seq_lens: ``[B]`` int32 (0 allowed).
+        partition_size: tokens per split when ``num_segments`` is None: any int >= 1 (the
+            kernel gathers token by token, so it need not be a multiple of the block size).
+            The grid then grows with the longest sequence. None: the launch plan's (512 on
+            the interpreter; on a GPU enough splits to fill the SMs,
+            ``common.launch_plan.split_kv_decode``).
+        scale: defaults to ``1/sqrt(d)`` of the real head dim.
+        block_n: K/V tokens per tile (a power of two >= 16; None = 16, vLLM's decode tile).
+        num_segments: instead, cut every sequence into this many segments of whole K/V
+            tiles (vLLM's 3D path uses 16): the grid no longer depends on the batch's
+            lengths, so one captured CUDA graph serves every step.
+        max_seq_len: the longest ``seq_lens`` entry, from host metadata: given, the launch
+            makes no host synchronisation; None, ``seq_lens`` is copied to the host once.
+
+    Returns:
+        ``(out [B, H, dv] in q.dtype, lse [B, H] float32)``.
+    """
+    plan = provided.plan_split_kv(q, k_cache, v_cache, block_tables, seq_lens, partition_size,
+                                  scale=scale, num_segments=num_segments,
+                                  max_seq_len=max_seq_len)  # fmt: skip
+    batch, num_heads, head_dim = q.shape
+    head_dim_v = v_cache.shape[3]
+    tiles = tile_config(q, gpu=provided.gpu_tiles(head_dim),
+                        interpreter=provided.INTERPRETER_TILES, block_n=block_n)  # fmt: skip
+    q, k_cache, v_cache = provided.last_dim_contiguous(q, k_cache, v_cache)
+    block_tables, seq_lens = provided.int32_on(q, block_tables, seq_lens)
+
+    # partials in float32 whatever q's dtype: the merge weighs them by exp(lse_p - lse)
+    part_out = provided.output_buffer((batch, num_heads, plan.splits, head_dim_v),
+                                      torch.float32, q)  # [B, H, splits, dv]
+    part_lse = provided.output_buffer((batch, num_heads, plan.splits), torch.float32, q)
+    out = provided.output_buffer((batch, num_heads, head_dim_v), q.dtype, q)  # [B, H, dv]
+    lse = provided.output_buffer((batch, num_heads), torch.float32, q)  # [B, H]
+    if batch == 0:
+        return out, lse  # a grid of size 0 is not launchable
+
+    # 1. one program per (sequence x split, KV head): every split's partial of every head
+    _split_kv_partition_kernel[plan.partition_grid](
+        q, k_cache, v_cache, block_tables, seq_lens, part_out, part_lse,
+        log2e_scale(plan.scale), plan.splits,
+        *q.stride()[:2], *k_cache.stride()[:3], *v_cache.stride()[:3], block_tables.stride(0),
+        *part_out.stride()[:3], *part_lse.stride()[:2],
+        PARTITION_SIZE=plan.partition_size, NUM_SEGMENTS=plan.num_segments,
+        BLOCK_SIZE=plan.block_size, GROUP=plan.group, HEAD_DIM=head_dim,
+        HEAD_DIM_V=head_dim_v, BLOCK_H=dot_tile(plan.group), BLOCK_D=dot_tile(head_dim),
+        BLOCK_DV=dot_tile(head_dim_v), BLOCK_N=tiles["block_n"],
+        DOT_PRECISION=dot_precision(q.dtype), LOG2E=LOG2E,
+        num_warps=tiles["num_warps"], num_stages=tiles["num_stages"],
+    )  # fmt: skip
+    # 2. then one program per (sequence, query head): merge its splits into out and lse
+    _merge(part_out, part_lse, out, lse, plan.merge_grid, tiles)
+    return out, lse
+
+
+def merge_partitions_triton(
+    part_out: torch.Tensor, part_lse: torch.Tensor, *, block_p: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The merge kernel alone: ``P`` partial results per (sequence, head) into one.
+
+    Args:
+        part_out: ``[B, H, P, dv]`` normalised partial outputs (float16 or float32).
+        part_lse: ``[B, H, P]`` their natural-log LSEs; ``-inf`` or ``+inf`` = empty (an
+            empty partition's output is never read).
+        block_p: partitions per step (a power of two >= 16; None = the launcher's choice).
+
+    Returns:
+        ``(out [B, H, dv] in part_out.dtype, lse [B, H] float32)``.
+    """
+    merge_grid = provided.check_partials(part_out, part_lse)
+    batch, num_heads, _, head_dim_v = part_out.shape
+    tiles = tile_config(part_out, gpu=provided.gpu_tiles(head_dim_v),
+                        interpreter=provided.INTERPRETER_TILES, block_p=block_p)  # fmt: skip
+    # the kernel steps the last dims (dv, P) with stride 1 and reads the LSEs as float32
+    part_out, part_lse = provided.last_dim_contiguous(part_out, part_lse.to(torch.float32))
+    out = provided.output_buffer((batch, num_heads, head_dim_v), part_out.dtype, part_out)
+    lse = provided.output_buffer((batch, num_heads), torch.float32, part_out)  # [B, H]
+    if batch and num_heads:
+        _merge(part_out, part_lse, out, lse, merge_grid, tiles)
+    return out, lse
+
+
+def _merge(
+    part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+    grid: tuple[int, int], tiles: dict[str, int],
+) -> None:
+    """Launch the merge kernel: ``part_out [B, H, P, dv]``, ``part_lse [B, H, P]`` float32
+    into ``out [B, H, dv]``, ``lse [B, H]``, one program per ``(b, head)`` of ``grid``."""
+    head_dim_v = part_out.shape[3]
+    _merge_partitions_kernel[grid](
+        part_out, part_lse, out, lse, part_lse.shape[2],
+        *part_out.stride()[:3], *part_lse.stride()[:2], *out.stride()[:2], *lse.stride()[:2],
+        HEAD_DIM_V=head_dim_v, BLOCK_P=tiles["block_p"], BLOCK_DV=dot_tile(head_dim_v),
+        LOG2E=LOG2E, num_warps=tiles["num_warps"], num_stages=tiles["num_stages"],
+    )  # fmt: skip

@@ -14,17 +14,30 @@ any order. ``finalize`` turns a state into ``out = acc / l`` and ``lse = m + log
 Shapes: a state's ``m`` and ``l`` have a leading shape ``S`` (``[H]`` for one decode query,
 ``[Lq, H]`` for a block of queries) and ``acc`` is ``[*S, dv]``.
 
-Your work: the numpy functions below and the two Triton kernels (numbered steps in their
-docstrings); the launchers, checks and constants are given in ``provided.py``.
+Your work: the numpy functions below, the two Triton kernels (numbered steps in their
+docstrings) and their launchers ``split_kv_decode_triton`` and ``merge_partitions_triton``
+(steps in their comments); the checks, the tile plan, grids and buffers are given in
+``provided.py``.
 Grade it with ``make grade LAB=04``.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from common.loader import load_lab_module
-from common.triton_env import tl, triton
+
+# The helpers your launchers will use (unused until you write them), with
+# common.triton_env.LOG2E:
+from common.triton_env import (  # noqa: F401
+    dot_precision,
+    dot_tile,
+    log2e_scale,
+    tile_config,
+    tl,
+    triton,
+)
 
 provided = load_lab_module(__file__, "provided")
 AttentionState = provided.AttentionState
@@ -292,9 +305,91 @@ def _merge_partitions_kernel(
     tl.static_assert(False, "TODO: write _merge_partitions_kernel (steps 1-3 in its docstring)")
 
 
-# The launchers (validation, tile sizes, buffers, grids) are given: provided.py, bound here
-# to this file's two kernels.
-split_kv_decode_triton = provided.split_kv_decode(
-    _split_kv_partition_kernel, _merge_partitions_kernel
-)
-merge_partitions_triton = provided.merge_partitions(_merge_partitions_kernel)
+# ---- Triton: the launchers -------------------------------------------------------------
+
+
+def split_kv_decode_triton(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    partition_size: int | None = None,
+    *,
+    scale: float | None = None,
+    block_n: int | None = None,
+    num_segments: int | None = None,
+    max_seq_len: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Split-KV (flash-decoding) paged decode: a partition kernel, then a merge kernel.
+
+    Args:
+        q: ``[B, H, d]``, one new token per sequence (float16 or float32; bfloat16 on a GPU
+            only).
+        k_cache, v_cache: ``[num_blocks, block_size, KVH, d]`` / ``[..., dv]`` (NHD).
+        block_tables: ``[B, max_blocks]`` int32; entries past a sequence's last block are
+            never read. seq_lens: ``[B]`` int32 (0 allowed).
+        partition_size: tokens per split when ``num_segments`` is None: any int >= 1 (the
+            kernel gathers token by token, so it need not be a multiple of the block size).
+            The grid then grows with the longest sequence. None: the launch plan's (512 on
+            the interpreter; on a GPU enough splits to fill the SMs,
+            ``common.launch_plan.split_kv_decode``).
+        scale: defaults to ``1/sqrt(d)`` of the real head dim.
+        block_n: K/V tokens per tile (a power of two >= 16; None = 16, vLLM's decode tile).
+        num_segments: instead, cut every sequence into this many segments of whole K/V
+            tiles (vLLM's 3D path uses 16): the grid no longer depends on the batch's
+            lengths, so one captured CUDA graph serves every step.
+        max_seq_len: the longest ``seq_lens`` entry, from host metadata: given, the launch
+            makes no host synchronisation; None, ``seq_lens`` is copied to the host once.
+
+    Returns:
+        ``(out [B, H, dv] in q.dtype, lse [B, H] float32)``.
+    """
+    # The launcher, step by step (the kernels' docstrings list their own steps):
+    #   1. plan = provided.plan_split_kv(q, k_cache, v_cache, block_tables, seq_lens,
+    #      partition_size, scale=..., num_segments=..., max_seq_len=...): checks the inputs
+    #      and gives the group, the splits per sequence, both grids and the scale;
+    #   2. tiles = tile_config(q, gpu=provided.gpu_tiles(head_dim),
+    #      interpreter=provided.INTERPRETER_TILES, block_n=block_n);
+    #   3. provided.last_dim_contiguous(q, k_cache, v_cache) and
+    #      provided.int32_on(q, block_tables, seq_lens);
+    #   4. allocate with provided.output_buffer: the partials part_out [B, H, splits, dv] and
+    #      part_lse [B, H, splits], both float32 whatever q's dtype, and out [B, H, dv]
+    #      (q.dtype), lse [B, H] (float32); with B = 0 return out, lse (a grid of size 0 is
+    #      not launchable);
+    #   5. launch _split_kv_partition_kernel[plan.partition_grid](...) with every stride,
+    #      qk_scale = log2e_scale(plan.scale), num_splits = plan.splits, BLOCK_H =
+    #      dot_tile(plan.group), BLOCK_D / BLOCK_DV = dot_tile(d) / dot_tile(dv), BLOCK_N =
+    #      tiles["block_n"], DOT_PRECISION = dot_precision(q.dtype), LOG2E, and
+    #      num_warps / num_stages from tiles;
+    #   6. only then launch _merge_partitions_kernel[plan.merge_grid](...) over all
+    #      plan.splits partials (BLOCK_P = tiles["block_p"]), and return out, lse.
+    raise NotImplementedError(
+        "TODO: plan the launch with provided.plan_split_kv, allocate the float32 partials "
+        "(part_out, part_lse) and the outputs with provided.output_buffer, launch the "
+        "partition kernel on plan.partition_grid, then the merge kernel on plan.merge_grid "
+        "(steps above)."
+    )
+
+
+def merge_partitions_triton(
+    part_out: torch.Tensor, part_lse: torch.Tensor, *, block_p: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The merge kernel alone: ``P`` partial results per (sequence, head) into one.
+
+    Args:
+        part_out: ``[B, H, P, dv]`` normalised partial outputs (float16 or float32).
+        part_lse: ``[B, H, P]`` their natural-log LSEs; ``-inf`` or ``+inf`` = empty (an
+            empty partition's output is never read).
+        block_p: partitions per step (a power of two >= 16; None = the launcher's choice).
+
+    Returns:
+        ``(out [B, H, dv] in part_out.dtype, lse [B, H] float32)``.
+    """
+    raise NotImplementedError(
+        "TODO: grid = provided.check_partials(part_out, part_lse); tiles from tile_config "
+        "(gpu=provided.gpu_tiles(dv), block_p=block_p); the last dims contiguous and the "
+        "LSEs float32; out [B, H, dv] and lse [B, H] from provided.output_buffer; then the "
+        "same merge launch as split_kv_decode_triton's last step (write it once, as a "
+        "helper)."
+    )

@@ -620,8 +620,7 @@ def check_ring(sizes, heads, causal, seed):
     q = rng.standard_normal((L, H, d))
     k = rng.standard_normal((L, KVH, d))
     v = rng.standard_normal((L, KVH, d))
-    cuts = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
-    shard = [slice(lo, hi) for lo, hi in zip(cuts[:-1], cuts[1:])]
+    shard = [slice(lo, hi) for lo, hi in bounds_of(sizes)]
     mask = prefix_mask(np.arange(L), L) if causal else None
     want_out, want_lse = reference_attention(q, k, v, mask=mask)  # before the call
     wrong = ring_misconceptions(q, k, v, sizes, causal)
@@ -756,15 +755,35 @@ def split_bounds_for(seq_lens, partition_size=None, num_segments=None, block_n=1
 TRITON_NAN_HINT = NAN_HINT + (
     " In the merge kernel: a sequence with 0 tokens has lse = -inf in every partition, and "
     "exp(-inf - (-inf)) is NaN; such partitions must weigh 0. Or a kernel never stored a "
-    "value it owns (the launcher fills the outputs with NaN on the interpreter)."
+    "value it owns (provided.output_buffer fills buffers with NaN on the interpreter): the "
+    "launcher must run the partition kernel on the whole plan.partition_grid (one program "
+    "per sequence x split, KV head), and only then the merge kernel over all the splits."
 )
 
 
+def expected_partition_merge(part_out, part_lse):
+    """The merge of ``P`` serving-form partials ``[B, H, P, dv]``, ``[B, H, P]`` in float64;
+    an lse of +-inf is an empty partition (weight 0, its output never read)."""
+    empty = np.isinf(part_lse)
+    m = np.max(np.where(empty, -np.inf, part_lse), axis=2, keepdims=True)
+    m = np.where(np.isneginf(m), 0.0, m)  # [B, H, 1]
+    w = np.where(empty, 0.0, np.exp(np.where(empty, 0.0, part_lse - m)))  # [B, H, P]
+    total = w.sum(axis=2)
+    out = np.einsum("bhp,bhpd->bhd", w, np.where(empty[..., None], 0.0, part_out)) \
+        / np.where(total == 0, 1.0, total)[..., None]
+    with np.errstate(divide="ignore"):
+        lse = np.where(total == 0, -np.inf, m[..., 0] + np.log(total))
+    return out, lse
+
+
+def split_kv_args(q, paged, dtype=torch.float32) -> dict[str, torch.Tensor]:
+    """The launcher's tensors, by name: ``q``, ``k_cache``, ``v_cache``, ``block_tables``,
+    ``seq_lens`` (in its parameters' order)."""
+    return {"q": torch.tensor(q, dtype=dtype, device=DEVICE), **paged.to_torch(dtype, DEVICE)}
+
+
 def run_split_kv(q, paged, dtype=torch.float32, **kwargs):
-    cache = paged.to_torch(dtype, DEVICE)
-    return impl.split_kv_decode_triton(
-        torch.tensor(q, dtype=dtype, device=DEVICE), cache["k_cache"], cache["v_cache"],
-        cache["block_tables"], cache["seq_lens"], **kwargs)
+    return impl.split_kv_decode_triton(*split_kv_args(q, paged, dtype).values(), **kwargs)
 
 
 def check_split_kv(seq_lens, kwargs, dtype=torch.float32, heads=(2, 1), d=16, offset=0.0,
@@ -857,23 +876,15 @@ def test_merge_partitions_triton_merges_any_number_of_partitions_near_plus_or_mi
     empty[0, 2, :] = True  # a (sequence, head) with no keys at all
     part_lse[empty] = np.where(rng.random(empty.sum()) < 0.5, -np.inf, np.inf)
     part_out[empty] = np.nan
+    want_out, want_lse = expected_partition_merge(part_out, part_lse)  # before the call
+    first64, _ = expected_partition_merge(part_out[:, :, :64], part_lse[:, :, :64])
     out, lse = impl.merge_partitions_triton(torch.tensor(part_out, dtype=torch.float32),
                                             torch.tensor(part_lse, dtype=torch.float32))
-    w = np.where(empty, 0.0, np.exp(np.where(empty, 0.0, part_lse - offset)))
-    total = w.sum(axis=2)
-    want_out = np.einsum("bhp,bhpd->bhd", w, np.where(empty[..., None], 0.0, part_out)) \
-        / np.where(total == 0, 1.0, total)[..., None]
-    with np.errstate(divide="ignore"):
-        want_lse = np.where(total == 0, -np.inf, offset + np.log(total))
-    first64 = np.arange(num_partitions) < 64
-    w64 = w * first64
     atol, rtol = tolerance("float32")
     what = f"merge_partitions_triton over {num_partitions} partitions, lse near {offset:+.0f}"
     hint = f"{OVERFLOW}. Or: {PLUS_INF_EMPTY}. Or: {TRITON_NAN_HINT}"
     assert_close(out, want_out, what=f"{what}: out", atol=atol, rtol=rtol, nan_hint=hint,
-                 wrong_answers={"only the first 64 partitions were merged": np.einsum(
-                     "bhp,bhpd->bhd", w64, np.where(empty[..., None], 0.0, part_out))
-                     / np.maximum(w64.sum(axis=2), 1e-300)[..., None]})
+                 wrong_answers={"only the first 64 partitions were merged": first64})
     assert_close(lse, want_lse, what=f"{what}: lse", atol=atol, rtol=rtol, nan_hint=hint)
 
 
@@ -886,12 +897,11 @@ def test_split_kv_decode_triton_reads_transposed_and_sliced_views_through_their_
     On the interpreter, no two programs of a launch may store to one element."""
     seq_lens = [29, 0]
     q, ks, vs, paged = paged_problem(seq_lens, heads=(4, 2), d=16, reach=16, seed=5)
-    cache = paged.to_torch(torch.float32, DEVICE)
-    tensors = [torch.tensor(q, dtype=torch.float32, device=DEVICE), cache["k_cache"],
-               cache["v_cache"], cache["block_tables"]]
-    tensors = [strided_view(t, layout) for t in tensors]
+    args = split_kv_args(q, paged)
+    tensors = [strided_view(args[name], layout)
+               for name in ("q", "k_cache", "v_cache", "block_tables")]
     (out, lse), reports = kernel_memory(impl.split_kv_decode_triton, *tensors,
-                                        cache["seq_lens"], partition_size=16, block_n=16)
+                                        args["seq_lens"], partition_size=16, block_n=16)
     want_out, want_lse = reference_batch(q, ks, vs)
     atol, rtol = tolerance("float32")
     what = f"split_kv_decode_triton on {layout} views"
@@ -912,9 +922,7 @@ def test_merge_partitions_triton_reads_transposed_and_sliced_views(layout):
     views = [strided_view(torch.tensor(x, dtype=torch.float32), layout)
              for x in (part_out, part_lse)]
     (out, lse), reports = kernel_memory(impl.merge_partitions_triton, *views)
-    w = np.exp(part_lse - part_lse.max(axis=2, keepdims=True))
-    want_out = np.einsum("bhp,bhpd->bhd", w, part_out) / w.sum(axis=2)[..., None]
-    want_lse = part_lse.max(axis=2) + np.log(w.sum(axis=2))
+    want_out, want_lse = expected_partition_merge(part_out, part_lse)
     atol, rtol = tolerance("float32")
     assert_close(out, want_out, what=f"merge of {layout} views: out", atol=atol, rtol=rtol)
     assert_close(lse, want_lse, what=f"merge of {layout} views: lse", atol=atol, rtol=rtol)
@@ -956,6 +964,31 @@ def test_split_kv_decode_triton_in_float16():
     check_split_kv([37, 20], {"partition_size": 16}, dtype=torch.float16)
 
 
+PARTIALS_IN_HALF = (
+    "the partials were kept in float16: near lse = 100 float16 rounds a partition's lse to "
+    "1/16, so its merge weight exp(lse_p - lse) is off by up to 3%. Allocate part_out and "
+    "part_lse in float32 whatever q's dtype (only out is in q.dtype)"
+)
+
+
+@pytest.mark.triton
+@pytest.mark.points(2)
+def test_split_kv_decode_triton_keeps_the_partials_in_float32_for_float16_inputs():
+    """Scores near 100 in float16: the launcher's partial buffers must be float32."""
+    def in_half(q, ks, vs):
+        parts = [[(lo, min(lo + 8, len(k))) for lo in range(0, len(k), 8)] for k in ks]
+        out = []
+        for b, (k, v) in enumerate(zip(ks, vs)):
+            outs, lses = zip(*(dense(q[b], k[lo:hi], v[lo:hi]) for lo, hi in parts[b]))
+            lses = np.stack(lses).astype(np.float16).astype(np.float64)  # [P, H]
+            part = (np.stack(outs).transpose(1, 0, 2)[None], lses.T[None])
+            out.append(expected_partition_merge(*part)[0][0])
+        return {PARTIALS_IN_HALF: np.stack(out)}
+
+    check_split_kv([37, 44], {"partition_size": 8}, dtype=torch.float16, offset=100.0,
+                   more_wrong=in_half)
+
+
 # Checks the given launcher (provided.py), not your code: worth no points.
 @pytest.mark.triton
 @pytest.mark.points(0)
@@ -976,9 +1009,7 @@ def test_split_kv_decode_triton_makes_no_host_sync_when_given_max_seq_len(mode):
     the grader, the sandboxed worker): a teaching check, since a submission that undoes
     its patching of torch.Tensor is not caught (README: not defended)."""
     q, ks, vs, paged = paged_problem([9])
-    cache = paged.to_torch(torch.float32, DEVICE)
-    args = (torch.tensor(q, dtype=torch.float32, device=DEVICE), cache["k_cache"],
-            cache["v_cache"], cache["block_tables"], cache["seq_lens"])
+    args = split_kv_args(q, paged).values()
     (out, _), syncs = host_syncs(impl.split_kv_decode_triton, *args, max_seq_len=9, **mode)
     assert syncs == [], (
         f"with max_seq_len given the launch must not wait for the device, but it made "
@@ -1024,9 +1055,7 @@ def test_the_launch_grids_stay_within_cuda_limits_at_realistic_sizes():
 
 def _bad_launch(change: Callable[[dict], dict]) -> None:
     q, _, _, paged = paged_problem([12, 3])
-    cache = paged.to_torch(torch.float32, DEVICE)
-    args = {"q": torch.tensor(q, dtype=torch.float32, device=DEVICE), **cache,
-            "partition_size": 16}
+    args = {**split_kv_args(q, paged), "partition_size": 16}
     args.update(change(args))
     impl.split_kv_decode_triton(**args)
 
