@@ -8,7 +8,8 @@ The paged KV cache (the FlashAttention/FlashInfer "NHD" layout):
 
 Slots past ``seq_len`` in the last block, blocks no table references and the padding
 entries of a table may hold anything (the tests put NaN there): never read them.
-The input checks are given in ``provided.py``.
+The input checks and the tile plan (``INTERPRETER_TILES``, ``gpu_tiles``) are given in
+``provided.py``.
 """
 
 from __future__ import annotations
@@ -344,7 +345,6 @@ def paged_decode_triton(
         BLOCK_SIZE=block_size,
         BLOCK_N=tiles["block_n"],
         DOT_PRECISION=dot_precision(k_cache.dtype),
-        num_warps=tiles["num_warps"],
-        num_stages=tiles["num_stages"],
+        num_warps=tiles["num_warps"], num_stages=tiles["num_stages"],
     )
     return out, lse

@@ -8,7 +8,8 @@
 
 Paged caches use lab 01's layout: ``k_cache, v_cache [num_blocks, block_size, num_kv_heads,
 head_dim]``, token ``t`` at ``cache[block_table[t // block_size], t % block_size]``. The
-input checks are given in ``provided.py``.
+input checks, the tile plans (``window_gpu_tiles``, ``mla_gpu_tiles``) and the split-KV
+plumbing are given in ``provided.py``.
 """
 
 from __future__ import annotations
@@ -463,8 +464,7 @@ def paged_decode_window_sink_triton(
         BLOCK_N=tiles["block_n"],
         HAS_SINKS=sinks is not None,
         DOT_PRECISION=dot_precision(k_cache.dtype),
-        num_warps=tiles["num_warps"],
-        num_stages=tiles["num_stages"],
+        num_warps=tiles["num_warps"], num_stages=tiles["num_stages"],
     )
     provided.merge_splits(part_out, part_lse, out, lse)
     return out, lse
@@ -652,8 +652,7 @@ def mla_decode_triton(
         BLOCK_SIZE=kv_cache.shape[1],
         BLOCK_N=tiles["block_n"],
         DOT_PRECISION=dot_precision(kv_cache.dtype),
-        num_warps=tiles["num_warps"],
-        num_stages=tiles["num_stages"],
+        num_warps=tiles["num_warps"], num_stages=tiles["num_stages"],
     )
     provided.merge_splits(part_out, part_lse, out, lse)
     return out, lse
