@@ -141,13 +141,15 @@ def flash_forward(causal: bool) -> LaunchFn:
 
 def paged_decode(heads: int, kv_heads: int) -> LaunchFn:
     """``paged_decode_triton``: q ``[64, H, d]``, caches ``[64*256, 16, KVH, d]``, tables
-    ``[64, 256]``; ``GROUP_PAD = dot_tile(H // KVH)`` as in the launcher."""
+    ``[64, 256]``; ``GROUP_PAD = dot_tile(H // KVH)`` as in the launcher; tiles and launch
+    options ``provided.gpu_tiles(...)``."""
 
     def launch(lab: Lab, dtype: str, d: int) -> Launch:
         provided = _need(lab)
         batch, blocks, page = 64, 256, 16
         cache = strides(batch * blocks, page, kv_heads, d)
         group = heads // kv_heads
+        tiles = provided.gpu_tiles(batch, kv_heads, group, d)
         args = {
             "q_ptr": Ptr(dtype), "k_cache_ptr": Ptr(dtype), "v_cache_ptr": Ptr(dtype),
             "block_tables_ptr": Ptr("i32"), "seq_lens_ptr": Ptr("i32"), "out_ptr": Ptr(dtype),
@@ -159,9 +161,9 @@ def paged_decode(heads: int, kv_heads: int) -> LaunchFn:
             "stride_o_seq": heads * d, "stride_o_head": d, "stride_lse_seq": heads,
             "GROUP": group, "GROUP_PAD": dot_tile(group), "HEAD_DIM": d,
             "HEAD_DIM_PAD": dot_tile(d), "BLOCK_SIZE": page,
-            "BLOCK_N": provided.GPU_TILES["block_n"], "DOT_PRECISION": _precision(dtype),
+            "BLOCK_N": tiles["block_n"], "DOT_PRECISION": _precision(dtype),
         }  # fmt: skip
-        return Launch(args, dict(provided.GPU_LAUNCH))
+        return Launch(args, {"num_warps": tiles["num_warps"], "num_stages": tiles["num_stages"]})
 
     return launch
 
@@ -337,8 +339,8 @@ def _split_outputs(batch: int, heads: int, d: int, splits: int,
 def window_sink_decode(heads: int, kv_heads: int, sinks: bool) -> LaunchFn:
     """``paged_decode_window_sink_triton``: q ``[64, H, d]``, caches ``[64*256, 16, KVH, d]``,
     tables ``[64, 256]``, a 128-token window; ``GROUP_PAD = dot_tile(H // KVH)``; tiles and
-    launch options ``provided.WINDOW_GPU_TILES`` / ``WINDOW_GPU_LAUNCH``; the launch plan's
-    KV splits on the H100 (``launch_plan.window_decode``)."""
+    launch options ``provided.window_gpu_tiles(...)``; the launch plan's KV splits on the
+    H100 (``launch_plan.window_decode``)."""
 
     def launch(lab: Lab, dtype: str, d: int) -> Launch:
         provided = _need(lab)
@@ -347,6 +349,7 @@ def window_sink_decode(heads: int, kv_heads: int, sinks: bool) -> LaunchFn:
         group = heads // kv_heads
         splits = lp.window_decode(batch, kv_heads, group, d, blocks * page,
                                   WINDOW if sinks else None, lp.H100).splits
+        tiles = provided.window_gpu_tiles(batch, kv_heads, group, d)
         args = {
             "q_ptr": Ptr(dtype), "k_cache_ptr": Ptr(dtype), "v_cache_ptr": Ptr(dtype),
             "block_tables_ptr": Ptr("i32"), "seq_lens_ptr": Ptr("i32"),
@@ -358,10 +361,9 @@ def window_sink_decode(heads: int, kv_heads: int, sinks: bool) -> LaunchFn:
             "stride_table_seq": blocks, **_split_outputs(batch, heads, d, splits, dtype),
             "GROUP": group, "GROUP_PAD": dot_tile(group), "HEAD_DIM": d,
             "HEAD_DIM_PAD": dot_tile(d), "BLOCK_SIZE": page,
-            "BLOCK_N": provided.WINDOW_GPU_TILES["block_n"], "HAS_SINKS": sinks,
-            "DOT_PRECISION": _precision(dtype),
+            "BLOCK_N": tiles["block_n"], "HAS_SINKS": sinks, "DOT_PRECISION": _precision(dtype),
         }  # fmt: skip
-        return Launch(args, dict(provided.WINDOW_GPU_LAUNCH))
+        return Launch(args, {"num_warps": tiles["num_warps"], "num_stages": tiles["num_stages"]})
 
     return launch
 
@@ -370,7 +372,7 @@ def mla_decode(heads: int, batch: int = 64, context: int = 4096) -> LaunchFn:
     """``mla_decode_triton``: q_latent ``[B, H, d_c]``, q_pe ``[B, H, 64]``, latent cache
     ``[B*blocks, 16, d_c + 64]``, tables ``[B, context / 16]`` (B = 64 at 4k context by
     default); ``d`` is ``d_c`` (512 for DeepSeek-V3);
-    ``BLOCK_H = min(MLA_GPU_TILES["block_h"], dot_tile(H))`` as in the launcher; the launch
+    ``BLOCK_H = min(mla_gpu_tiles(...)["block_h"], dot_tile(H))`` as in the launcher; the launch
     plan's KV splits on the H100 (``launch_plan.mla_decode``: partials when > 1)."""
 
     def launch(lab: Lab, dtype: str, d: int) -> Launch:
@@ -378,6 +380,7 @@ def mla_decode(heads: int, batch: int = 64, context: int = 4096) -> LaunchFn:
         page, rope = 16, MLA_ROPE_DIM
         blocks = context // page
         splits = lp.mla_decode(batch, heads, d, context, lp.H100).splits
+        tiles = provided.mla_gpu_tiles(batch, heads, d)
         args = {
             "q_latent_ptr": Ptr(dtype), "q_pe_ptr": Ptr(dtype), "kv_cache_ptr": Ptr(dtype),
             "block_tables_ptr": Ptr("i32"), "seq_lens_ptr": Ptr("i32"),
@@ -387,12 +390,12 @@ def mla_decode(heads: int, batch: int = 64, context: int = 4096) -> LaunchFn:
             "stride_kv_block": page * (d + rope), "stride_kv_slot": d + rope,
             "stride_table_seq": blocks, **_split_outputs(batch, heads, d, splits, dtype),
             "NUM_HEADS": heads,
-            "BLOCK_H": min(provided.MLA_GPU_TILES["block_h"], dot_tile(heads)),
+            "BLOCK_H": min(tiles["block_h"], dot_tile(heads)),
             "KV_LORA_RANK": d, "KV_LORA_PAD": dot_tile(d), "ROPE_DIM": rope,
             "ROPE_PAD": dot_tile(rope), "BLOCK_SIZE": page,
-            "BLOCK_N": provided.MLA_GPU_TILES["block_n"], "DOT_PRECISION": _precision(dtype),
+            "BLOCK_N": tiles["block_n"], "DOT_PRECISION": _precision(dtype),
         }  # fmt: skip
-        return Launch(args, dict(provided.MLA_GPU_LAUNCH))
+        return Launch(args, {"num_warps": tiles["num_warps"], "num_stages": tiles["num_stages"]})
 
     return launch
 

@@ -236,17 +236,19 @@ def zero_paged_decode_torch(
     head_dim: int = 16,
     lens: tuple[int, ...] = (5,),
     max_blocks: int = 2,
+    dtype: Any = None,
 ) -> tuple[Any, Any, Any, Any, Any]:
     """Tiny all-zero torch decode inputs for bad-input tests: ``(q [B, H, d], k_cache,
-    v_cache [4, 4, 2, 16], block_tables [B, max_blocks], seq_lens [B])``.
+    v_cache [4, 4, 2, 16], block_tables [B, max_blocks], seq_lens [B])``; q and the caches
+    in ``dtype`` (None: torch's default).
 
     ``block_tables`` is a view into a wider table: a launcher that forgets to check its
     width reads zeros (a real block) past ``max_blocks`` instead of memory outside the tensor.
     """
     import torch
 
-    k_cache = torch.zeros(4, 4, 2, 16, device=device)
-    q = torch.zeros(len(lens), num_heads, head_dim, device=device)
+    k_cache = torch.zeros(4, 4, 2, 16, device=device, dtype=dtype)
+    q = torch.zeros(len(lens), num_heads, head_dim, device=device, dtype=dtype)
     tables = torch.zeros(len(lens), max_blocks + 8, dtype=torch.int32, device=device)
     seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
     return q, k_cache, k_cache.clone(), tables[:, :max_blocks], seq_lens

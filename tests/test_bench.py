@@ -43,7 +43,7 @@ FAKE_LABS = {
         import torch
         from bench.workloads import gather_dense, torch_attention
 
-        def paged_decode_triton(q, k_cache, v_cache, block_tables, seq_lens, scale=None):
+        def paged_decode_triton(q, k_cache, v_cache, block_tables, seq_lens, *, scale=None):
             n = int(seq_lens.max())
             k = gather_dense(k_cache, block_tables.long(), n)
             v = gather_dense(v_cache, block_tables.long(), n)

@@ -24,14 +24,19 @@ from common.checks import check_decode_inputs as check_decode_inputs  # given: o
 from common.triton_env import check_kernel_dtype
 
 # Tile sizes of paged_decode_triton (tokens per K/V tile), picked with
-# common.triton_env.tile_config. 64 tokens keep enough bytes in flight on a GPU; 16 keeps
-# the interpreter fast while a tile still crosses cache-block boundaries.
-# The GPU values are the launch plan's (common/launch_plan.py, ``paged_decode``).
-_GPU_PLAN = launch_plan.paged_decode(64, 8, 4, 128, launch_plan.H100)
-GPU_TILES = dict(_GPU_PLAN.tiles)
-INTERPRETER_TILES = {"block_n": 16}
-# Launch options on a GPU (the interpreter ignores them).
-GPU_LAUNCH = _GPU_PLAN.launch
+# common.triton_env.tile_config. 16 keeps the interpreter fast while a tile still crosses
+# cache-block boundaries; the interpreter ignores num_warps and num_stages.
+INTERPRETER_TILES: dict[str, int] = {"block_n": 16, "num_warps": 4, "num_stages": 1}
+
+
+def gpu_tiles(batch: int, num_kv_heads: int, group: int, head_dim: int) -> dict[str, int]:
+    """Tiles and launch options on a GPU: the launch plan of ``common/launch_plan.py``
+    (``paged_decode``) for an H100, ``{"block_n", "num_warps", "num_stages"}``.
+
+    64 tokens per K/V tile keep enough bytes in flight; 4 warps, 2 stages. One program per
+    (sequence, KV head) whatever the shape: this lab teaches the gather, lab 04 splits.
+    """
+    return launch_plan.paged_decode(batch, num_kv_heads, group, head_dim, launch_plan.H100).config
 
 
 def check_slot_mapping_inputs(

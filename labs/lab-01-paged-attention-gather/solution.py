@@ -8,7 +8,8 @@ The paged KV cache (the FlashAttention/FlashInfer "NHD" layout):
 
 Slots past ``seq_len`` in the last block, blocks no table references and the padding
 entries of a table may hold anything (the tests put NaN there): never read them.
-The input checks are given in ``provided.py``.
+The input checks and the tile plan (``INTERPRETER_TILES``, ``gpu_tiles``) are given in
+``provided.py``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from common.triton_env import (
     dot_precision,
     dot_tile,
     log2e_scale,
-    on_interpreter,
     tile_config,
     tl,
     triton,
@@ -286,8 +286,8 @@ def paged_decode_triton(
     v_cache: torch.Tensor,
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
-    scale: float | None = None,
     *,
+    scale: float | None = None,
     block_n: int | None = None,
     max_seq_len: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -300,8 +300,9 @@ def paged_decode_triton(
         block_tables: ``[B, max_blocks]`` ints; padding entries are never read.
         seq_lens: ``[B]`` ints, on q's device.
         scale: defaults to ``1 / sqrt(d)`` (the real head dim, not the padded tile).
-        block_n: tokens per K/V tile, a power of two >= 16; None = 64 on a GPU, 16 on the
-            interpreter. Independent of the cache's block size.
+        block_n: tokens per K/V tile, a power of two >= 16; None = the launcher's choice
+            (``provided.gpu_tiles``: 64 on a GPU; ``provided.INTERPRETER_TILES``: 16).
+            Independent of the cache's block size.
         max_seq_len: the longest ``seq_lens`` entry, if the caller knows it on the host (a
             serving engine does); then nothing is copied from the device. None = one copy
             of ``seq_lens`` to the host, which also validates the lengths.
@@ -314,8 +315,8 @@ def paged_decode_triton(
     group = provided.check_triton_inputs(q, k_cache, v_cache, block_tables, seq_lens, max_seq_len)
     batch, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
-    tiles = tile_config(q, gpu=provided.GPU_TILES, interpreter=provided.INTERPRETER_TILES,
-                        block_n=block_n)
+    tiles = tile_config(q, gpu=provided.gpu_tiles(batch, num_kv_heads, group, head_dim),
+                        interpreter=provided.INTERPRETER_TILES, block_n=block_n)
     scale = default_scale(head_dim) if scale is None else float(scale)
 
     q, k_cache, v_cache = (
@@ -344,6 +345,6 @@ def paged_decode_triton(
         BLOCK_SIZE=block_size,
         BLOCK_N=tiles["block_n"],
         DOT_PRECISION=dot_precision(k_cache.dtype),
-        **({} if on_interpreter(q) else provided.GPU_LAUNCH),
+        num_warps=tiles["num_warps"], num_stages=tiles["num_stages"],
     )
     return out, lse

@@ -30,7 +30,6 @@ from common.triton_env import (  # noqa: F401
     dot_precision,
     dot_tile,
     log2e_scale,
-    on_interpreter,
     tile_config,
     tl,
     triton,
@@ -202,8 +201,8 @@ def paged_decode_triton(
     v_cache: torch.Tensor,
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
-    scale: float | None = None,
     *,
+    scale: float | None = None,
     block_n: int | None = None,
     max_seq_len: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -216,8 +215,9 @@ def paged_decode_triton(
         block_tables: ``[B, max_blocks]`` ints; padding entries are never read.
         seq_lens: ``[B]`` ints, on q's device.
         scale: defaults to ``1 / sqrt(d)`` (the real head dim, not the padded tile).
-        block_n: tokens per K/V tile, a power of two >= 16; None = 64 on a GPU, 16 on the
-            interpreter. Independent of the cache's block size.
+        block_n: tokens per K/V tile, a power of two >= 16; None = the launcher's choice
+            (``provided.gpu_tiles``: 64 on a GPU; ``provided.INTERPRETER_TILES``: 16).
+            Independent of the cache's block size.
         max_seq_len: the longest ``seq_lens`` entry, if the caller knows it on the host (a
             serving engine does); then nothing is copied from the device. None = one copy
             of ``seq_lens`` to the host, which also validates the lengths.
@@ -230,8 +230,8 @@ def paged_decode_triton(
     # The launcher, step by step (the kernel's docstring lists its own steps):
     #   1. group = provided.check_triton_inputs(q, k_cache, v_cache, block_tables, seq_lens,
     #      max_seq_len): shapes and dtypes, and no host sync when max_seq_len is given;
-    #   2. tiles = tile_config(q, gpu=provided.GPU_TILES,
-    #      interpreter=provided.INTERPRETER_TILES, block_n=block_n);
+    #   2. tiles = tile_config(q, gpu=provided.gpu_tiles(batch, num_kv_heads, group,
+    #      head_dim), interpreter=provided.INTERPRETER_TILES, block_n=block_n);
     #   3. scale = default_scale(head_dim) when None (the real head dim, not the padded
     #      one), passed to the kernel as log2e_scale(scale) because the kernel uses exp2;
     #   4. make the last dimension of q, k_cache and v_cache contiguous; block_tables and
@@ -241,8 +241,8 @@ def paged_decode_triton(
     #   6. launch _paged_decode_kernel[(batch, num_kv_heads)](...) with every stride,
     #      GROUP_PAD = dot_tile(group), HEAD_DIM_PAD = dot_tile(head_dim),
     #      BLOCK_SIZE = the cache's block size, BLOCK_N = tiles["block_n"],
-    #      DOT_PRECISION = dot_precision(k_cache.dtype), and **provided.GPU_LAUNCH unless
-    #      on_interpreter(q);
+    #      DOT_PRECISION = dot_precision(k_cache.dtype), num_warps = tiles["num_warps"]
+    #      and num_stages = tiles["num_stages"];
     #   7. return out, lse.
     raise NotImplementedError(
         "TODO: write _paged_decode_kernel (its docstring lists the steps), then follow the "

@@ -31,23 +31,35 @@ from common.triton_env import (
 
 KV_KINDS = ("mha", "mqa", "gqa", "mla")
 
-# Tile sizes, picked with common.triton_env.tile_config. The window kernel is lab 01's: 64
-# tokens per K/V tile on a GPU, 16 on the interpreter (so small tests cross several tiles).
-_WINDOW_PLAN = launch_plan.window_decode(64, 8, 8, 64, 4096, 128, launch_plan.H100)
-WINDOW_GPU_TILES = dict(_WINDOW_PLAN.tiles)
-WINDOW_INTERPRETER_TILES = {"block_n": 16}
-WINDOW_GPU_LAUNCH = _WINDOW_PLAN.launch
-# The MLA kernel puts up to block_h query heads in the rows of one tile; with fewer heads the
-# tile has dot_tile(num_heads) rows. Its K/V tile is one 576-wide latent row per token, so it
-# takes fewer tokens per tile than the window kernel. On a GPU the launch plan's tile
-# (common/launch_plan.py, ``mla_decode``): 64 heads per tile, FlashMLA's BLOCK_SIZE_M, so the
-# latent cache is read once per 64 heads and the tile is a wgmma on sm_90; 64 x 512 with 32
-# keys per tile and 8 warps compiles without spills on sm_80/90/100 (`make gpu-report`,
-# captured_outputs/gpu-report.md: compiled, not run). The interpreter keeps 64 x 16.
-_MLA_PLAN = launch_plan.mla_decode(64, 128, 512, 4096, launch_plan.H100)
-MLA_GPU_TILES = dict(_MLA_PLAN.tiles)
-MLA_INTERPRETER_TILES = {"block_h": 64, "block_n": 16}
-MLA_GPU_LAUNCH = _MLA_PLAN.launch
+# Tile sizes, picked with common.triton_env.tile_config; the interpreter ignores num_warps
+# and num_stages. The window kernel is lab 01's: 16 tokens per K/V tile on the interpreter
+# (so small tests cross several tiles). The MLA kernel puts up to block_h query heads in the
+# rows of one tile (with fewer heads the tile has dot_tile(num_heads) rows); its K/V tile is
+# one 576-wide latent row per token, so it takes fewer tokens per tile on a GPU.
+WINDOW_INTERPRETER_TILES: dict[str, int] = {"block_n": 16, "num_warps": 4, "num_stages": 1}
+MLA_INTERPRETER_TILES: dict[str, int] = {
+    "block_h": 64, "block_n": 16, "num_warps": 4, "num_stages": 1}
+
+
+def window_gpu_tiles(batch: int, num_kv_heads: int, group: int, head_dim: int
+                     ) -> dict[str, int]:
+    """Tiles and launch options of ``paged_decode_window_sink_triton`` on a GPU: the launch
+    plan ``common.launch_plan.window_decode`` for an H100, lab 01's ``{"block_n": 64,
+    "num_warps": 4, "num_stages": 2}``. The context and the window set only the KV splits
+    (``window_num_splits``), not the tiles."""
+    plan = launch_plan.window_decode(batch, num_kv_heads, group, head_dim, 0, None,
+                                     launch_plan.H100)
+    return plan.config
+
+
+def mla_gpu_tiles(batch: int, num_heads: int, kv_lora_rank: int) -> dict[str, int]:
+    """Tiles and launch options of ``mla_decode_triton`` on a GPU: the launch plan
+    ``common.launch_plan.mla_decode`` for an H100. 64 heads per tile, FlashMLA's
+    BLOCK_SIZE_M, so the latent cache is read once per 64 heads and the tile is a wgmma on
+    sm_90; 64 x 512 with 32 keys per tile and 8 warps compiles without spills on
+    sm_80/90/100 (`make gpu-report`, captured_outputs/gpu-report.md: compiled, not run).
+    The context sets only the KV splits (``mla_num_splits``), not the tiles."""
+    return launch_plan.mla_decode(batch, num_heads, kv_lora_rank, 0, launch_plan.H100).config
 
 
 class ModelKV(NamedTuple):

@@ -8,7 +8,8 @@
 
 Paged caches use lab 01's layout: ``k_cache, v_cache [num_blocks, block_size, num_kv_heads,
 head_dim]``, token ``t`` at ``cache[block_table[t // block_size], t % block_size]``. The
-input checks are given in ``provided.py``.
+input checks, the tile plans (``window_gpu_tiles``, ``mla_gpu_tiles``) and the split-KV
+plumbing are given in ``provided.py``.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from common.triton_env import (
     dot_precision,
     dot_tile,
     log2e_scale,
-    on_interpreter,
     tile_config,
     tl,
     triton,
@@ -395,8 +395,8 @@ def paged_decode_window_sink_triton(
     seq_lens: torch.Tensor,
     window: int | None = None,
     sinks: torch.Tensor | None = None,
-    scale: float | None = None,
     *,
+    scale: float | None = None,
     block_n: int | None = None,
     max_seq_len: int | None = None,
     num_splits: int | None = None,
@@ -412,8 +412,8 @@ def paged_decode_window_sink_triton(
         window: tokens each new token sees, itself included; None = the whole context.
         sinks: ``[H]`` per-head logits (float32 on q's device), or None.
         scale: defaults to ``1 / sqrt(d)``.
-        block_n: tokens per K/V tile, a power of two >= 16 (None = 64 on a GPU, 16 on the
-            interpreter).
+        block_n: tokens per K/V tile, a power of two >= 16; None = the launcher's choice
+            (``provided.window_gpu_tiles``: 64 on a GPU; ``WINDOW_INTERPRETER_TILES``: 16).
         max_seq_len: the longest ``seq_lens`` entry if the caller knows it (no host sync).
         num_splits: KV splits per (sequence, KV head); None = the launch plan's
             (``provided.window_num_splits``: 1 on the interpreter, enough on a GPU for two
@@ -428,7 +428,7 @@ def paged_decode_window_sink_triton(
     )
     batch, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
-    tiles = tile_config(q, gpu=provided.WINDOW_GPU_TILES,
+    tiles = tile_config(q, gpu=provided.window_gpu_tiles(batch, num_kv_heads, group, head_dim),
                         interpreter=provided.WINDOW_INTERPRETER_TILES, block_n=block_n)
     scale = default_scale(head_dim) if scale is None else float(scale)
 
@@ -464,7 +464,7 @@ def paged_decode_window_sink_triton(
         BLOCK_N=tiles["block_n"],
         HAS_SINKS=sinks is not None,
         DOT_PRECISION=dot_precision(k_cache.dtype),
-        **({} if on_interpreter(q) else provided.WINDOW_GPU_LAUNCH),
+        num_warps=tiles["num_warps"], num_stages=tiles["num_stages"],
     )
     provided.merge_splits(part_out, part_lse, out, lse)
     return out, lse
@@ -583,8 +583,8 @@ def mla_decode_triton(
     kv_cache: torch.Tensor,
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
-    scale: float | None = None,
     *,
+    scale: float | None = None,
     block_n: int | None = None,
     block_h: int | None = None,
     max_seq_len: int | None = None,
@@ -600,7 +600,8 @@ def mla_decode_triton(
         block_tables, seq_lens: as in lab 01.
         scale: defaults to ``1 / sqrt(d_c + d_rope)`` (FlashMLA's default); a model passes
             its own (DeepSeek-V3: ``1 / sqrt(d_nope + d_rope)``, times its YaRN factor).
-        block_n: tokens per tile (None = 32 on a GPU, 16 on the interpreter).
+        block_n: tokens per tile; None = the launcher's choice (``provided.mla_gpu_tiles``:
+            32 on a GPU; ``MLA_INTERPRETER_TILES``: 16).
         block_h: query heads per tile at most (None = 64 on a GPU and on the interpreter);
             a tile has ``min(block_h, dot_tile(H))`` rows.
         max_seq_len: the longest ``seq_lens`` entry if the caller knows it (no host sync).
@@ -616,7 +617,7 @@ def mla_decode_triton(
         q_latent, q_pe, kv_cache, block_tables, seq_lens, max_seq_len
     )
     batch, num_heads = q_latent.shape[:2]
-    tiles = tile_config(q_latent, gpu=provided.MLA_GPU_TILES,
+    tiles = tile_config(q_latent, gpu=provided.mla_gpu_tiles(batch, num_heads, d_c),
                         interpreter=provided.MLA_INTERPRETER_TILES, block_h=block_h,
                         block_n=block_n)
     heads_per_tile = min(tiles["block_h"], dot_tile(num_heads))
@@ -651,7 +652,7 @@ def mla_decode_triton(
         BLOCK_SIZE=kv_cache.shape[1],
         BLOCK_N=tiles["block_n"],
         DOT_PRECISION=dot_precision(kv_cache.dtype),
-        **({} if on_interpreter(q_latent) else provided.MLA_GPU_LAUNCH),
+        num_warps=tiles["num_warps"], num_stages=tiles["num_stages"],
     )
     provided.merge_splits(part_out, part_lse, out, lse)
     return out, lse

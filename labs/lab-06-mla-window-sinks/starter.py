@@ -28,7 +28,6 @@ from common.triton_env import (  # noqa: F401
     dot_precision,
     dot_tile,
     log2e_scale,
-    on_interpreter,
     tile_config,
     tl,
     triton,
@@ -255,8 +254,8 @@ def paged_decode_window_sink_triton(
     seq_lens: torch.Tensor,
     window: int | None = None,
     sinks: torch.Tensor | None = None,
-    scale: float | None = None,
     *,
+    scale: float | None = None,
     block_n: int | None = None,
     max_seq_len: int | None = None,
     num_splits: int | None = None,
@@ -272,8 +271,8 @@ def paged_decode_window_sink_triton(
         window: tokens each new token sees, itself included; None = the whole context.
         sinks: ``[H]`` per-head logits (float32 on q's device), or None.
         scale: defaults to ``1 / sqrt(d)``.
-        block_n: tokens per K/V tile, a power of two >= 16 (None = 64 on a GPU, 16 on the
-            interpreter).
+        block_n: tokens per K/V tile, a power of two >= 16; None = the launcher's choice
+            (``provided.window_gpu_tiles``: 64 on a GPU; ``WINDOW_INTERPRETER_TILES``: 16).
         max_seq_len: the longest ``seq_lens`` entry if the caller knows it (no host sync).
         num_splits: KV splits per (sequence, KV head); None = the launch plan's
             (``provided.window_num_splits``: 1 on the interpreter, enough on a GPU for two
@@ -286,8 +285,8 @@ def paged_decode_window_sink_triton(
     # The launcher, step by step (the kernel's docstring lists its own steps):
     #   1. group = provided.check_window_sink_triton_inputs(q, k_cache, v_cache, block_tables,
     #      seq_lens, window, sinks, max_seq_len): no host sync when max_seq_len is given;
-    #   2. tiles = tile_config(q, gpu=provided.WINDOW_GPU_TILES,
-    #      interpreter=provided.WINDOW_INTERPRETER_TILES, block_n=block_n);
+    #   2. tiles = tile_config(q, gpu=provided.window_gpu_tiles(batch, num_kv_heads, group,
+    #      head_dim), interpreter=provided.WINDOW_INTERPRETER_TILES, block_n=block_n);
     #   3. scale = default_scale(head_dim) when None; the kernel gets log2e_scale(scale);
     #   4. contiguous last dims; block_tables and seq_lens int32 on q's device; sinks (if
     #      any) float32 on q's device (torch.as_tensor(...).contiguous());
@@ -300,8 +299,8 @@ def paged_decode_window_sink_triton(
     #      tensor in place of sinks when there are none (HAS_SINKS=False), every stride (the
     #      partials' three), GROUP_PAD = dot_tile(group), HEAD_DIM_PAD = dot_tile(head_dim),
     #      BLOCK_SIZE, BLOCK_N = tiles["block_n"], DOT_PRECISION =
-    #      dot_precision(k_cache.dtype), and **provided.WINDOW_GPU_LAUNCH unless
-    #      on_interpreter(q);
+    #      dot_precision(k_cache.dtype), num_warps = tiles["num_warps"] and num_stages =
+    #      tiles["num_stages"];
     #   7. provided.merge_splits(part_out, part_lse, out, lse) (given: nothing for one
     #      split); return out, lse.
     raise NotImplementedError(
@@ -364,8 +363,8 @@ def mla_decode_triton(
     kv_cache: torch.Tensor,
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
-    scale: float | None = None,
     *,
+    scale: float | None = None,
     block_n: int | None = None,
     block_h: int | None = None,
     max_seq_len: int | None = None,
@@ -381,7 +380,8 @@ def mla_decode_triton(
         block_tables, seq_lens: as in lab 01.
         scale: defaults to ``1 / sqrt(d_c + d_rope)`` (FlashMLA's default); a model passes
             its own (DeepSeek-V3: ``1 / sqrt(d_nope + d_rope)``, times its YaRN factor).
-        block_n: tokens per tile (None = 32 on a GPU, 16 on the interpreter).
+        block_n: tokens per tile; None = the launcher's choice (``provided.mla_gpu_tiles``:
+            32 on a GPU; ``MLA_INTERPRETER_TILES``: 16).
         block_h: query heads per tile at most (None = 64 on a GPU and on the interpreter);
             a tile has ``min(block_h, dot_tile(H))`` rows.
         max_seq_len: the longest ``seq_lens`` entry if the caller knows it (no host sync).
@@ -396,7 +396,7 @@ def mla_decode_triton(
     # The launcher, step by step (the kernel's docstring lists its own steps):
     #   1. d_c, d_rope = provided.check_mla_triton_inputs(q_latent, q_pe, kv_cache,
     #      block_tables, seq_lens, max_seq_len);
-    #   2. tiles = tile_config(q_latent, gpu=provided.MLA_GPU_TILES,
+    #   2. tiles = tile_config(q_latent, gpu=provided.mla_gpu_tiles(batch, num_heads, d_c),
     #      interpreter=provided.MLA_INTERPRETER_TILES, block_h=block_h, block_n=block_n);
     #      heads per tile = min(tiles["block_h"], dot_tile(num_heads));
     #   3. scale = default_scale(d_c + d_rope) when None; the kernel gets log2e_scale(scale);
@@ -408,8 +408,8 @@ def mla_decode_triton(
     #   6. launch _mla_decode_kernel[(batch, cdiv(num_heads, heads_per_tile), splits)](...)
     #      writing part_out / part_lse, with splits, every stride (the partials' three),
     #      KV_LORA_PAD = dot_tile(d_c), ROPE_PAD = dot_tile(d_rope), BLOCK_SIZE, BLOCK_N =
-    #      tiles["block_n"], DOT_PRECISION = dot_precision(kv_cache.dtype), and
-    #      **provided.MLA_GPU_LAUNCH unless on_interpreter(q_latent);
+    #      tiles["block_n"], DOT_PRECISION = dot_precision(kv_cache.dtype), num_warps =
+    #      tiles["num_warps"] and num_stages = tiles["num_stages"];
     #   7. provided.merge_splits(part_out, part_lse, out, lse); return out, lse.
     raise NotImplementedError(
         "TODO: write _mla_decode_kernel (its docstring lists the steps), then follow the "

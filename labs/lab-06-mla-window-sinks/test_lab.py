@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from common.loader import load_impl
 from common.paged import build_paged_kv, random_kv, random_paged_decode, zero_paged_decode_torch
-from common.reference import reference_attention
+from common.reference import reference_decode
 from common.testing import (
     HEAD_RATIOS,
     LAYOUTS,
@@ -108,29 +108,25 @@ LSE_HINT = "lse = m + log(l) in natural log, per query head, with the sink in l"
 # ---- helpers: the reference and the wrong answers ----------------------------------------
 
 
-def reference_decode(q, k, v, window=None, sinks=None, scale=None):
-    """Dense float64 attention of the last token: q [H, d], k/v [L, KVH, d] -> ([H, d], [H])."""
-    out, lse = reference_attention(q[None], k, v, scale=scale, window=window, sinks=sinks)
-    return out[0], lse[0]
-
-
 def window_wrong_answers(q, k, v, window, sinks=None, scale=None) -> dict:
     """The off-by-one windows and the missing window, where they differ from the right one."""
-    n = len(k)
+    def out_with(w):
+        return reference_decode(q, k, v, window=w, sinks=sinks, scale=scale)[0]
+
     answers = {}
-    if n > window:
-        answers[WINDOW_TOO_LONG] = reference_decode(q, k, v, window + 1, sinks, scale)[0]
-        answers[WINDOW_IGNORED] = reference_decode(q, k, v, None, sinks, scale)[0]
-    if 1 < window <= n:
-        answers[WINDOW_TOO_SHORT] = reference_decode(q, k, v, window - 1, sinks, scale)[0]
+    if len(k) > window:
+        answers[WINDOW_TOO_LONG] = out_with(window + 1)
+        answers[WINDOW_IGNORED] = out_with(None)
+    if 1 < window <= len(k):
+        answers[WINDOW_TOO_SHORT] = out_with(window - 1)
     return answers
 
 
 def sink_wrong_answers(q, k, v, sinks, window=None, scale=None) -> dict:
     """The classic sink mistakes: ignored, scaled like a score, counted as a value."""
-    ignored = reference_decode(q, k, v, window, None, scale)[0]
+    ignored = reference_decode(q, k, v, window=window, scale=scale)[0]
     as_value = {}
-    out, lse = reference_decode(q, k, v, window, sinks, scale)
+    out, lse = reference_decode(q, k, v, window=window, sinks=sinks, scale=scale)
     if len(k):
         group = q.shape[0] // k.shape[1]
         heads = np.arange(q.shape[0]) // group
@@ -143,7 +139,8 @@ def sink_wrong_answers(q, k, v, sinks, window=None, scale=None) -> dict:
     answers = {SINK_IGNORED + (f"; or {same[0]}" if same else ""): ignored}
     answers.update({name: wrong for name, wrong in as_value.items() if name not in same})
     scale_used = 1 / math.sqrt(q.shape[1]) if scale is None else scale
-    answers[SINK_SCALED] = reference_decode(q, k, v, window, sinks * scale_used, scale)[0]
+    answers[SINK_SCALED] = reference_decode(q, k, v, window=window, sinks=sinks * scale_used,
+                                           scale=scale)[0]
     return answers
 
 
@@ -403,7 +400,7 @@ def test_window_decode_sees_exactly_the_window_most_recent_tokens(case):
     head ratio; the blocks before the window are NaN."""
     q, k, v, window, paged = case
     out, lse = run_decode(impl.window_decode_attention, q, paged, window)
-    want_out, want_lse = reference_decode(q, k, v, window)
+    want_out, want_lse = reference_decode(q, k, v, window=window)
     assert_close(out, want_out, what=f"out (seq_len {len(k)}, window {window}, block size "
                  f"{paged.block_size})", wrong_answers=window_wrong_answers(q, k, v, window),
                  nan_hint=WINDOW_NAN, **F64)
@@ -452,7 +449,7 @@ def test_table_entries_before_the_window_may_be_padding_and_are_never_read():
     q = rng.standard_normal((2, 4))
     out, lse = impl.window_decode_attention(q, paged.k_cache, paged.v_cache, table, seq_len,
                                             window)
-    want_out, want_lse = reference_decode(q, k, v, window)
+    want_out, want_lse = reference_decode(q, k, v, window=window)
     assert_close(out, want_out, what="out with -1 before the window", nan_hint=WINDOW_NAN,
                  wrong_answers=window_wrong_answers(q, k, v, window), **F64)
     assert_close(lse, want_lse, what="lse", nan_hint=WINDOW_NAN, **F64)
@@ -466,7 +463,7 @@ def test_window_decode_with_odd_head_dims_uses_the_default_scale(head_dim):
     paged = poison_before_windows(build_paged_kv([k], [v], 4, rng=rng, padding="poisoned"), 7)
     q = rng.standard_normal((4, head_dim))
     out, _ = run_decode(impl.window_decode_attention, q, paged, 7)
-    assert_close(out, reference_decode(q, k, v, 7)[0], what=f"out (head_dim {head_dim})",
+    assert_close(out, reference_decode(q, k, v, window=7)[0], what=f"out (head_dim {head_dim})",
                  nan_hint=WINDOW_NAN, hint="scale = 1 / sqrt(head_dim) by default", **F64)
 
 
@@ -486,7 +483,7 @@ def test_sinks_join_the_denominator_and_add_no_value(case, windowed, sink_size):
     rng = np.random.default_rng(len(k) + q.shape[0])
     sinks = sink_size + 2 * rng.standard_normal(q.shape[0])
     out, lse = run_decode(impl.sink_decode_attention, q, paged, sinks, window=window)
-    want_out, want_lse = reference_decode(q, k, v, window, sinks)
+    want_out, want_lse = reference_decode(q, k, v, window=window, sinks=sinks)
     wrong = sink_wrong_answers(q, k, v, sinks, window)
     if window is not None:
         wrong.update(window_wrong_answers(q, k, v, window, sinks))
@@ -529,8 +526,8 @@ def run_window_triton(q, paged, window=None, sinks=None, scale=None, *, dtype=to
     tensors = [q_t, t["k_cache"], t["v_cache"], t["block_tables"]]
     if layout is not None:
         tensors = [strided_view(x, layout) for x in tensors]
-    args = (*tensors, t["seq_lens"], window, sinks_t, scale)
-    kwargs = {"block_n": block_n, "max_seq_len": max_seq_len, **extra}
+    args = (*tensors, t["seq_lens"], window, sinks_t)
+    kwargs = {"scale": scale, "block_n": block_n, "max_seq_len": max_seq_len, **extra}
     if reports is None:
         result = impl.paged_decode_window_sink_triton(*args, **kwargs)
     else:
@@ -557,7 +554,8 @@ def window_triton_case(rng, num_heads, num_kv_heads, head_dim, block_size, lens,
 
 def check_window_triton(out, lse, q, ks, vs, window, sinks, tol, scale=None, hint=""):
     for b in range(len(ks)):
-        want_out, want_lse = reference_decode(q[b], ks[b], vs[b], window, sinks, scale)
+        want_out, want_lse = reference_decode(q[b], ks[b], vs[b], window=window, sinks=sinks,
+                                              scale=scale)
         wrong = {}
         if window is not None:
             wrong.update(window_wrong_answers(q[b], ks[b], vs[b], window, sinks, scale))
@@ -639,48 +637,6 @@ def test_triton_window_sink_kernel_in_float16_matches_the_reference():
                         hint="accumulate in float32: m, l and acc stay float32")
 
 
-@pytest.mark.triton
-@pytest.mark.points(2)
-def test_triton_window_sink_launcher_makes_no_host_sync_when_max_seq_len_is_given():
-    """Measured by common.testing.host_syncs inside the process that runs the code (under
-    the grader, the sandboxed worker): a teaching check, since a submission that undoes
-    its patching of torch.Tensor is not caught (README: not defended)."""
-    rng = np.random.default_rng(10)
-    q, ks, vs, paged, sinks = window_triton_case(rng, 4, 2, 16, 4, [6, 19], 8, True)
-    t = paged.to_torch(torch.float32, DEVICE)
-    args = (torch.tensor(q, dtype=torch.float32, device=DEVICE), t["k_cache"], t["v_cache"],
-            t["block_tables"], t["seq_lens"], 8,
-            torch.tensor(sinks, dtype=torch.float32, device=DEVICE))
-    (out, lse), syncs = host_syncs(impl.paged_decode_window_sink_triton, *args, max_seq_len=19)
-    assert syncs == [], (
-        f"with max_seq_len given the launcher must not read device tensors on the host, but "
-        f"it did: {syncs}. The kernel computes each window's start from its own seq_len")
-    check_window_triton(out.double().numpy(), lse.double().numpy(), q, ks, vs, 8, sinks, F32)
-
-    _, syncs = host_syncs(impl.paged_decode_window_sink_triton, *args)
-    copies = [s for s in syncs if not s.startswith(("Tensor.numpy()", "Tensor.__array__()"))]
-    assert len(copies) <= 1, (
-        f"without max_seq_len the launcher may copy seq_lens to the host once, not "
-        f"{len(copies)} times: {copies}")
-
-
-@pytest.mark.triton
-@pytest.mark.points(1)
-def test_triton_launchers_refuse_bfloat16_on_the_interpreter():
-    if not on_interpreter():
-        pytest.skip("on a GPU bfloat16 runs; only the interpreter's bf16 tl.dot is wrong")
-    rng = np.random.default_rng(13)
-    t = build_paged_kv(*random_kv(rng, [5], 1, 16), 4, rng=rng).to_torch(torch.bfloat16, DEVICE)
-    q = torch.zeros(1, 2, 16, dtype=torch.bfloat16, device=DEVICE)
-    with pytest.raises(ValueError, match="bfloat16"):
-        impl.paged_decode_window_sink_triton(q, t["k_cache"], t["v_cache"], t["block_tables"],
-                                             t["seq_lens"], 4)
-    kv = torch.zeros(3, 4, 48, dtype=torch.bfloat16, device=DEVICE)
-    with pytest.raises(ValueError, match="bfloat16"):
-        impl.mla_decode_triton(torch.zeros(1, 2, 32, dtype=torch.bfloat16), torch.zeros(
-            1, 2, 16, dtype=torch.bfloat16), kv, t["block_tables"], t["seq_lens"])
-
-
 # ---- 6. Triton: MLA decode over a paged latent cache -----------------------------------------
 
 
@@ -722,10 +678,10 @@ def run_mla_triton(q_latent, q_pe, paged, scale=None, *, dtype=torch.float32, la
     if layout is not None:
         tensors = [strided_view(x, layout) for x in tensors]
     if reports is None:
-        result = impl.mla_decode_triton(*tensors, t["seq_lens"], scale, **kwargs)
+        result = impl.mla_decode_triton(*tensors, t["seq_lens"], scale=scale, **kwargs)
     else:
-        result, launches = kernel_memory(impl.mla_decode_triton, *tensors, t["seq_lens"], scale,
-                                         **kwargs)
+        result, launches = kernel_memory(impl.mla_decode_triton, *tensors, t["seq_lens"],
+                                         scale=scale, **kwargs)
         reports.extend(launches)
     assert isinstance(result, tuple) and len(result) == 2, "mla_decode_triton returns (out, lse)"
     out, lse = result
@@ -832,22 +788,48 @@ def test_triton_mla_kernel_in_float16_matches_the_reference():
     check_mla_triton(out, lse, q_latent, q_pe, rows, dict(atol=atol, rtol=rtol))
 
 
-@pytest.mark.triton
-@pytest.mark.points(2)
-def test_triton_mla_launcher_makes_no_host_sync_when_max_seq_len_is_given():
-    """Measured by common.testing.host_syncs inside the process that runs the code (under
-    the grader, the sandboxed worker): a teaching check, since a submission that undoes
-    its patching of torch.Tensor is not caught (README: not defended)."""
-    rng = np.random.default_rng(23)
-    q_latent, q_pe, rows, paged = mla_triton_case(rng, 4, 32, 16, 4, [7, 18])
+def window_sync_case(rng):
+    """``(launcher, args, check)`` for the host-sync test: window 8, sinks, lengths 6 and 19."""
+    q, ks, vs, paged, sinks = window_triton_case(rng, 4, 2, 16, 4, [6, 19], 8, True)
+    t = paged.to_torch(torch.float32, DEVICE)
+    args = (torch.tensor(q, dtype=torch.float32, device=DEVICE), t["k_cache"], t["v_cache"],
+            t["block_tables"], t["seq_lens"], 8,
+            torch.tensor(sinks, dtype=torch.float32, device=DEVICE))
+    return impl.paged_decode_window_sink_triton, args, lambda out, lse: check_window_triton(
+        out, lse, q, ks, vs, 8, sinks, F32)
+
+
+def mla_sync_case(rng):
+    """``(launcher, args, check)`` for the host-sync test: MLA over lengths 6 and 19."""
+    q_latent, q_pe, rows, paged = mla_triton_case(rng, 4, 32, 16, 4, [6, 19])
     t = paged.to_torch(torch.float32, DEVICE)
     args = (torch.tensor(q_latent, dtype=torch.float32, device=DEVICE),
             torch.tensor(q_pe, dtype=torch.float32, device=DEVICE),
             torch.tensor(paged.k_cache[:, :, 0, :], dtype=torch.float32, device=DEVICE),
             t["block_tables"], t["seq_lens"])
-    (out, lse), syncs = host_syncs(impl.mla_decode_triton, *args, max_seq_len=18)
-    assert syncs == [], f"with max_seq_len given the launcher synchronised: {syncs}"
-    check_mla_triton(out.double().numpy(), lse.double().numpy(), q_latent, q_pe, rows, F32)
+    return impl.mla_decode_triton, args, lambda out, lse: check_mla_triton(
+        out, lse, q_latent, q_pe, rows, F32)
+
+
+@pytest.mark.triton
+@pytest.mark.points(2)
+@pytest.mark.parametrize("case", [window_sync_case, mla_sync_case], ids=["window", "mla"])
+def test_triton_launchers_make_no_host_sync_when_max_seq_len_is_given(case):
+    """Measured by common.testing.host_syncs inside the process that runs the code (under
+    the grader, the sandboxed worker): a teaching check, since a submission that undoes
+    its patching of torch.Tensor is not caught (README: not defended)."""
+    launcher, args, check = case(np.random.default_rng(10))
+    (out, lse), syncs = host_syncs(launcher, *args, max_seq_len=19)
+    assert syncs == [], (
+        f"with max_seq_len given the launcher must not read device tensors on the host, but "
+        f"it did: {syncs}. Each program reads its own seq_len (and so its window's start)")
+    check(out.double().numpy(), lse.double().numpy())
+
+    _, syncs = host_syncs(launcher, *args)
+    copies = [s for s in syncs if not s.startswith(("Tensor.numpy()", "Tensor.__array__()"))]
+    assert len(copies) <= 1, (
+        f"without max_seq_len the launcher may copy seq_lens to the host once, not "
+        f"{len(copies)} times: {copies}")
 
 
 # ---- 7. Split-KV: every split a partial (out, lse), merged exactly ----------------------------
@@ -871,7 +853,8 @@ def sink_in_every_split(q, ks, vs, window, sinks, scale, num_splits, block_n):
     visible = len(ks) - start
     chunk = math.ceil(math.ceil(visible / num_splits) / block_n) * block_n
     counted = max(1, sum(1 for s in range(num_splits) if s * chunk < visible))
-    return reference_decode(q, ks, vs, window, sinks + np.log(counted), scale)[0]
+    return reference_decode(q, ks, vs, window=window, sinks=sinks + np.log(counted),
+                            scale=scale)[0]
 
 
 SPLIT_CASES = [
@@ -895,7 +878,7 @@ def test_triton_window_sink_kernel_split_over_the_keys_merges_to_the_reference(
                                                  window, with_sinks)
     out, lse = run_window_triton(q, paged, window, sinks, block_n=16, num_splits=num_splits)
     for b in range(len(ks)):
-        want_out, want_lse = reference_decode(q[b], ks[b], vs[b], window, sinks)
+        want_out, want_lse = reference_decode(q[b], ks[b], vs[b], window=window, sinks=sinks)
         wrong = {}
         if sinks is not None and num_splits > 1:
             wrong[SINK_PER_SPLIT] = sink_in_every_split(q[b], ks[b], vs[b], window, sinks,
@@ -1020,10 +1003,10 @@ def _window_inputs(**shape) -> tuple:
     return zero_paged_decode_torch(DEVICE, **shape)
 
 
-def _mla_inputs(num_heads=2, d_c=32, d_rope=16, width=48, lens=(5,), max_blocks=2):
-    return (torch.zeros(len(lens), num_heads, d_c, device=DEVICE),
-            torch.zeros(len(lens), num_heads, d_rope, device=DEVICE),
-            torch.zeros(4, 4, width, device=DEVICE),
+def _mla_inputs(num_heads=2, d_c=32, d_rope=16, width=48, lens=(5,), max_blocks=2, dtype=None):
+    return (torch.zeros(len(lens), num_heads, d_c, device=DEVICE, dtype=dtype),
+            torch.zeros(len(lens), num_heads, d_rope, device=DEVICE, dtype=dtype),
+            torch.zeros(4, 4, width, device=DEVICE, dtype=dtype),
             torch.zeros(len(lens), max_blocks + 8, dtype=torch.int32,
                         device=DEVICE)[:, :max_blocks],
             torch.tensor(lens, dtype=torch.int32, device=DEVICE))
@@ -1054,6 +1037,11 @@ BAD_TRITON_CALLS: BadInputs = {
         *_window_inputs(), 3, num_splits=0)),
     "mla: num_splits 1.5": ("num_splits", lambda: impl.mla_decode_triton(
         *_mla_inputs(), num_splits=1.5)),
+    # on a GPU bfloat16 runs; only the interpreter's bf16 tl.dot is wrong
+    **({"window: bfloat16 on the interpreter": ("bfloat16", lambda: (
+            impl.paged_decode_window_sink_triton(*_window_inputs(dtype=torch.bfloat16), 4))),
+        "mla: bfloat16 on the interpreter": ("bfloat16", lambda: impl.mla_decode_triton(
+            *_mla_inputs(dtype=torch.bfloat16)))} if on_interpreter() else {}),
 }
 
 
@@ -1064,6 +1052,17 @@ test_triton_launchers_reject_bad_input_with_a_value_error_naming_the_argument = 
 # ---- on a GPU: realistic sizes ----------------------------------------------------------------
 
 
+def cuda_block_tables(lens: list[int], block_size: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """``(block_tables, seq_lens, blocks used)`` on the GPU: each sequence's blocks drawn from
+    a shuffled pool, padding entries -1."""
+    blocks = [-(-n // block_size) for n in lens]
+    perm = torch.randperm(sum(blocks), device="cuda")
+    tables = torch.full((len(lens), max(blocks)), -1, dtype=torch.int32, device="cuda")
+    for b, start in enumerate(np.cumsum([0, *blocks[:-1]])):
+        tables[b, :blocks[b]] = perm[start:start + blocks[b]]
+    return tables, torch.tensor(lens, dtype=torch.int32, device="cuda"), sum(blocks)
+
+
 @pytest.mark.gpu
 @pytest.mark.triton
 @pytest.mark.points(2)
@@ -1072,21 +1071,13 @@ def test_triton_mla_kernel_on_a_gpu_at_deepseek_size_matches_a_float32_reference
     torch.manual_seed(0)
     num_heads, d_c, d_rope, block_size = 128, 512, 64, 64
     lens = [1, 63, 64, 65, 1000, 8192]
-    blocks = [-(-n // block_size) for n in lens]
-    kv_cache = torch.randn(sum(blocks) + 4, block_size, d_c + d_rope, device="cuda")
-    kv_cache = kv_cache.to(torch.bfloat16)
-    perm = torch.randperm(sum(blocks), device="cuda")
-    tables = torch.full((len(lens), max(blocks)), -1, dtype=torch.int32, device="cuda")
-    start = 0
-    for b, nb in enumerate(blocks):
-        tables[b, :nb] = perm[start:start + nb]
-        start += nb
-    seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    tables, seq_lens, used = cuda_block_tables(lens, block_size)
+    kv_cache = torch.randn(used + 4, block_size, d_c + d_rope, device="cuda").to(torch.bfloat16)
     q_latent = torch.randn(len(lens), num_heads, d_c, device="cuda").to(torch.bfloat16)
     q_pe = torch.randn(len(lens), num_heads, d_rope, device="cuda").to(torch.bfloat16)
     scale = 1 / math.sqrt(128 + 64)
 
-    out, lse = impl.mla_decode_triton(q_latent, q_pe, kv_cache, tables, seq_lens, scale,
+    out, lse = impl.mla_decode_triton(q_latent, q_pe, kv_cache, tables, seq_lens, scale=scale,
                                       max_seq_len=max(lens))
 
     atol, rtol = tolerance(torch.bfloat16)
@@ -1109,17 +1100,10 @@ def test_triton_window_kernel_on_a_gpu_with_a_4096_window_over_32k_matches_a_ref
     torch.manual_seed(1)
     num_heads, num_kv_heads, head_dim, block_size, window = 32, 8, 128, 16, 4096
     lens = [1, 4095, 4097, 32768]
-    blocks = [-(-n // block_size) for n in lens]
-    shape = (sum(blocks) + 2, block_size, num_kv_heads, head_dim)
+    tables, seq_lens, used = cuda_block_tables(lens, block_size)
+    shape = (used + 2, block_size, num_kv_heads, head_dim)
     k_cache = torch.randn(shape, device="cuda").to(torch.bfloat16)
     v_cache = torch.randn(shape, device="cuda").to(torch.bfloat16)
-    perm = torch.randperm(sum(blocks), device="cuda")
-    tables = torch.full((len(lens), max(blocks)), -1, dtype=torch.int32, device="cuda")
-    start = 0
-    for b, nb in enumerate(blocks):
-        tables[b, :nb] = perm[start:start + nb]
-        start += nb
-    seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
     q = torch.randn(len(lens), num_heads, head_dim, device="cuda").to(torch.bfloat16)
     sinks = torch.randn(num_heads, device="cuda")
 
