@@ -281,7 +281,8 @@ def device_metadata(
     kernel reads a block table row with stride ``block_tables.stride(0)`` and unit steps."""
     import torch
 
-    return tuple(  # type: ignore[return-value]
+    tables, starts, lens = (
         t.to(device=q.device, dtype=torch.int32).contiguous()
         for t in (block_tables, query_start_loc, seq_lens)
     )
+    return tables, starts, lens

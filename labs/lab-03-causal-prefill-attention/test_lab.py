@@ -314,7 +314,9 @@ KERNEL_HINT = (
     "Usual kernel causes: the K/V tiles that straddle the diagonal need the mask "
     "key_pos <= query_pos (a key loaded as 0 past the end still scores 0, not -inf, unless "
     "masked); acc and l must be rescaled by exp(m_old - m_new) whenever the running max "
-    "grows; the lse must go back from log2 units to the natural log"
+    "grows; the lse must go back from log2 units to the natural log. Launcher causes: a tile "
+    "holds BLOCK_Q = BLOCK_M // GROUP query tokens, and the grid needs T // BLOCK_Q + B "
+    "programs on axis 0 (a sequence's last query block may be partial)"
 )
 
 
@@ -848,7 +850,8 @@ def test_triton_launch_gives_every_query_block_of_every_sequence_a_program():
         for i in blocks:
             first = int(batch.query_start_loc[b]) + 8 * i
             short_tokens[first : min(first + 8, int(batch.query_start_loc[b + 1]))] = True
-    assert not (wrong_tokens.any() and (wrong_tokens <= short_tokens).all()), (
+    unwritten = bool(wrong_tokens.any() and (wrong_tokens <= short_tokens).all())
+    assert not unwritten, (
         f"the rows of query blocks {short} (sequence: blocks) were never written: they got no "
         f"program. A tile's BLOCK_M rows hold BLOCK_Q = BLOCK_M // GROUP query tokens, and a "
         "sequence's last block may be partial, so cdiv(T, BLOCK_Q) programs are too few: the "
@@ -868,7 +871,8 @@ def test_triton_kernel_handles_long_chunks_pages_of_any_size_and_never_reads_pas
     # Every slot past a sequence's seq_len and every padding entry of a table is NaN.
     batch = make_batch(np.random.default_rng(9), [21, 40, 0], [36, 1, 3], (2, 1), 16, block_size)
     result = impl.varlen_prefill_triton(*triton_batch(batch), block_m=block_m, block_n=block_n)
-    check_prefill_kernel(result, batch, f"Triton, pages of {block_size}, {tiles_label(block_m, block_n)}")
+    label = f"Triton, pages of {block_size}, {tiles_label(block_m, block_n)}"
+    check_prefill_kernel(result, batch, label)
 
 
 @pytest.mark.triton
@@ -943,7 +947,8 @@ def test_triton_kernel_pads_odd_head_dims_but_scales_by_the_real_one(head_dim, h
         q, k_cache, v_cache, *metadata, max_seq_len=batch.max_seq_len
     )
     layout = "strided views" if strided else "contiguous"
-    check_prefill_kernel(result, batch, f"Triton, d={head_dim}, dv={head_dim_v}, default scale, {layout}")
+    label = f"Triton, d={head_dim}, dv={head_dim_v}, default scale, {layout}"
+    check_prefill_kernel(result, batch, label)
 
 
 @pytest.mark.triton
@@ -959,7 +964,8 @@ def test_triton_kernel_reads_transposed_and_sliced_views_through_their_strides(l
     )
     result = impl.varlen_prefill_triton(q, k_cache, v_cache, block_tables, qsl, seq_lens,
                                         block_m=16, block_n=16, max_seq_len=batch.max_seq_len)
-    check_prefill_kernel(result, batch, f"Triton, {layout} views (one stride per dim, none assumed)")
+    label = f"Triton, {layout} views (one stride per dim, none assumed)"
+    check_prefill_kernel(result, batch, label)
 
 
 def interpreter_only():
