@@ -380,7 +380,7 @@ def varlen_prefill_triton(
     group = provided.check_varlen_inputs(
         q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, max_seq_len
     )
-    num_tokens, num_heads, head_dim = q.shape
+    num_tokens, _, head_dim = q.shape
     _, page_size, num_kv_heads, head_dim_v = v_cache.shape
     num_seqs = seq_lens.shape[0]
     tiles = tile_config(

@@ -234,7 +234,7 @@ def varlen_prefill_triton(
     # TODO, step by step:
     #   1. group = provided.check_varlen_inputs(q, k_cache, v_cache, block_tables,
     #      query_start_loc, seq_lens, max_seq_len)  (ValueError naming the argument)
-    #      num_tokens, num_heads, head_dim = q.shape; _, page_size, num_kv_heads, head_dim_v =
+    #      num_tokens, _, head_dim = q.shape; _, page_size, num_kv_heads, head_dim_v =
     #      v_cache.shape; num_seqs = seq_lens.shape[0]
     #   2. tiles = tile_config(q, gpu=provided.gpu_tiles(num_tokens, num_seqs, group, head_dim,
     #      launch_target(q)), interpreter=provided.INTERPRETER_TILES, block_m=block_m,
