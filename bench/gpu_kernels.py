@@ -173,14 +173,14 @@ def paged_decode(heads: int, kv_heads: int) -> LaunchFn:
 
 def varlen_prefill(heads: int, kv_heads: int) -> LaunchFn:
     """``varlen_prefill_triton``: q ``[16384, H, d]``, caches ``[1024, 16, KVH, d]``, tables
-    ``[8, 128]``. GQA-packed tile from the launch plan (``launch_plan.varlen_prefill`` on the
-    H100), ``BLOCK_Q = BLOCK_M // group`` (``provided.gqa_tiles``); launch options
-    ``provided.gpu_launch(BLOCK_M, BLOCK_N)``."""
+    ``[8, 128]``. GQA-packed tile and launch options from ``provided.gpu_tiles`` (the launch
+    plan's ``varlen_prefill`` on the H100), ``BLOCK_Q = BLOCK_M // group`` as the launcher
+    computes it."""
 
     def launch(lab: Lab, dtype: str, d: int) -> Launch:
         tokens, seqs, blocks, page = 16384, 8, 128, 16
         group = heads // kv_heads
-        tiles = lp.varlen_prefill(tokens, seqs, kv_heads, group, d, lp.H100).tiles
+        tiles = _need(lab).gpu_tiles(tokens, seqs, group, d)
         block_m = tiles["block_m"]
         cache = strides(seqs * blocks, page, kv_heads, d)
         args: dict[str, Any] = {
@@ -198,7 +198,7 @@ def varlen_prefill(heads: int, kv_heads: int) -> LaunchFn:
                     HEAD_DIM_V=d, HEAD_DIM_V_PAD=dot_tile(d), BLOCK_M=block_m,
                     BLOCK_Q=block_m // group, BLOCK_N=tiles["block_n"],
                     DOT_PRECISION=_precision(dtype))  # fmt: skip
-        return Launch(args, _need(lab).gpu_launch(block_m, tiles["block_n"], d))
+        return Launch(args, {"num_warps": tiles["num_warps"], "num_stages": tiles["num_stages"]})
 
     return launch
 

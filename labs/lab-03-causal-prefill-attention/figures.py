@@ -264,7 +264,8 @@ def draw_tile(ax, labels, title, colours):
 def gqa_packing() -> dict[str, dict[str, float]]:
     group = 4
     colours = ["#4c72b0", "#dd8452", "#55a868", "#c44e52"]
-    block_m, block_q, _ = provided.gqa_tiles(None, group, 16, 16)
+    block_m = provided.fit_group(provided.INTERPRETER_TILES, group, 16)["block_m"]
+    block_q = block_m // group  # query tokens per tile, as the launcher computes it
     # Row r of a packed tile is query token r // GROUP, query head r % GROUP (solution.py).
     prefill = [(r // group, r % group) for r in range(block_m)]
     decode = [(0, r % group) if r // group < 1 else None for r in range(block_m)]

@@ -1,17 +1,19 @@
-"""Lab 03 given code: input checks, the GQA tile choice and the Triton launcher.
+"""Lab 03 given code: input checks, the tile plan, the launch grid and the output buffers.
 
 ``starter.py`` and ``solution.py`` both load this module; nothing here is an exercise.
-The exercise on the Triton side is the kernel (``_varlen_prefill_kernel``), which
-:func:`launch_varlen_prefill` launches with the arguments listed in its docstring.
+On the Triton side you write the kernel (``_varlen_prefill_kernel``) and its launcher
+(``varlen_prefill_triton``); the launcher calls :func:`check_varlen_inputs`,
+:data:`INTERPRETER_TILES` / :func:`gpu_tiles` (through ``tile_config``), :func:`fit_group`,
+:func:`varlen_grid`, :func:`output_buffers` and :func:`device_metadata`.
 
-Bad input raises ``ValueError`` naming the argument. The launcher reads shapes only, unless
-the caller leaves ``max_seq_len`` out: then it copies the metadata to the host once (the
-debug path) and checks every value.
+Bad input raises ``ValueError`` naming the argument. The checks read shapes only, unless
+the caller leaves ``max_seq_len`` out: then they copy the metadata to the host once (the
+debug path) and check every value.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,26 +25,32 @@ from common.checks import (
     check_seq_len,
     host_max_seq_len,
 )
-from common.triton_env import (
-    check_kernel_dtype,
-    default_scale,
-    dot_precision,
-    dot_tile,
-    launch_target,
-    log2e_scale,
-    on_interpreter,
-    tile_config,
-)
+from common.triton_env import check_kernel_dtype, dot_tile
 
-# Rows of the GQA-packed query tile (block_m) and keys per K/V tile (block_n). On a GPU the
-# launch plan picks them (common/launch_plan.py, ``varlen_prefill``: FlashInfer's rule, 128
-# rows when a sequence packs more than 64 query rows, 64 above 16, else 16; 64 keys beside a
-# 64+-row tile at d > 64, else 32); the interpreter keeps 16 x 16 so CPU tests stay fast.
-INTERPRETER_TILES = {"block_m": 16, "block_n": 16}
-def gpu_launch(block_m: int, block_n: int, head_dim: int = 128) -> dict[str, int]:
-    """``num_warps`` and ``num_stages`` of the varlen kernel for a ``block_m x block_n`` tile
-    (ignored by the interpreter): the launch plan's (``launch_plan.prefill_launch``)."""
-    return launch_plan.prefill_launch(block_m, block_n, head_dim)
+if TYPE_CHECKING:
+    import torch
+
+# Rows of the GQA-packed query tile (block_m) and keys per K/V tile (block_n). Under the
+# interpreter 16 x 16 keeps the CPU tests fast (it ignores num_warps / num_stages).
+INTERPRETER_TILES: dict[str, int] = {"block_m": 16, "block_n": 16, "num_warps": 4, "num_stages": 1}
+
+
+def gpu_tiles(
+    num_tokens: int,
+    num_seqs: int,
+    group: int,
+    head_dim: int,
+    target: launch_plan.Target = launch_plan.H100,
+) -> dict[str, int]:
+    """The GPU tile plan for ``q [num_tokens, H, head_dim]`` cut into ``num_seqs`` sequences,
+    ``group`` query heads per KV head: ``block_m``, ``block_n``, ``num_warps``, ``num_stages``.
+
+    The launch plan's (``common.launch_plan.varlen_prefill``, FlashInfer's rule): 128 rows
+    when a sequence packs more than 64 query rows, 64 above 16, else 16, and never fewer
+    than the group; 64 keys beside a 64+-row tile at d > 64, else 32; 8 warps from a
+    64 x 64 tile, else 4; 3 stages (``launch_plan.prefill_launch``).
+    """
+    return launch_plan.varlen_prefill(num_tokens, num_seqs, 1, group, head_dim, target).config
 
 # ---------------------------------------------------------------------------------------
 # NumPy inputs
@@ -139,7 +147,12 @@ def check_varlen_metadata(
 
 
 def check_varlen_shapes(
-    q: Any, k_cache: Any, v_cache: Any, block_tables: Any, query_start_loc: Any, seq_lens: Any
+    q: np.ndarray | torch.Tensor,
+    k_cache: np.ndarray | torch.Tensor,
+    v_cache: np.ndarray | torch.Tensor,
+    block_tables: np.ndarray | torch.Tensor,
+    query_start_loc: np.ndarray | torch.Tensor,
+    seq_lens: np.ndarray | torch.Tensor,
 ) -> int:
     """q ``[T, H, d]``, caches ``[num_blocks, block_size, KVH, d / dv]``, block_tables
     ``[B, max_blocks]``, query_start_loc ``[B+1]``, seq_lens ``[B]``; returns the group size."""
@@ -166,12 +179,12 @@ def check_varlen_shapes(
 
 
 # ---------------------------------------------------------------------------------------
-# The Triton launch
+# The Triton launch: checks, tiles, grid, buffers (the launcher puts them together)
 # ---------------------------------------------------------------------------------------
 
 
 def metadata_on_host(
-    block_tables: Any, query_start_loc: Any, seq_lens: Any
+    block_tables: torch.Tensor, query_start_loc: torch.Tensor, seq_lens: torch.Tensor
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The three metadata tensors as numpy arrays, copied in ONE device-to-host transfer.
 
@@ -187,54 +200,20 @@ def metadata_on_host(
     return tables.reshape(tuple(block_tables.shape)), qsl, lens
 
 
-def gqa_tiles(
-    q: Any, group: int, block_m: int | None, block_n: int | None, num_seqs: int = 1
-) -> tuple[int, int, int]:
-    """``(BLOCK_M, BLOCK_Q, BLOCK_N)``: rows per query tile, query tokens per tile, keys per
-    K/V tile. On a GPU the defaults are the launch plan's for ``q [T, H, d]`` cut into
-    ``num_seqs`` sequences (``common.launch_plan.varlen_prefill``).
-
-    A tile's ``BLOCK_M`` rows hold ``BLOCK_Q = BLOCK_M // group`` query tokens times the
-    ``group`` query heads that share one KV head (vLLM 0.33.0: ``BLOCK_M = 16 if
-    num_queries_per_kv <= 16 else next_power_of_2(num_queries_per_kv)``).
-    """
-    gpu = None if on_interpreter(q) else launch_plan.varlen_prefill(
-        int(q.shape[0]), num_seqs, 1, group, int(q.shape[2]), launch_target(q)).tiles
-    config = tile_config(
-        q, gpu=gpu or INTERPRETER_TILES, interpreter=INTERPRETER_TILES, block_m=block_m,
-        block_n=block_n,
-    )
-    rows = config["block_m"]
-    if block_m is None:
-        rows = max(rows, dot_tile(group))  # a group larger than 16 gets a taller tile
-    elif block_m < group:
-        raise ValueError(
-            f"block_m={block_m} is smaller than the query-head group ({group} query heads per "
-            "KV head): one tile must hold every query head of its KV head"
-        )
-    return rows, rows // group, config["block_n"]
-
-
-def varlen_grid(num_tokens: int, num_seqs: int, num_kv_heads: int, block_q: int) -> tuple:
-    """``(num_tokens // BLOCK_Q + num_seqs, num_kv_heads)``: from shapes only.
-
-    sum_b ceil(query_len_b / BLOCK_Q) <= sum_b (query_len_b // BLOCK_Q + 1)
-    <= num_tokens // BLOCK_Q + num_seqs, so every query block has a program; the spare ones
-    return at once. (vLLM 0.33.0: ``total_num_q_blocks = q.shape[0] // BLOCK_Q + num_seqs``.)
-    """
-    return (num_tokens // block_q + num_seqs, num_kv_heads)
-
-
-def _check_launch_inputs(
-    q: Any,
-    k_cache: Any,
-    v_cache: Any,
-    block_tables: Any,
-    query_start_loc: Any,
-    seq_lens: Any,
+def check_varlen_inputs(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
     max_seq_len: int | None,
 ) -> int:
-    """The launcher's checks (shapes, dtypes, metadata); returns the head ratio ``group``."""
+    """The launcher's checks (shapes, dtypes, metadata); returns the group ``H // KVH``.
+
+    With ``max_seq_len`` given only what the host knows is checked (no synchronisation);
+    with None the metadata is copied to the host once and every value is checked.
+    """
     group = check_varlen_shapes(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens)
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         check_kernel_dtype(t, name)
@@ -252,63 +231,58 @@ def _check_launch_inputs(
     return group
 
 
-def launch_varlen_prefill(
-    kernel: Any,
-    q: Any,
-    k_cache: Any,
-    v_cache: Any,
-    block_tables: Any,
-    query_start_loc: Any,
-    seq_lens: Any,
-    scale: float | None = None,
-    *,
-    block_m: int | None = None,
-    block_n: int | None = None,
-    max_seq_len: int | None = None,
-) -> tuple[Any, Any]:
-    """Check the inputs, choose the tiles and the grid, launch ``kernel``; ``(out, lse)``.
+def fit_group(tiles: dict[str, int], group: int, block_m: int | None) -> dict[str, int]:
+    """``tiles`` with a query tile tall enough for the whole query-head group.
 
-    Strides are passed for every dimension (no tensor need be contiguous) and V's head dim
-    may differ from K's. The kernel is called as::
-
-        kernel[(T // BLOCK_Q + B, KVH)](
-            q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, out, lse,
-            qk_scale,            # scale * log2(e): the kernel uses exp2
-            num_seqs,
-            stride_qt, stride_qh, stride_qd,
-            stride_kb, stride_ks, stride_kh, stride_kd,
-            stride_vb, stride_vs, stride_vh, stride_vd,
-            stride_bt,
-            stride_ot, stride_oh, stride_od,
-            stride_lt, stride_lh,
-            GROUP=, PAGE_SIZE=, HEAD_DIM=, HEAD_DIM_PAD=, HEAD_DIM_V=, HEAD_DIM_V_PAD=,
-            BLOCK_M=, BLOCK_Q=, BLOCK_N=, DOT_PRECISION=)
+    A tile's ``block_m`` rows hold ``block_m // group`` query tokens times the ``group``
+    query heads that share one KV head, so ``block_m`` must be ``>= group`` (vLLM 0.33.0:
+    ``BLOCK_M = 16 if num_queries_per_kv <= 16 else next_power_of_2(num_queries_per_kv)``).
+    The launcher's choice grows to ``dot_tile(group)``; a caller's ``block_m`` below the
+    group is a ``ValueError``.
     """
+    if block_m is not None and block_m < group:
+        raise ValueError(
+            f"block_m={block_m} is smaller than the query-head group ({group} query heads per "
+            "KV head): one tile must hold every query head of its KV head"
+        )
+    return {**tiles, "block_m": max(tiles["block_m"], dot_tile(group))}
+
+
+def varlen_grid(
+    num_tokens: int, num_seqs: int, num_kv_heads: int, block_q: int
+) -> tuple[int, int]:
+    """``(num_tokens // BLOCK_Q + num_seqs, num_kv_heads)``: from shapes only.
+
+    sum_b ceil(query_len_b / BLOCK_Q) <= sum_b (query_len_b // BLOCK_Q + 1)
+    <= num_tokens // BLOCK_Q + num_seqs, so every query block has a program; the spare ones
+    return at once. (vLLM 0.33.0: ``total_num_q_blocks = q.shape[0] // BLOCK_Q + num_seqs``.)
+    """
+    return (num_tokens // block_q + num_seqs, num_kv_heads)
+
+
+def output_buffers(q: torch.Tensor, head_dim_v: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``out [T, H, head_dim_v]`` in q's dtype and ``lse [T, H]`` float32, on q's device
+    (uninitialised: the kernel writes every real row)."""
     import torch
 
-    group = _check_launch_inputs(
-        q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, max_seq_len
-    )
-    num_tokens, num_heads, head_dim = (int(s) for s in q.shape)
-    _, page_size, num_kv_heads, head_dim_v = (int(s) for s in v_cache.shape)
-    block_m, block_q, block_n = gqa_tiles(q, group, block_m, block_n, int(seq_lens.shape[0]))
-
+    num_tokens, num_heads = int(q.shape[0]), int(q.shape[1])
     out = torch.empty((num_tokens, num_heads, head_dim_v), dtype=q.dtype, device=q.device)
     lse = torch.empty((num_tokens, num_heads), dtype=torch.float32, device=q.device)
-    if num_tokens == 0:
-        return out, lse
-    metadata = [t.to(device=q.device, dtype=torch.int32).contiguous() for t in
-                (block_tables, query_start_loc, seq_lens)]  # fmt: skip
-    scale = default_scale(head_dim) if scale is None else float(scale)
-    grid = varlen_grid(num_tokens, int(seq_lens.shape[0]), num_kv_heads, block_q)
-    kernel[grid](
-        q, k_cache, v_cache, *metadata, out, lse,
-        log2e_scale(scale), int(seq_lens.shape[0]),
-        *q.stride(), *k_cache.stride(), *v_cache.stride(), metadata[0].stride(0),
-        *out.stride(), *lse.stride(),
-        GROUP=group, PAGE_SIZE=page_size, BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_N=block_n,
-        HEAD_DIM=head_dim, HEAD_DIM_PAD=dot_tile(head_dim),
-        HEAD_DIM_V=head_dim_v, HEAD_DIM_V_PAD=dot_tile(head_dim_v),
-        DOT_PRECISION=dot_precision(q.dtype), **gpu_launch(block_m, block_n, head_dim),
-    )  # fmt: skip
     return out, lse
+
+
+def device_metadata(
+    q: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(block_tables, query_start_loc, seq_lens)`` as contiguous int32 on q's device: the
+    kernel reads a block table row with stride ``block_tables.stride(0)`` and unit steps."""
+    import torch
+
+    tables, starts, lens = (
+        t.to(device=q.device, dtype=torch.int32).contiguous()
+        for t in (block_tables, query_start_loc, seq_lens)
+    )
+    return tables, starts, lens

@@ -14,12 +14,21 @@ Shapes: q ``[M, H, d]`` (or ``[T, H, d]`` packed), k/v ``[N, KVH, d]``, paged ca
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
+import torch
 
 from common.loader import load_lab_module
-from common.triton_env import tl, triton
+from common.triton_env import (
+    default_scale,
+    dot_precision,
+    dot_tile,
+    launch_target,
+    log2e_scale,
+    tile_config,
+    tl,
+    triton,
+)
 
 provided = load_lab_module(__file__, "provided")
 
@@ -266,7 +275,7 @@ def _varlen_prefill_kernel(
     """One program = BLOCK_Q query tokens of one sequence x the GROUP query heads of one KV
     head, packed into the BLOCK_M rows of one tile: every K/V tile it loads serves them all.
 
-    ``provided.launch_varlen_prefill`` launches it on the grid ``(T // BLOCK_Q + B, KVH)``
+    ``varlen_prefill_triton`` launches it on the grid ``(T // BLOCK_Q + B, KVH)``
     with the arguments above (strides for every dimension: nothing is assumed contiguous;
     V's head dim HEAD_DIM_V may differ from K's HEAD_DIM; both are padded to powers of two
     >= 16, HEAD_DIM_PAD and HEAD_DIM_V_PAD, for tl.dot).
@@ -335,27 +344,26 @@ def _varlen_prefill_kernel(
     tl.store(lse_ptr + q_rows * stride_lt + head * stride_lh, lse, mask=row_ok)
 
 
-# Given: the launcher (provided.launch_varlen_prefill checks the inputs and launches).
 def varlen_prefill_triton(
-    q: Any,
-    k_cache: Any,
-    v_cache: Any,
-    block_tables: Any,
-    query_start_loc: Any,
-    seq_lens: Any,
-    scale: float | None = None,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
     *,
+    scale: float | None = None,
     block_m: int | None = None,
     block_n: int | None = None,
     max_seq_len: int | None = None,
-) -> tuple[Any, Any]:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Varlen causal attention over a paged cache in one Triton launch (torch tensors).
 
     Args:
         q: ``[T, H, d]`` fp32 / fp16 (bf16 on a GPU only), every sequence's new tokens packed.
         k_cache, v_cache: ``[num_blocks, block_size, KVH, d]`` / ``[..., dv]``, q's dtype.
         block_tables: ``[B, max_blocks]`` int; query_start_loc ``[B+1]``; seq_lens ``[B]``.
-        scale: defaults to ``1/sqrt(d)``.
+        scale: defaults to ``1/sqrt(d)`` (the real ``d``, not the padded one).
         block_m: rows of a query tile (power of two >= 16 and >= H // KVH): ``block_m //
             (H // KVH)`` query tokens times the query heads of one KV head.
         block_n: keys per K/V tile (power of two >= 16).
@@ -369,7 +377,39 @@ def varlen_prefill_triton(
     Grid: ``(T // BLOCK_Q + B, KVH)`` from shapes only; each program binary-searches
     ``query_start_loc`` for its sequence (vLLM 0.33.0's ``find_seq_idx``).
     """
-    return provided.launch_varlen_prefill(
-        _varlen_prefill_kernel, q, k_cache, v_cache, block_tables, query_start_loc, seq_lens,
-        scale, block_m=block_m, block_n=block_n, max_seq_len=max_seq_len,
-    )  # fmt: skip
+    group = provided.check_varlen_inputs(
+        q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, max_seq_len
+    )
+    num_tokens, _, head_dim = q.shape
+    _, page_size, num_kv_heads, head_dim_v = v_cache.shape
+    num_seqs = seq_lens.shape[0]
+    tiles = tile_config(
+        q,
+        gpu=provided.gpu_tiles(num_tokens, num_seqs, group, head_dim, launch_target(q)),
+        interpreter=provided.INTERPRETER_TILES,
+        block_m=block_m,
+        block_n=block_n,
+    )
+    tiles = provided.fit_group(tiles, group, block_m)
+    block_q = tiles["block_m"] // group  # BLOCK_M rows = BLOCK_Q query tokens x GROUP heads
+    out, lse = provided.output_buffers(q, head_dim_v)  # [T, H, dv], [T, H] float32
+    if num_tokens == 0:
+        return out, lse
+    grid = provided.varlen_grid(num_tokens, num_seqs, num_kv_heads, block_q)
+    tables, starts, lens = provided.device_metadata(q, block_tables, query_start_loc, seq_lens)
+    qk_scale = log2e_scale(default_scale(head_dim) if scale is None else scale)  # for exp2
+    # fmt: off
+    _varlen_prefill_kernel[grid](
+        q, k_cache, v_cache, tables, starts, lens, out, lse,
+        qk_scale, num_seqs,
+        *q.stride(), *k_cache.stride(), *v_cache.stride(), tables.stride(0),
+        *out.stride(), *lse.stride(),
+        GROUP=group, PAGE_SIZE=page_size,
+        HEAD_DIM=head_dim, HEAD_DIM_PAD=dot_tile(head_dim),
+        HEAD_DIM_V=head_dim_v, HEAD_DIM_V_PAD=dot_tile(head_dim_v),
+        BLOCK_M=tiles["block_m"], BLOCK_Q=block_q, BLOCK_N=tiles["block_n"],
+        DOT_PRECISION=dot_precision(q.dtype),  # float32: "ieee", else a GPU uses TF32
+        num_warps=tiles["num_warps"], num_stages=tiles["num_stages"],
+    )
+    # fmt: on
+    return out, lse

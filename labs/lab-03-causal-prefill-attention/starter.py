@@ -18,12 +18,20 @@ Bad input raises ``ValueError`` naming the argument: ``provided.py`` has the che
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
+import torch
 
 from common.loader import load_lab_module
-from common.triton_env import tl, triton
+from common.triton_env import (  # noqa: F401  (the launcher's TODO uses them all)
+    default_scale,
+    dot_precision,
+    dot_tile,
+    launch_target,
+    log2e_scale,
+    tile_config,
+    tl,
+    triton,
+)
 
 provided = load_lab_module(__file__, "provided")
 
@@ -156,7 +164,7 @@ def _varlen_prefill_kernel(
     """One program = BLOCK_Q query tokens of one sequence x the GROUP query heads of one KV
     head, packed into the BLOCK_M rows of one tile: every K/V tile it loads serves them all.
 
-    ``provided.launch_varlen_prefill`` launches it on the grid ``(T // BLOCK_Q + B, KVH)``
+    ``varlen_prefill_triton`` launches it on the grid ``(T // BLOCK_Q + B, KVH)``
     with the arguments above (strides for every dimension: nothing is assumed contiguous;
     V's head dim HEAD_DIM_V may differ from K's HEAD_DIM; both are padded to powers of two
     >= 16, HEAD_DIM_PAD and HEAD_DIM_V_PAD, for tl.dot).
@@ -190,27 +198,26 @@ def _varlen_prefill_kernel(
     tl.static_assert(False, "TODO: write _varlen_prefill_kernel (the steps are in its docstring)")
 
 
-# Given: the launcher (provided.launch_varlen_prefill checks the inputs and launches).
 def varlen_prefill_triton(
-    q: Any,
-    k_cache: Any,
-    v_cache: Any,
-    block_tables: Any,
-    query_start_loc: Any,
-    seq_lens: Any,
-    scale: float | None = None,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
     *,
+    scale: float | None = None,
     block_m: int | None = None,
     block_n: int | None = None,
     max_seq_len: int | None = None,
-) -> tuple[Any, Any]:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Varlen causal attention over a paged cache in one Triton launch (torch tensors).
 
     Args:
         q: ``[T, H, d]`` fp32 / fp16 (bf16 on a GPU only), every sequence's new tokens packed.
         k_cache, v_cache: ``[num_blocks, block_size, KVH, d]`` / ``[..., dv]``, q's dtype.
         block_tables: ``[B, max_blocks]`` int; query_start_loc ``[B+1]``; seq_lens ``[B]``.
-        scale: defaults to ``1/sqrt(d)``.
+        scale: defaults to ``1/sqrt(d)`` (the real ``d``, not the padded one).
         block_m: rows of a query tile (power of two >= 16 and >= H // KVH): ``block_m //
             (H // KVH)`` query tokens times the query heads of one KV head.
         block_n: keys per K/V tile (power of two >= 16).
@@ -224,7 +231,28 @@ def varlen_prefill_triton(
     Grid: ``(T // BLOCK_Q + B, KVH)`` from shapes only; each program binary-searches
     ``query_start_loc`` for its sequence (vLLM 0.33.0's ``find_seq_idx``).
     """
-    return provided.launch_varlen_prefill(
-        _varlen_prefill_kernel, q, k_cache, v_cache, block_tables, query_start_loc, seq_lens,
-        scale, block_m=block_m, block_n=block_n, max_seq_len=max_seq_len,
-    )  # fmt: skip
+    # TODO, step by step:
+    #   1. group = provided.check_varlen_inputs(q, k_cache, v_cache, block_tables,
+    #      query_start_loc, seq_lens, max_seq_len)  (ValueError naming the argument)
+    #      num_tokens, _, head_dim = q.shape; _, page_size, num_kv_heads, head_dim_v =
+    #      v_cache.shape; num_seqs = seq_lens.shape[0]
+    #   2. tiles = tile_config(q, gpu=provided.gpu_tiles(num_tokens, num_seqs, group, head_dim,
+    #      launch_target(q)), interpreter=provided.INTERPRETER_TILES, block_m=block_m,
+    #      block_n=block_n); then tiles = provided.fit_group(tiles, group, block_m).
+    #      A tile's BLOCK_M rows hold BLOCK_Q query tokens x GROUP query heads: BLOCK_Q = ?
+    #   3. out, lse = provided.output_buffers(q, head_dim_v); no tokens: return them now.
+    #   4. grid = provided.varlen_grid(num_tokens, num_seqs, num_kv_heads, BLOCK_Q): one
+    #      program per query block of every sequence (a sequence's last block may be partial).
+    #   5. tables, starts, lens = provided.device_metadata(q, block_tables, query_start_loc,
+    #      seq_lens) (int32, contiguous).
+    #   6. _varlen_prefill_kernel[grid](...) with the arguments in the order of its signature:
+    #      qk_scale = log2e_scale(scale, or default_scale of the REAL head dim); every stride
+    #      (*q.stride(), *k_cache.stride(), *v_cache.stride(), tables.stride(0),
+    #      *out.stride(), *lse.stride()); the constexprs (HEAD_DIM_PAD = dot_tile(head_dim),
+    #      DOT_PRECISION = dot_precision(q.dtype), ...), num_warps and num_stages from tiles.
+    #   7. return out, lse
+    raise NotImplementedError(
+        "TODO: launch _varlen_prefill_kernel: check the inputs, plan the tiles (BLOCK_Q query "
+        "tokens x GROUP heads per tile), allocate out and lse, a grid with a program for "
+        "every query block of every sequence, pass every stride (steps 1-7 above)"
+    )
