@@ -221,35 +221,26 @@ def vllm_reasons(backends: list[str], capability, config: dict) -> dict[str, lis
         for backend in backends:
             try:
                 out[backend] = env.classes[backend].validate_configuration(
-                    head_size=cfg["head_size"],
-                    dtype=getattr(env.torch, cfg["dtype"]),
-                    kv_cache_dtype=cfg["kv_cache_dtype"],
-                    block_size=cfg["block_size"],
-                    use_mla=cfg["use_mla"],
-                    has_sink=cfg["has_sink"],
-                    use_sparse=cfg["use_sparse"],
+                    **selector_fields(env, cfg),
                     use_mm_prefix=False,
                     use_per_head_quant_scales=False,
                     device_capability=env.DeviceCapability(*capability),
                     attn_type=env.AttentionType.DECODER,
-                    has_sliding_window=cfg["has_sliding_window"],
                 )
             except AttributeError as e:  # vLLM reads an HF field this model does not have
                 out[backend] = f"AttributeError: {e}"
     return out
 
 
+def selector_fields(env, cfg: dict) -> dict:
+    """The fields vLLM's ``AttentionSelectorConfig`` and ``validate_configuration`` share."""
+    fields = ("head_size", "kv_cache_dtype", "block_size", "use_mla", "has_sink", "use_sparse",
+              "has_sliding_window")
+    return {name: cfg[name] for name in fields} | {"dtype": getattr(env.torch, cfg["dtype"])}
+
+
 def selector_config(env, cfg: dict):
-    return env.AttentionSelectorConfig(
-        head_size=cfg["head_size"],
-        dtype=getattr(env.torch, cfg["dtype"]),
-        kv_cache_dtype=cfg["kv_cache_dtype"],
-        block_size=cfg["block_size"],
-        use_mla=cfg["use_mla"],
-        has_sink=cfg["has_sink"],
-        use_sparse=cfg["use_sparse"],
-        has_sliding_window=cfg["has_sliding_window"],
-    )
+    return env.AttentionSelectorConfig(**selector_fields(env, cfg))
 
 
 def vllm_select(capability, config: dict, override: str | None = None) -> str:

@@ -112,6 +112,16 @@ def admit(manager, request):
     return hit_blocks, num_hit, new_blocks
 
 
+def manager_with(*requests, **manager_kwargs):
+    """``(pool, manager)``: a pool of 8 blocks of 4 tokens, a manager on it (``manager_kwargs``)
+    and ``requests`` admitted in order."""
+    pool = impl.BlockPool(8, 4)
+    manager = impl.KVCacheManager(pool, **manager_kwargs)
+    for request in requests:
+        admit(manager, request)
+    return pool, manager
+
+
 def chain(tokens, block_size, extra_keys=()):
     """The chained hashes of the full blocks of ``tokens`` (with your ``hash_block``)."""
     hashes, parent = [], None
@@ -354,8 +364,7 @@ U = [200, 201, 202]
 
 @pytest.mark.points(2)
 def test_worked_example_a_prompt_gets_ceil_blocks_and_only_its_full_blocks_are_cached():
-    pool = impl.BlockPool(8, 4)
-    manager = impl.KVCacheManager(pool)
+    pool, manager = manager_with()
     a = Request("A", T)
     assert manager.get_computed_blocks(a) == ([], 0)
     assert manager.allocate_slots(a, 10) == [0, 1, 2]
@@ -371,9 +380,7 @@ def test_worked_example_a_prompt_gets_ceil_blocks_and_only_its_full_blocks_are_c
 
 @pytest.mark.points(2)
 def test_worked_example_a_second_request_hits_the_cached_prefix_and_shares_its_blocks():
-    pool = impl.BlockPool(8, 4)
-    manager = impl.KVCacheManager(pool)
-    admit(manager, Request("A", T))
+    pool, manager = manager_with(Request("A", T))
     b = Request("B", T[:8] + U)
     assert manager.get_computed_blocks(b) == ([0, 1], 8)
     assert manager.allocate_slots(b, 3) == [3]
@@ -385,9 +392,7 @@ def test_worked_example_a_second_request_hits_the_cached_prefix_and_shares_its_b
 
 @pytest.mark.points(2)
 def test_worked_example_a_full_hit_still_recomputes_the_last_block():
-    pool = impl.BlockPool(8, 4)
-    manager = impl.KVCacheManager(pool)
-    admit(manager, Request("A", T))
+    pool, manager = manager_with(Request("A", T))
     c = Request("C", T[:8])  # both of its blocks are cached
     hit = manager.get_computed_blocks(c)
     assert hit == ([0], 4), f"got {hit}, expected ([0], 4): {LAST_TOKEN}"
@@ -399,10 +404,8 @@ def test_worked_example_a_full_hit_still_recomputes_the_last_block():
 
 @pytest.mark.points(2)
 def test_a_partial_block_is_never_cached_and_is_cached_once_it_fills():
-    pool = impl.BlockPool(8, 4)
-    manager = impl.KVCacheManager(pool)
     a = Request("A", T)
-    admit(manager, a)
+    pool, manager = manager_with(a)
     longer = Request("D", T + [7, 7, 7])
     assert manager.get_computed_blocks(longer) == ([0, 1], 8), PARTIAL_CACHED
     a = a.appended(110, 111)
@@ -417,9 +420,7 @@ def test_a_partial_block_is_never_cached_and_is_cached_once_it_fills():
 
 @pytest.mark.points(2)
 def test_worked_example_fork_shares_every_block_and_the_first_write_copies_the_shared_block():
-    pool = impl.BlockPool(8, 4)
-    manager = impl.KVCacheManager(pool)
-    admit(manager, Request("A", T))
+    pool, manager = manager_with(Request("A", T))
     b = Request("B", T[:8] + U)
     admit(manager, b)
     manager.free("A")
@@ -443,10 +444,8 @@ def test_worked_example_fork_shares_every_block_and_the_first_write_copies_the_s
 
 @pytest.mark.points(1)
 def test_fork_of_a_request_ending_on_a_full_block_needs_no_copy():
-    pool = impl.BlockPool(8, 4)
-    manager = impl.KVCacheManager(pool)
     parent = Request("P", T[:8])
-    admit(manager, parent)
+    pool, manager = manager_with(parent)
     child = manager.fork(parent, "C")
     assert manager.allocate_slots(parent.appended(1), 1) == [2]
     assert manager.allocate_slots(child.appended(2), 1) == [3]
@@ -456,9 +455,8 @@ def test_fork_of_a_request_ending_on_a_full_block_needs_no_copy():
 
 @pytest.mark.points(2)
 def test_free_releases_tail_first_and_freed_blocks_stay_findable_until_reused():
-    pool = impl.BlockPool(8, 4)
-    manager = impl.KVCacheManager(pool)
-    admit(manager, Request("A", list(range(12)) + [99]))  # blocks 0, 1, 2 full; 3 partial
+    # blocks 0, 1, 2 full; 3 partial
+    pool, manager = manager_with(Request("A", list(range(12)) + [99]))
     manager.free("A")
     assert pool.free_block_ids() == [3, 4, 5, 6, 7, 2, 1, 0], free_queue_message(pool, [3])
     again = Request("A2", list(range(12)) + [5])
@@ -535,9 +533,7 @@ def test_slot_mapping_follows_the_block_table():
 
 @pytest.mark.points(1)
 def test_without_prefix_caching_nothing_is_hashed_or_hit():
-    pool = impl.BlockPool(8, 4)
-    manager = impl.KVCacheManager(pool, enable_prefix_caching=False)
-    admit(manager, Request("A", T))
+    pool, manager = manager_with(Request("A", T), enable_prefix_caching=False)
     assert manager.get_computed_blocks(Request("B", T + [1])) == ([], 0)
     assert [pool.block_hash(b) for b in range(8)] == [None] * 8
     manager.free("A")
@@ -548,9 +544,7 @@ def test_without_prefix_caching_nothing_is_hashed_or_hit():
 
 @pytest.mark.points(1)
 def test_requests_with_different_extra_keys_share_nothing():
-    pool = impl.BlockPool(8, 4)
-    manager = impl.KVCacheManager(pool)
-    admit(manager, Request("A", T, extra_keys=("lora-1",)))
+    pool, manager = manager_with(Request("A", T, extra_keys=("lora-1",)))
     assert manager.get_computed_blocks(Request("B", T, extra_keys=("lora-2",))) == ([], 0)
     assert manager.get_computed_blocks(Request("C", T, extra_keys=())) == ([], 0)
     assert manager.get_computed_blocks(Request("D", T, extra_keys=("lora-1",))) == ([0, 1], 8)
@@ -558,10 +552,8 @@ def test_requests_with_different_extra_keys_share_nothing():
 
 def _manager_calls():
     def setup():
-        manager = impl.KVCacheManager(impl.BlockPool(8, 4))
         a = Request("A", T)
-        admit(manager, a)
-        return manager, a
+        return manager_with(a)[1], a
 
     return {
         "num_new_tokens (negative)": lambda m, a: m.allocate_slots(a, -1),

@@ -95,7 +95,7 @@ def normal(seed: int, *shape: int, spread: float = 1.0) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(shape) * spread
 
 
-def qkv(seed, lead, lq, lk, d, dv):
+def batched_qkv(seed, lead, lq, lk, d, dv):
     """q ``[*lead, Lq, d]``, k ``[*lead, Lk, d]``, v ``[*lead, Lk, dv]``, standard normal."""
     q, k = normal(seed, *lead, lq, d), normal(seed + 1, *lead, lk, d)
     return q, k, normal(seed + 2, *lead, lk, dv)
@@ -438,7 +438,7 @@ def test_key_padding_to_attn_mask_inverts_and_broadcasts_over_heads_and_queries(
 def test_scaled_dot_product_attention_equals_the_float64_reference(
     b, h, lq, lk, d, dv, causal, seed
 ):
-    q, k, v = qkv(seed, (b, h), lq, lk, d, dv)
+    q, k, v = batched_qkv(seed, (b, h), lq, lk, d, dv)
     mask = top_left(lq, lk) if causal else None
     want = reference_sdpa(q, k, v, mask)
     wrong = {NO_SCALE: plain_attention(q, k, v, mask, scale=1.0)} if d > 1 else {}
@@ -456,7 +456,7 @@ def test_scaled_dot_product_attention_equals_the_float64_reference(
 @examples(15)
 @given(lq=st.integers(1, 6), lk=st.integers(1, 6), seed=st.integers(0, 2**16))
 def test_a_boolean_attn_mask_means_true_attends_as_in_pytorch(lq, lk, seed):
-    q, k, v = qkv(seed, (2, 2), lq, lk, 4, 3)
+    q, k, v = batched_qkv(seed, (2, 2), lq, lk, 4, 3)
     mask = random_mask(seed, 2, 1, lq, lk)  # [B, 1, Lq, Lk]: broadcast over the heads
     want = F.scaled_dot_product_attention(t(q), t(k), t(v), attn_mask=torch.from_numpy(mask))
     wrong = {
@@ -498,7 +498,7 @@ POISON = 1e6
 @given(lens=st.lists(st.integers(1, 6), min_size=1, max_size=3), seed=st.integers(0, 2**16))
 def test_padded_keys_holding_huge_values_contribute_exactly_nothing(lens, seed):
     b, h, lq, lk = len(lens), 2, 3, 6
-    q, k, v = qkv(seed, (b, h), lq, lk, 4, 3)
+    q, k, v = batched_qkv(seed, (b, h), lq, lk, 4, 3)
     attend = np.arange(lk)[None, :] < np.array(lens)[:, None]  # [B, Lk] True = real key
     want = reference_sdpa(q, k, v, attend[:, None, None, :])
     k = np.where(attend[:, None, :, None], k, POISON)

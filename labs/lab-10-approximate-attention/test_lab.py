@@ -24,6 +24,7 @@ from common.reference import to_float64, window_mask
 from common.testing import (
     BadInputs,
     assert_close,
+    assert_peak_below,
     bad_input_test,
     called_on_copies,
     examples,
@@ -59,6 +60,14 @@ NO_HALF_NORM = "forgot the -|x|^2 / 2 in the exponent: phi(x) = exp(w . x - |x|^
 NO_ROOT_M = "forgot the 1 / sqrt(m): with m features, phi(q) . phi(k) must average, not sum"
 
 
+SEEDS = st.integers(0, 2**16)  # the seed of a property test's random inputs
+
+
+def sizes(**ranges):
+    """``{name: integers in [lo, hi]}`` for ``@given``: the sizes a property test draws."""
+    return {name: st.integers(lo, hi) for name, (lo, hi) in ranges.items()}
+
+
 def qkv(seed, lq, lk, d, dv, spread=1.0):
     rng = np.random.default_rng(seed)
     return (
@@ -66,6 +75,15 @@ def qkv(seed, lq, lk, d, dv, spread=1.0):
         rng.standard_normal((lk, d)) * spread,
         rng.standard_normal((lk, dv)),
     )
+
+
+def assert_out_and_lse(got, want, what, wrong_out=None, **kwargs):
+    """``got`` and ``want`` are ``(out, lse)``; ``kwargs`` (hints) apply to both checks,
+    ``wrong_out`` (misconception: wrong output) to the output's."""
+    __tracebackhide__ = True
+    out, lse = got
+    assert_close(out, want[0], what=f"out ({what})", wrong_answers=wrong_out, **kwargs)
+    assert_close(lse, want[1], what=f"lse ({what})", **kwargs)
 
 
 def softmax_matrix(q, k, scale=None):
@@ -137,7 +155,7 @@ def test_score_matrix_bytes_per_head_and_for_16_heads_by_24_layers(n, per_head, 
 
 
 @pytest.mark.points(2)
-@given(n=st.integers(0, 40), stride=st.integers(1, 12), causal=st.booleans())
+@given(**sizes(n=(0, 40), stride=(1, 12)), causal=st.booleans())
 def test_strided_mask_is_local_plus_every_stride_th_key(n, stride, causal):
     i, j = grid(n)
     both_ways = (np.abs(i - j) < stride) | ((i - j) % stride == 0)
@@ -152,12 +170,7 @@ def test_strided_mask_is_local_plus_every_stride_th_key(n, stride, causal):
 
 
 @pytest.mark.points(2)
-@given(
-    n=st.integers(0, 40),
-    block=st.integers(1, 10),
-    summary=st.integers(0, 10),
-    causal=st.booleans(),
-)
+@given(**sizes(n=(0, 40), block=(1, 10), summary=(0, 10)), causal=st.booleans())
 def test_fixed_mask_is_own_block_plus_summary_columns(n, block, summary, causal):
     summary = min(summary, block)
     i, j = grid(n)
@@ -187,8 +200,7 @@ def window_global_wrong_answers(n, window, glob, causal):
 
 @pytest.mark.points(3)
 @given(
-    n=st.integers(1, 40),
-    window=st.integers(1, 10),
+    **sizes(n=(1, 40), window=(1, 10)),
     glob=st.sets(st.integers(0, 39), max_size=3),
     causal=st.booleans(),
 )
@@ -229,11 +241,9 @@ def test_a_global_token_is_attended_by_every_query_and_attends_every_key():
 @pytest.mark.points(2)
 @examples(15)
 @given(
-    n=st.integers(1, 48),
-    window=st.integers(1, 6),
+    **sizes(n=(1, 48), window=(1, 6), num_random=(0, 6)),
     glob=st.sets(st.integers(0, 47), max_size=2),
-    num_random=st.integers(0, 6),
-    seed=st.integers(0, 2**16),
+    seed=SEEDS,
 )
 def test_bigbird_adds_num_random_unseen_keys_to_every_row(n, window, glob, num_random, seed):
     glob = sorted(g for g in glob if g < n)
@@ -294,27 +304,23 @@ SPARSE_NAN = (
 
 @pytest.mark.points(3)
 @given(
-    lq=st.integers(1, 16),
-    lk=st.integers(1, 24),
-    d=st.integers(1, 6),
-    dv=st.integers(1, 5),
+    **sizes(lq=(1, 16), lk=(1, 24), d=(1, 6), dv=(1, 5)),
     density=st.floats(0.0, 1.0),
-    seed=st.integers(0, 2**16),
+    seed=SEEDS,
 )
 def test_sparse_attention_equals_dense_attention_restricted_to_the_mask(
     lq, lk, d, dv, density, seed
 ):
     q, k, v = qkv(seed, lq, lk, d, dv, spread=1.5)
     mask = np.random.default_rng(seed + 1).random((lq, lk)) < density
-    want_out, want_lse = reference_attention(q, k, v, mask=mask)
+    want = reference_attention(q, k, v, mask=mask)
     unseen = ~mask.any(axis=0)
     k[unseen], v[unseen] = np.nan, np.nan  # no row may read these
     with np.errstate(all="ignore"):
-        out, lse = impl.sparse_attention(q, k, v, mask)
-    what = f"Lq={lq} Lk={lk} d={d} dv={dv}, {int(mask.sum())} allowed pairs"
-    assert_close(out, want_out, what=f"out ({what})", nan_hint=SPARSE_NAN)
-    assert_close(lse, want_lse, what=f"lse ({what})", nan_hint=SPARSE_NAN,
-                 hint="a row that may attend nothing has lse = -inf and out = 0")
+        got = impl.sparse_attention(q, k, v, mask)
+    assert_out_and_lse(got, want, f"Lq={lq} Lk={lk} d={d} dv={dv}, {int(mask.sum())} allowed pairs",
+                       nan_hint=SPARSE_NAN,
+                       hint="a row that may attend nothing has lse = -inf and out = 0")
 
 
 PATTERNS = {
@@ -337,14 +343,13 @@ def test_sparse_attention_never_reads_a_key_outside_the_row(pattern):
         k_i, v_i = k.copy(), v.copy()
         k_i[~mask[i]], v_i[~mask[i]] = np.nan, np.nan
         with np.errstate(all="ignore"):
-            out, lse = impl.sparse_attention(q[i : i + 1], k_i, v_i, mask[i : i + 1])
-        what = f"{pattern} pattern, query {i}"
-        assert_close(out, want_out[i : i + 1], what=f"out ({what})", nan_hint=SPARSE_NAN)
-        assert_close(lse, want_lse[i : i + 1], what=f"lse ({what})", nan_hint=SPARSE_NAN)
+            got = impl.sparse_attention(q[i : i + 1], k_i, v_i, mask[i : i + 1])
+        assert_out_and_lse(got, (want_out[i : i + 1], want_lse[i : i + 1]),
+                           f"{pattern} pattern, query {i}", nan_hint=SPARSE_NAN)
 
 
 @pytest.mark.points(2)
-@given(layers=st.integers(0, 4), window=st.integers(1, 6), causal=st.booleans())
+@given(**sizes(layers=(0, 4), window=(1, 6)), causal=st.booleans())
 def test_receptive_field_is_what_stacked_windows_reach(layers, window, causal):
     n = 2 * layers * window + 3
     one = window_global_definition(n, window, [], causal).astype(np.int64)
@@ -370,18 +375,14 @@ def buckets_by_definition(x, rotations):
     return np.argmax(np.concatenate([proj, -proj], axis=-1), axis=-1)
 
 
-def same_bucket_mask(hq, hk):
-    return (hq[:, :, None] == hk[:, None, :]).any(axis=0)  # [Lq, Lk]: any round
+def same_bucket_mask(q, k, rotations):
+    """``[Lq, Lk]``: query i and key j share a bucket in at least one round."""
+    hq, hk = buckets_by_definition(q, rotations), buckets_by_definition(k, rotations)
+    return (hq[:, :, None] == hk[:, None, :]).any(axis=0)
 
 
 @pytest.mark.points(2)
-@given(
-    n=st.integers(1, 30),
-    d=st.integers(1, 6),
-    half=st.integers(1, 8),
-    rounds=st.integers(1, 3),
-    seed=st.integers(0, 2**16),
-)
+@given(**sizes(n=(1, 30), d=(1, 6), half=(1, 8), rounds=(1, 3)), seed=SEEDS)
 def test_lsh_buckets_are_the_argmax_over_the_rotated_vector_and_its_negation(
     n, d, half, rounds, seed
 ):
@@ -401,31 +402,23 @@ def test_lsh_buckets_are_the_argmax_over_the_rotated_vector_and_its_negation(
 
 
 @pytest.mark.points(3)
-@given(
-    lq=st.integers(1, 6),
-    lk=st.integers(1, 40),
-    d=st.integers(2, 6),
-    half=st.integers(1, 6),
-    rounds=st.integers(1, 3),
-    seed=st.integers(0, 2**16),
-)
+@given(**sizes(lq=(1, 6), lk=(1, 40), d=(2, 6), half=(1, 6), rounds=(1, 3)), seed=SEEDS)
 def test_lsh_attention_equals_attention_restricted_to_shared_buckets(
     lq, lk, d, half, rounds, seed
 ):
     q, k, v = qkv(seed, lq, lk, d, 3)
     rotations = provided.random_rotations(d, 2 * half, rounds, seed + 1)
-    hq, hk = buckets_by_definition(q, rotations), buckets_by_definition(k, rotations)
-    mask = same_bucket_mask(hq, hk)
-    want_out, want_lse = reference_attention(q, k, v, mask=mask)
+    mask = same_bucket_mask(q, k, rotations)
+    want = reference_attention(q, k, v, mask=mask)
     v[~mask.any(axis=0)] = np.nan  # hashing reads every key; no value outside a bucket is read
     with np.errstate(all="ignore"):
-        out, lse = impl.lsh_attention(q, k, v, rotations)
-    what = f"Lq={lq} Lk={lk} n_buckets={2 * half} rounds={rounds}"
-    hint = "query i attends key j iff they share a bucket in at least one round (once)"
-    nan = "NaN: the value of a key in none of this query's buckets was read (poisoned). " + (
-        SPARSE_NAN)
-    assert_close(out, want_out, what=f"out ({what})", hint=hint, nan_hint=nan)
-    assert_close(lse, want_lse, what=f"lse ({what})", hint=hint, nan_hint=nan)
+        got = impl.lsh_attention(q, k, v, rotations)
+    assert_out_and_lse(
+        got, want, f"Lq={lq} Lk={lk} n_buckets={2 * half} rounds={rounds}",
+        hint="query i attends key j iff they share a bucket in at least one round (once)",
+        nan_hint="NaN: the value of a key in none of this query's buckets was read "
+        "(poisoned). " + SPARSE_NAN,
+    )
 
 
 @pytest.mark.points(2)
@@ -433,8 +426,7 @@ def test_lsh_hashes_queries_and_keys_with_the_same_rotations():
     # identical query and key vectors: with one set of rotations each query finds its own key
     q, _, v = qkv(21, 24, 24, 4, 3)
     rotations = provided.random_rotations(4, 16, 1, seed=3)
-    h = buckets_by_definition(q, rotations)
-    want_out, want_lse = reference_attention(q, q, v, mask=same_bucket_mask(h, h))
+    want = reference_attention(q, q, v, mask=same_bucket_mask(q, q, rotations))
     out, lse = impl.lsh_attention(q, q.copy(), v, rotations)
     own = (q * q).sum(axis=1) / 2.0  # the scaled score of each query with its own key
     lost = np.flatnonzero(~(to_float64(lse) >= own - 1e-12))
@@ -442,8 +434,7 @@ def test_lsh_hashes_queries_and_keys_with_the_same_rotations():
         f"query {lost[0]} did not attend the key identical to it: queries and keys must be "
         "hashed with the SAME rotations (a different rotation for the keys scatters them)"
     )
-    assert_close(out, want_out, what="out when every key equals its query")
-    assert_close(lse, want_lse, what="lse when every key equals its query")
+    assert_out_and_lse((out, lse), want, "every key equals its query")
 
 
 def reformer_mask(qk, rotations, chunk_size, previous=True):
@@ -466,14 +457,7 @@ def own_chunk_mask(qk, rotations, chunk_size):
 
 
 @pytest.mark.points(3)
-@given(
-    n=st.integers(1, 40),
-    d=st.integers(2, 6),
-    half=st.integers(1, 4),
-    rounds=st.integers(1, 2),
-    chunk_size=st.integers(1, 12),
-    seed=st.integers(0, 2**16),
-)
+@given(**sizes(n=(1, 40), d=(2, 6), half=(1, 4), rounds=(1, 2), chunk_size=(1, 12)), seed=SEEDS)
 def test_reformer_attention_sorts_by_bucket_and_attends_its_own_and_previous_chunk(
     n, d, half, rounds, chunk_size, seed
 ):
@@ -481,34 +465,26 @@ def test_reformer_attention_sorts_by_bucket_and_attends_its_own_and_previous_chu
     rotations = provided.random_rotations(d, 2 * half, rounds, seed + 1)
     mask = reformer_mask(qk, rotations, chunk_size)
     keys = qk / np.linalg.norm(qk, axis=1, keepdims=True)
-    want_out, want_lse = reference_attention(qk, keys, v, mask=mask)
+    want = reference_attention(qk, keys, v, mask=mask)
     wrong = {
         "the keys must be the queries scaled to unit length (k_j = qk_j / |qk_j|)":
             reference_attention(qk, qk, v, mask=mask)[0],
         "each query also attends the chunk before its own in the sorted order":
             reference_attention(qk, keys, v, mask=own_chunk_mask(qk, rotations, chunk_size))[0],
     }
-    out, lse = impl.reformer_attention(qk, v, rotations, chunk_size)
-    what = f"N={n} n_buckets={2 * half} rounds={rounds} chunk_size={chunk_size}"
-    assert_close(out, want_out, what=f"out ({what})", wrong_answers=wrong,
-                 hint="sort positions by (bucket, position), cut into chunks of chunk_size")
-    assert_close(lse, want_lse, what=f"lse ({what})")
+    assert_out_and_lse(
+        impl.reformer_attention(qk, v, rotations, chunk_size), want,
+        f"N={n} n_buckets={2 * half} rounds={rounds} chunk_size={chunk_size}", wrong_out=wrong,
+        hint="sort positions by (bucket, position), cut into chunks of chunk_size",
+    )
 
 
 @pytest.mark.points(2)
-@given(
-    lq=st.integers(1, 8),
-    lk=st.integers(1, 30),
-    half=st.integers(1, 6),
-    rounds=st.integers(1, 3),
-    seed=st.integers(0, 2**16),
-)
+@given(**sizes(lq=(1, 8), lk=(1, 30), half=(1, 6), rounds=(1, 3)), seed=SEEDS)
 def test_lsh_mass_captured_is_the_softmax_mass_inside_the_buckets(lq, lk, half, rounds, seed):
     q, k, _ = qkv(seed, lq, lk, 4, 1, spread=1.5)
     rotations = provided.random_rotations(4, 2 * half, rounds, seed + 2)
-    hq, hk = buckets_by_definition(q, rotations), buckets_by_definition(k, rotations)
-    mask = same_bucket_mask(hq, hk)
-    want = (softmax_matrix(q, k) * mask).sum(axis=1)
+    want = (softmax_matrix(q, k) * same_bucket_mask(q, k, rotations)).sum(axis=1)
     assert_close(
         impl.lsh_mass_captured(q, k, rotations),
         want,
@@ -543,12 +519,7 @@ def test_more_rounds_capture_more_mass_and_more_buckets_capture_less():
 
 
 @pytest.mark.points(2)
-@given(
-    lq=st.integers(1, 12),
-    lk=st.integers(1, 24),
-    rank=st.integers(1, 10),
-    seed=st.integers(0, 2**16),
-)
+@given(**sizes(lq=(1, 12), lk=(1, 24), rank=(1, 10)), seed=SEEDS)
 def test_linformer_is_exact_attention_over_the_projected_keys_and_values(lq, lk, rank, seed):
     q, k, v = qkv(seed, lq, lk, 4, 3)
     e = provided.linformer_projection(rank, lk, seed)
@@ -575,7 +546,7 @@ def test_linformer_with_a_permutation_projection_is_exact():
 
 
 @pytest.mark.points(2)
-@given(lq=st.integers(1, 12), lk=st.integers(1, 12), seed=st.integers(0, 2**16))
+@given(**sizes(lq=(1, 12), lk=(1, 12)), seed=SEEDS)
 def test_attention_singular_values_are_those_of_the_softmax_matrix(lq, lk, seed):
     q, k, _ = qkv(seed, lq, lk, 4, 1, spread=2.0)
     want = np.linalg.svd(softmax_matrix(q, k), compute_uv=False)
@@ -601,7 +572,7 @@ def favor_features(x, omega):
 
 
 @pytest.mark.points(2)
-@given(n=st.integers(1, 10), d=st.integers(1, 6), m=st.integers(1, 20), seed=st.integers(0, 99))
+@given(**sizes(n=(1, 10), d=(1, 6), m=(1, 20), seed=(0, 99)))
 def test_positive_random_features_follow_the_favor_plus_formula(n, d, m, seed):
     x = np.random.default_rng(seed).standard_normal((n, d))
     omega = provided.performer_omega(d, m, seed)
@@ -618,7 +589,7 @@ def test_positive_random_features_follow_the_favor_plus_formula(n, d, m, seed):
 
 
 @pytest.mark.points(2)
-@given(n=st.integers(1, 10), d=st.integers(1, 6), m=st.integers(1, 40), seed=st.integers(0, 99))
+@given(**sizes(n=(1, 10), d=(1, 6), m=(1, 40), seed=(0, 99)))
 def test_performer_features_are_never_negative(n, d, m, seed):
     x = np.random.default_rng(seed).standard_normal((n, d)) * 2.0
     phi = np.asarray(impl.positive_random_features(x, provided.performer_omega(d, m, seed)))
@@ -659,13 +630,7 @@ def performer_by_definition(q, k, v, omega, scale=None):
 
 
 @pytest.mark.points(3)
-@given(
-    lq=st.integers(1, 12),
-    lk=st.integers(1, 16),
-    d=st.integers(1, 6),
-    m=st.integers(1, 24),
-    seed=st.integers(0, 2**16),
-)
+@given(**sizes(lq=(1, 12), lk=(1, 16), d=(1, 6), m=(1, 24)), seed=SEEDS)
 def test_performer_attention_is_kernel_attention_with_phi(lq, lk, d, m, seed):
     q, k, v = qkv(seed, lq, lk, d, 3)
     omega = provided.performer_omega(d, m, seed)
@@ -705,10 +670,10 @@ def test_performer_attention_never_builds_an_n_by_n_array():
     n = 2048  # the float64 [N, N] weights would be 32 MiB; phi(Q), phi(K) are 512 KiB each
     q, k, v = qkv(5, n, n, 8, 8)
     omega = provided.performer_omega(8, 32, seed=1)
-    out, peak = peak_memory(impl.performer_attention, q, k, v, omega)
-    assert peak < 4 * MiB, (
-        f"peak memory {peak / MiB:.1f} MiB: compute phi(K)^T V ([m, dv]) first, then "
-        "phi(Q) times it; phi(Q) phi(K)^T is the N x N matrix Performer exists to avoid"
+    out = assert_peak_below(
+        impl.performer_attention, q, k, v, omega, limit=4 * MiB,
+        message="compute phi(K)^T V ([m, dv]) first, then phi(Q) times it; phi(Q) phi(K)^T "
+        "is the N x N matrix Performer exists to avoid",
     )
     rows = [0, n - 1]
     assert_close(to_float64(out)[rows], performer_by_definition(q[rows], k, v, omega),
@@ -731,13 +696,7 @@ def linear_by_definition(q, k, v, causal, strict=False):
 
 
 @pytest.mark.points(2)
-@given(
-    n=st.integers(1, 20),
-    lk=st.integers(1, 20),
-    d=st.integers(1, 6),
-    causal=st.booleans(),
-    seed=st.integers(0, 2**16),
-)
+@given(**sizes(n=(1, 20), lk=(1, 20), d=(1, 6)), causal=st.booleans(), seed=SEEDS)
 def test_linear_attention_parallel_is_the_elu_plus_one_kernel_average(n, lk, d, causal, seed):
     lk = n if causal else lk
     q, k, v = qkv(seed, n, lk, d, 3)
@@ -753,7 +712,7 @@ def test_linear_attention_parallel_is_the_elu_plus_one_kernel_average(n, lk, d, 
 
 
 @pytest.mark.points(3)
-@given(n=st.integers(1, 24), d=st.integers(1, 6), dv=st.integers(1, 4), seed=st.integers(0, 2**16))
+@given(**sizes(n=(1, 24), d=(1, 6), dv=(1, 4)), seed=SEEDS)
 def test_the_recurrence_equals_the_causal_parallel_form(n, d, dv, seed):
     q, k, v = qkv(seed, n, n, d, dv)
     with np.errstate(all="ignore"):
@@ -779,10 +738,10 @@ def test_the_recurrence_keeps_a_fixed_size_state():
     the sandboxed worker's resident high-water mark, read from outside it."""
     n = 2048  # an [N, N] weight matrix would be 32 MiB; the state is d x dv
     q, k, v = qkv(8, n, n, 4, 4)
-    (out, _, _), peak = peak_memory(impl.linear_attention_recurrent, q, k, v)
-    assert peak < 2 * MiB, (
-        f"peak memory {peak / MiB:.1f} MiB: the recurrence carries S [m, dv] and z [m] from "
-        "token to token; it never builds the N x N weights"
+    out, _, _ = assert_peak_below(
+        impl.linear_attention_recurrent, q, k, v, limit=2 * MiB,
+        message="the recurrence carries S [m, dv] and z [m] from token to token; it never "
+        "builds the N x N weights",
     )
     assert_close(to_float64(out)[-1:], linear_by_definition(q, k, v, True)[-1:],
                  what="recurrent out, last row", atol=1e-10, rtol=1e-10)
@@ -793,22 +752,18 @@ def test_the_recurrence_keeps_a_fixed_size_state():
 
 @pytest.mark.points(3)
 @given(
-    lq=st.integers(0, 30),
-    lk=st.integers(0, 30),
-    d=st.integers(1, 6),
-    query_chunk=st.integers(1, 16),
-    key_chunk=st.integers(1, 16),
-    seed=st.integers(0, 2**16),
+    **sizes(lq=(0, 30), lk=(0, 30), d=(1, 6), query_chunk=(1, 16), key_chunk=(1, 16)),
+    seed=SEEDS,
 )
 def test_chunked_attention_is_exact_for_any_chunking(lq, lk, d, query_chunk, key_chunk, seed):
     q, k, v = qkv(seed, lq, lk, d, 3, spread=2.0)
-    want_out, want_lse = reference_attention(q, k, v)
-    out, lse = impl.chunked_attention(q, k, v, query_chunk=query_chunk, key_chunk=key_chunk)
-    what = f"Lq={lq} Lk={lk} query_chunk={query_chunk} key_chunk={key_chunk}"
-    hint = ("when a key chunk raises the running max, rescale l and acc by exp(m_old - m_new); "
-            "lse = m + log(l)")
-    assert_close(out, want_out, what=f"out ({what})", hint=hint)
-    assert_close(lse, want_lse, what=f"lse ({what})", hint=hint)
+    assert_out_and_lse(
+        impl.chunked_attention(q, k, v, query_chunk=query_chunk, key_chunk=key_chunk),
+        reference_attention(q, k, v),
+        f"Lq={lq} Lk={lk} query_chunk={query_chunk} key_chunk={key_chunk}",
+        hint="when a key chunk raises the running max, rescale l and acc by "
+        "exp(m_old - m_new); lse = m + log(l)",
+    )
 
 
 @pytest.mark.points(2)
