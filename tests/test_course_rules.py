@@ -160,3 +160,29 @@ def test_an_untouched_starter_earns_no_points(tmp_path):
     assert points, "no test was collected"
     assert not free, ("an untouched starter passes these graded tests (mark them points(0), or "
                       "make them exercise the student's code):\n  " + "\n  ".join(free))
+
+
+def _helpers(lab: pathlib.Path) -> dict[str, str]:
+    """A lab test file's module-level helper functions (not tests): name -> source, unparsed
+    without its docstring (so formatting and wording do not count)."""
+    helpers = {}
+    for node in ast.parse((lab / "test_lab.py").read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.FunctionDef) and not node.name.startswith("test_"):
+            if ast.get_docstring(node):
+                node.body = node.body[1:]
+            helpers[node.name] = ast.unparse(node)
+    return helpers
+
+
+def test_a_helper_name_means_one_thing_in_every_lab():
+    """Two labs' test files may share a helper's name only for the same code: a reader who
+    met ``check_triton`` in one lab must not find a different function under that name in
+    the next. A helper that differs gets a lab-specific name (``check_forward_kernel``)."""
+    seen: dict[str, tuple[str, str]] = {}
+    clashes = []
+    for lab in LABS:
+        for name, source in _helpers(lab).items():
+            first = seen.setdefault(name, (lab.name, source))
+            if first[1] != source:
+                clashes.append(f"{name}: {first[0]} and {lab.name}")
+    assert not clashes, "helpers that share a name but differ: " + "; ".join(clashes)

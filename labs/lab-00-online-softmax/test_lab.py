@@ -596,7 +596,7 @@ def per_head(fn, q, k, v):
     )
 
 
-def triton_misconceptions(q, k, v, causal, block_m, block_n):
+def forward_kernel_misconceptions(q, k, v, causal, block_m, block_n):
     """(wrong outs, wrong lses) of classic kernel mistakes at tiles block_m x block_n."""
     from common.triton_env import LOG2E, dot_tile
 
@@ -659,9 +659,8 @@ def check_forward_kernel(
     assert out.dtype == q.dtype, f"out must have q's dtype {q.dtype}, got {out.dtype}"
     assert str(lse.dtype) == "torch.float32", f"lse must be float32, got {lse.dtype}"
     want_out, want_lse = want if want is not None else reference_bhld(q, k, v, causal, scale)
-    wrong_out, wrong_lse = (
-        ({}, {}) if scale is not None else triton_misconceptions(q, k, v, causal, block_m, block_n)
-    )
+    wrong_out, wrong_lse = ({}, {}) if scale is not None else (
+        forward_kernel_misconceptions(q, k, v, causal, block_m, block_n))
     atol, rtol = tol or tolerance(q.dtype)
     b, h, lq, d = q.shape
     what = (

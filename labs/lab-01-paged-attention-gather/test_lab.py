@@ -890,7 +890,7 @@ test_bad_input_raises_a_value_error_that_names_the_argument = bad_input_test(
     BAD_NUMPY_CALLS, points=0.5)
 
 
-def _bad_triton_call(inputs: dict, kwargs: dict) -> None:
+def _bad_paged_decode_call(inputs: dict, kwargs: dict) -> None:
     impl.paged_decode_triton(*zero_paged_decode_torch(DEVICE, **inputs), **kwargs)
 
 
@@ -910,7 +910,7 @@ BAD_TRITON_CALLS = {
 
 
 test_triton_wrapper_rejects_bad_input_with_a_value_error_naming_the_argument = bad_input_test(
-    {case: (argument, functools.partial(_bad_triton_call, inputs, kwargs))
+    {case: (argument, functools.partial(_bad_paged_decode_call, inputs, kwargs))
      for case, (argument, inputs, kwargs) in BAD_TRITON_CALLS.items()},
     points=0.5, marks=(pytest.mark.triton,))
 

@@ -497,7 +497,7 @@ def torch_case(b, h, kvh, lq, lk, d, dtype, seed=0, scale=None, causal=False):
     k = torch.randn(b, kvh, lk, d, generator=gen).to(dtype)
     v = torch.randn(b, kvh, lk, d, generator=gen).to(dtype)
     do = torch.randn(b, h, lq, d, generator=gen).to(dtype)
-    o, lse = reference_bhld(q, k, v, causal, scale)
+    o, lse = forward_reference_bhld(q, k, v, causal, scale)
     o_t = torch.tensor(o).to(dtype)
     lse_t = torch.tensor(lse).float()
     return tuple(x.to(DEVICE) for x in (q, k, v, o_t, lse_t, do))
@@ -508,7 +508,7 @@ def to_lhd(x):
     return to_float64(x).transpose(0, 2, 1, 3)
 
 
-def reference_bhld(q, k, v, causal, scale=None):
+def forward_reference_bhld(q, k, v, causal, scale=None):
     outs, lses = [], []
     for b in range(q.shape[0]):
         mask = causal_mask(q.shape[2], k.shape[2]) if causal else None
@@ -574,7 +574,7 @@ def group_misconceptions(q, k, v, do, causal, scale=None):
     return wrong
 
 
-def triton_misconceptions(q, k, v, do, causal, tiles, scale=None):
+def backward_kernel_misconceptions(q, k, v, do, causal, tiles, scale=None):
     from common.triton_env import dot_tile
 
     lq, lk, d = q.shape[2], k.shape[2], q.shape[3]
@@ -638,7 +638,8 @@ def check_backward_kernel(case, tiles=(None, None), *, causal=False, scale=None,
     """
     q, k, v, o, lse, do = case
     want = want or reference_bhld_backward(q, k, v, do, causal, scale)
-    wrong = triton_misconceptions(q, k, v, do, causal, (tiles[0] or 16, tiles[1] or 16), scale)
+    wrong = backward_kernel_misconceptions(q, k, v, do, causal,
+                                           (tiles[0] or 16, tiles[1] or 16), scale)
     if poison is not None:
         k, v = k.clone(), v.clone()
         poison(k, v)
@@ -842,7 +843,7 @@ def test_triton_refuses_bfloat16_on_the_interpreter():
         impl.flash_attention_backward_triton(q, k, v, o, lse, do)
 
 
-def _bad_triton_calls():
+def _bad_backward_calls():
     import torch
 
     case = torch_case(1, 4, 2, 8, 8, 16, torch.float32)
@@ -868,13 +869,13 @@ BAD_TRITON = {"k head_dim differs": "k", "v length differs": "v",
               "block_n below 16": "block_n"}
 
 
-def _bad_triton_call(case: str) -> None:
-    args, kwargs = _bad_triton_calls()[case]
+def _bad_backward_call(case: str) -> None:
+    args, kwargs = _bad_backward_calls()[case]
     impl.flash_attention_backward_triton(*args, **kwargs)
 
 
 test_triton_rejects_bad_input_naming_the_argument = bad_input_test(
-    {case: (argument, functools.partial(_bad_triton_call, case))
+    {case: (argument, functools.partial(_bad_backward_call, case))
      for case, argument in BAD_TRITON.items()},
     points=0.5, marks=(pytest.mark.triton,))
 
@@ -912,7 +913,7 @@ def test_loss_backward_through_flash_attention_gives_the_float64_gradients(h, kv
         not_causal = per_head_variant(q, k, v, do, True, None, mask_p=False)
         for name, w in zip(NAMES, not_causal):
             wrong[name][BACKWARD_NOT_CAUSAL] = w
-    for name, answers in triton_misconceptions(q, k, v, do, causal, (16, 16)).items():
+    for name, answers in backward_kernel_misconceptions(q, k, v, do, causal, (16, 16)).items():
         wrong[name].update(answers)
     atol, rtol = tolerance("float32")
     for name, g, w in zip(NAMES, got, want):

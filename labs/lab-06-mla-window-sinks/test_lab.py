@@ -165,7 +165,7 @@ def poison_before_windows(paged, window: int | None):
     return paged
 
 
-def rounded(x, dtype=np.float32):
+def rounded(x: np.ndarray, dtype=np.float32) -> np.ndarray:
     """x rounded to dtype and back to float64 (what a float32 kernel actually sees)."""
     return np.asarray(x, dtype=dtype).astype(np.float64)
 

@@ -29,6 +29,7 @@ from common.testing import (
     called_on_copies,
     examples,
     peak_memory,
+    random_qkv,
 )
 
 # every call gets copies of its arrays: expected values come from the test's own
@@ -66,15 +67,6 @@ SEEDS = st.integers(0, 2**16)  # the seed of a property test's random inputs
 def sizes(**ranges):
     """``{name: integers in [lo, hi]}`` for ``@given``: the sizes a property test draws."""
     return {name: st.integers(lo, hi) for name, (lo, hi) in ranges.items()}
-
-
-def qkv(seed, lq, lk, d, dv, spread=1.0):
-    rng = np.random.default_rng(seed)
-    return (
-        rng.standard_normal((lq, d)) * spread,
-        rng.standard_normal((lk, d)) * spread,
-        rng.standard_normal((lk, dv)),
-    )
 
 
 def assert_out_and_lse(got, want, what, wrong_out=None, **kwargs):
@@ -311,7 +303,7 @@ SPARSE_NAN = (
 def test_sparse_attention_equals_dense_attention_restricted_to_the_mask(
     lq, lk, d, dv, density, seed
 ):
-    q, k, v = qkv(seed, lq, lk, d, dv, spread=1.5)
+    q, k, v = random_qkv(seed, lq, lk, d, dv, spread=1.5)
     mask = np.random.default_rng(seed + 1).random((lq, lk)) < density
     want = reference_attention(q, k, v, mask=mask)
     unseen = ~mask.any(axis=0)
@@ -337,7 +329,7 @@ def test_sparse_attention_never_reads_a_key_outside_the_row(pattern):
     n = 40
     mask = np.asarray(PATTERNS[pattern](n), dtype=bool)
     assert mask.shape == (n, n), f"the {pattern} mask has shape {mask.shape}"
-    q, k, v = qkv(9, n, n, 4, 3)
+    q, k, v = random_qkv(9, n, n, 4, 3)
     want_out, want_lse = reference_attention(q, k, v, mask=mask)
     for i in (0, 1, 19, 39):  # one query at a time: every key it may not see is poisoned
         k_i, v_i = k.copy(), v.copy()
@@ -406,7 +398,7 @@ def test_lsh_buckets_are_the_argmax_over_the_rotated_vector_and_its_negation(
 def test_lsh_attention_equals_attention_restricted_to_shared_buckets(
     lq, lk, d, half, rounds, seed
 ):
-    q, k, v = qkv(seed, lq, lk, d, 3)
+    q, k, v = random_qkv(seed, lq, lk, d, 3)
     rotations = provided.random_rotations(d, 2 * half, rounds, seed + 1)
     mask = same_bucket_mask(q, k, rotations)
     want = reference_attention(q, k, v, mask=mask)
@@ -424,7 +416,7 @@ def test_lsh_attention_equals_attention_restricted_to_shared_buckets(
 @pytest.mark.points(2)
 def test_lsh_hashes_queries_and_keys_with_the_same_rotations():
     # identical query and key vectors: with one set of rotations each query finds its own key
-    q, _, v = qkv(21, 24, 24, 4, 3)
+    q, _, v = random_qkv(21, 24, 24, 4, 3)
     rotations = provided.random_rotations(4, 16, 1, seed=3)
     want = reference_attention(q, q, v, mask=same_bucket_mask(q, q, rotations))
     out, lse = impl.lsh_attention(q, q.copy(), v, rotations)
@@ -461,7 +453,7 @@ def own_chunk_mask(qk, rotations, chunk_size):
 def test_reformer_attention_sorts_by_bucket_and_attends_its_own_and_previous_chunk(
     n, d, half, rounds, chunk_size, seed
 ):
-    qk, _, v = qkv(seed, n, n, d, 3)
+    qk, _, v = random_qkv(seed, n, n, d, 3)
     rotations = provided.random_rotations(d, 2 * half, rounds, seed + 1)
     mask = reformer_mask(qk, rotations, chunk_size)
     keys = qk / np.linalg.norm(qk, axis=1, keepdims=True)
@@ -482,7 +474,7 @@ def test_reformer_attention_sorts_by_bucket_and_attends_its_own_and_previous_chu
 @pytest.mark.points(2)
 @given(**sizes(lq=(1, 8), lk=(1, 30), half=(1, 6), rounds=(1, 3)), seed=SEEDS)
 def test_lsh_mass_captured_is_the_softmax_mass_inside_the_buckets(lq, lk, half, rounds, seed):
-    q, k, _ = qkv(seed, lq, lk, 4, 1, spread=1.5)
+    q, k, _ = random_qkv(seed, lq, lk, 4, 1, spread=1.5)
     rotations = provided.random_rotations(4, 2 * half, rounds, seed + 2)
     want = (softmax_matrix(q, k) * same_bucket_mask(q, k, rotations)).sum(axis=1)
     assert_close(
@@ -503,7 +495,7 @@ def test_more_rounds_capture_more_mass_and_more_buckets_capture_less():
     (mean +- standard deviation over 20 rotation seeds of this data), so the bound 0.2 is
     about 10 standard deviations away: under a normal approximation a correct
     implementation fails under a fresh seed with probability below 1e-15."""
-    q, k, _ = qkv(31, 256, 256, 8, 1, spread=1.5)
+    q, k, _ = random_qkv(31, 256, 256, 8, 1, spread=1.5)
     rotations = provided.random_rotations(8, 8, 4, seed=7)
     masses = [np.asarray(impl.lsh_mass_captured(q, k, rotations[:r])) for r in (1, 2, 4)]
     for fewer, more, r in zip(masses, masses[1:], (2, 4)):
@@ -521,7 +513,7 @@ def test_more_rounds_capture_more_mass_and_more_buckets_capture_less():
 @pytest.mark.points(2)
 @given(**sizes(lq=(1, 12), lk=(1, 24), rank=(1, 10)), seed=SEEDS)
 def test_linformer_is_exact_attention_over_the_projected_keys_and_values(lq, lk, rank, seed):
-    q, k, v = qkv(seed, lq, lk, 4, 3)
+    q, k, v = random_qkv(seed, lq, lk, 4, 3)
     e = provided.linformer_projection(rank, lk, seed)
     f = provided.linformer_projection(rank, lk, seed + 1)
     want, _ = reference_attention(q, e @ k, f @ v)
@@ -536,7 +528,7 @@ def test_linformer_is_exact_attention_over_the_projected_keys_and_values(lq, lk,
 
 @pytest.mark.points(1)
 def test_linformer_with_a_permutation_projection_is_exact():
-    q, k, v = qkv(4, 10, 10, 4, 3)
+    q, k, v = random_qkv(4, 10, 10, 4, 3)
     perm = np.eye(10)[np.random.default_rng(0).permutation(10)]
     assert_close(
         impl.linformer_attention(q, k, v, perm, perm),
@@ -548,7 +540,7 @@ def test_linformer_with_a_permutation_projection_is_exact():
 @pytest.mark.points(2)
 @given(**sizes(lq=(1, 12), lk=(1, 12)), seed=SEEDS)
 def test_attention_singular_values_are_those_of_the_softmax_matrix(lq, lk, seed):
-    q, k, _ = qkv(seed, lq, lk, 4, 1, spread=2.0)
+    q, k, _ = random_qkv(seed, lq, lk, 4, 1, spread=2.0)
     want = np.linalg.svd(softmax_matrix(q, k), compute_uv=False)
     assert_close(
         impl.attention_singular_values(q, k),
@@ -632,7 +624,7 @@ def performer_by_definition(q, k, v, omega, scale=None):
 @pytest.mark.points(3)
 @given(**sizes(lq=(1, 12), lk=(1, 16), d=(1, 6), m=(1, 24)), seed=SEEDS)
 def test_performer_attention_is_kernel_attention_with_phi(lq, lk, d, m, seed):
-    q, k, v = qkv(seed, lq, lk, d, 3)
+    q, k, v = random_qkv(seed, lq, lk, d, 3)
     omega = provided.performer_omega(d, m, seed)
     want = performer_by_definition(q, k, v, omega)
     wrong = {"q and k must each be scaled by sqrt(scale) = d^(-1/4) before phi":
@@ -668,7 +660,7 @@ def test_performer_attention_never_builds_an_n_by_n_array():
     """Measured by common.testing.peak_memory: tracemalloc in a plain run; under the grader
     the sandboxed worker's resident high-water mark, read from outside it."""
     n = 2048  # the float64 [N, N] weights would be 32 MiB; phi(Q), phi(K) are 512 KiB each
-    q, k, v = qkv(5, n, n, 8, 8)
+    q, k, v = random_qkv(5, n, n, 8, 8)
     omega = provided.performer_omega(8, 32, seed=1)
     out = assert_peak_below(
         impl.performer_attention, q, k, v, omega, limit=4 * MiB,
@@ -699,7 +691,7 @@ def linear_by_definition(q, k, v, causal, strict=False):
 @given(**sizes(n=(1, 20), lk=(1, 20), d=(1, 6)), causal=st.booleans(), seed=SEEDS)
 def test_linear_attention_parallel_is_the_elu_plus_one_kernel_average(n, lk, d, causal, seed):
     lk = n if causal else lk
-    q, k, v = qkv(seed, n, lk, d, 3)
+    q, k, v = random_qkv(seed, n, lk, d, 3)
     assert_close(
         impl.linear_attention_parallel(q, k, v, causal=causal),
         linear_by_definition(q, k, v, causal),
@@ -714,7 +706,7 @@ def test_linear_attention_parallel_is_the_elu_plus_one_kernel_average(n, lk, d, 
 @pytest.mark.points(3)
 @given(**sizes(n=(1, 24), d=(1, 6), dv=(1, 4)), seed=SEEDS)
 def test_the_recurrence_equals_the_causal_parallel_form(n, d, dv, seed):
-    q, k, v = qkv(seed, n, n, d, dv)
+    q, k, v = random_qkv(seed, n, n, d, dv)
     with np.errstate(all="ignore"):
         result = impl.linear_attention_recurrent(q, k, v)
     assert isinstance(result, tuple) and len(result) == 3, "return (out, S, z)"
@@ -737,7 +729,7 @@ def test_the_recurrence_keeps_a_fixed_size_state():
     """Measured by common.testing.peak_memory: tracemalloc in a plain run; under the grader
     the sandboxed worker's resident high-water mark, read from outside it."""
     n = 2048  # an [N, N] weight matrix would be 32 MiB; the state is d x dv
-    q, k, v = qkv(8, n, n, 4, 4)
+    q, k, v = random_qkv(8, n, n, 4, 4)
     out, _, _ = assert_peak_below(
         impl.linear_attention_recurrent, q, k, v, limit=2 * MiB,
         message="the recurrence carries S [m, dv] and z [m] from token to token; it never "
@@ -756,7 +748,7 @@ def test_the_recurrence_keeps_a_fixed_size_state():
     seed=SEEDS,
 )
 def test_chunked_attention_is_exact_for_any_chunking(lq, lk, d, query_chunk, key_chunk, seed):
-    q, k, v = qkv(seed, lq, lk, d, 3, spread=2.0)
+    q, k, v = random_qkv(seed, lq, lk, d, 3, spread=2.0)
     assert_out_and_lse(
         impl.chunked_attention(q, k, v, query_chunk=query_chunk, key_chunk=key_chunk),
         reference_attention(q, k, v),
@@ -772,7 +764,7 @@ def test_chunked_attention_memory_is_linear_in_n():
     the sandboxed worker's resident high-water mark, read from outside it."""
     peaks = {}
     for n in (1024, 4096):
-        q, k, v = qkv(13, n, n, 4, 4)
+        q, k, v = random_qkv(13, n, n, 4, 4)
         (out, _), peaks[n] = peak_memory(impl.chunked_attention, q, k, v, 64, 64)
         assert_close(to_float64(out)[[0, n - 1]], reference_attention(q[[0, n - 1]], k, v)[0],
                      what=f"chunked out rows 0 and {n - 1}")
@@ -804,7 +796,7 @@ def test_on_the_retrieval_task_exact_finds_the_far_key_and_a_local_window_cannot
 
 # ---- 10. bad input is a ValueError that names the argument ---------------------------------
 
-_q, _k, _v = qkv(8, 3, 5, 4, 2)
+_q, _k, _v = random_qkv(8, 3, 5, 4, 2)
 _rot = provided.random_rotations(4, 4, 1, 0)
 BAD_INPUTS: BadInputs = {
     "score_matrix_bytes-seq_len": ("seq_len", lambda: impl.score_matrix_bytes(-1)),
