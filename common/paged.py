@@ -60,18 +60,10 @@ def blocks_needed(seq_len: int, block_size: int) -> int:
     return -(-int(seq_len) // int(block_size))
 
 
-def build_paged_kv(
-    ks: list[np.ndarray],
-    vs: list[np.ndarray],
-    block_size: int,
-    *,
-    rng: np.random.Generator | int | None = 0,
-    extra_blocks: int = 2,
-    extra_table_entries: int = 1,
-    padding: str = "minus_one",
-    shuffle: bool = True,
-    share_blocks: bool = False,
-) -> PagedKV:
+def build_paged_kv(ks: list[np.ndarray], vs: list[np.ndarray], block_size: int, *,
+                   rng: np.random.Generator | int | None = 0, extra_blocks: int = 2,
+                   extra_table_entries: int = 1, padding: str = "minus_one", shuffle: bool = True,
+                   share_blocks: bool = False) -> PagedKV:
     """Scatter dense per-sequence K/V into a shuffled, NaN-poisoned paged cache.
 
     Args:
@@ -129,13 +121,8 @@ def _check_build_args(
         raise ValueError("padding='poisoned' needs extra_blocks >= 1")
 
 
-def _scatter(
-    cache: PagedKV,
-    ks: list[np.ndarray],
-    vs: list[np.ndarray],
-    physical: np.ndarray,
-    owner: dict[tuple[int, int], tuple[int, int]],
-) -> None:
+def _scatter(cache: PagedKV, ks: list[np.ndarray], vs: list[np.ndarray], physical: np.ndarray,
+             owner: dict[tuple[int, int], tuple[int, int]]) -> None:
     """Fill ``cache``'s tables and blocks: logical blocks take ``physical`` blocks in order,
     except shared ones (``owner``), which reuse the earlier sequence's physical block."""
     block_size, block_tables = cache.block_size, cache.block_tables
@@ -171,13 +158,9 @@ def _shared_blocks(
     return owner
 
 
-def random_kv_shared_prefix(
-    rng: np.random.Generator,
-    seq_lens: list[int],
-    prefix_len: int,
-    num_kv_heads: int,
-    head_dim: int,
-) -> tuple[list[np.ndarray], list[np.ndarray]]:
+def random_kv_shared_prefix(rng: np.random.Generator, seq_lens: list[int], prefix_len: int,
+                            num_kv_heads: int, head_dim: int
+                            ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Like :func:`random_kv`, but every sequence starts with the same ``prefix_len`` tokens
     (a shared system prompt); build with ``share_blocks=True`` to share their full blocks."""
     ks, vs = random_kv(rng, seq_lens, num_kv_heads, head_dim)
@@ -189,13 +172,8 @@ def random_kv_shared_prefix(
     return ks, vs
 
 
-def random_kv(
-    rng: np.random.Generator,
-    seq_lens: list[int],
-    num_kv_heads: int,
-    head_dim: int,
-    head_dim_v: int | None = None,
-) -> tuple[list[np.ndarray], list[np.ndarray]]:
+def random_kv(rng: np.random.Generator, seq_lens: list[int], num_kv_heads: int, head_dim: int,
+              head_dim_v: int | None = None) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Standard-normal dense K/V per sequence: ``[seq_len_b, num_kv_heads, head_dim]``."""
     dv = head_dim if head_dim_v is None else head_dim_v
     ks = [rng.standard_normal((n, num_kv_heads, head_dim)) for n in seq_lens]
@@ -203,17 +181,10 @@ def random_kv(
     return ks, vs
 
 
-def random_paged_decode(
-    rng: np.random.Generator,
-    seq_lens: list[int],
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    block_size: int,
-    *,
-    padding: str = "poisoned",
-    shared_prefix: int = 0,
-) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray], PagedKV]:
+def random_paged_decode(rng: np.random.Generator, seq_lens: list[int], num_heads: int,
+                        num_kv_heads: int, head_dim: int, block_size: int, *,
+                        padding: str = "poisoned", shared_prefix: int = 0
+                        ) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray], PagedKV]:
     """A random decode step over a paged cache: ``(q [B, H, d], ks, vs, paged)``.
 
     ``ks, vs``: dense ``[seq_len_b, num_kv_heads, head_dim]`` per sequence (the reference's
@@ -230,14 +201,9 @@ def random_paged_decode(
     return q, ks, vs, paged
 
 
-def zero_paged_decode_torch(
-    device: Any,
-    num_heads: int = 2,
-    head_dim: int = 16,
-    lens: tuple[int, ...] = (5,),
-    max_blocks: int = 2,
-    dtype: Any = None,
-) -> tuple[Any, Any, Any, Any, Any]:
+def zero_paged_decode_torch(device: Any, num_heads: int = 2, head_dim: int = 16,
+                            lens: tuple[int, ...] = (5,), max_blocks: int = 2, dtype: Any = None
+                            ) -> tuple[Any, Any, Any, Any, Any]:
     """Tiny all-zero torch decode inputs for bad-input tests: ``(q [B, H, d], k_cache,
     v_cache [4, 4, 2, 16], block_tables [B, max_blocks], seq_lens [B])``; q and the caches
     in ``dtype`` (None: torch's default).

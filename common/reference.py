@@ -36,15 +36,9 @@ def prefix_mask(query_positions: Any, num_keys: int) -> np.ndarray:
     return np.arange(num_keys)[None, :] <= pos[:, None]
 
 
-def reference_attention(
-    q: Any,
-    k: Any,
-    v: Any,
-    scale: float | None = None,
-    mask: Any = None,
-    window: int | None = None,
-    sinks: Any = None,
-) -> tuple[np.ndarray, np.ndarray]:
+def reference_attention(q: Any, k: Any, v: Any, scale: float | None = None, mask: Any = None,
+                        window: int | None = None, sinks: Any = None
+                        ) -> tuple[np.ndarray, np.ndarray]:
     """Dense softmax(q kᵀ · scale) v in float64, with its log-sum-exp.
 
     Args:
@@ -164,14 +158,8 @@ def reference_decode(q: Any, k: Any, v: Any, *, scale: float | None = None,
     return out[0], lse[0]
 
 
-def reference_attention_backward(
-    q: Any,
-    k: Any,
-    v: Any,
-    do: Any,
-    scale: float | None = None,
-    mask: Any = None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def reference_attention_backward(q: Any, k: Any, v: Any, do: Any, scale: float | None = None,
+                                 mask: Any = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The gradients of :func:`reference_attention`'s ``out`` in float64, textbook formulas.
 
     With ``P = softmax(q kᵀ · scale)`` (masked entries 0) and ``dO`` the gradient of ``out``:

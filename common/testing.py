@@ -9,6 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
+import os
+import re
+import shlex
+import signal
+import subprocess
 import sys
 import tracemalloc
 import types
@@ -62,8 +68,6 @@ _FAILED_BASICS: dict[tuple[str, bool], str] = {}
 
 def _current_test() -> tuple[tuple[str, bool], str] | None:
     """``((test file, is a Triton test), test name)`` of the running pytest test."""
-    import os
-
     current = os.environ.get("PYTEST_CURRENT_TEST", "")
     if "::" not in current:
         return None
@@ -76,7 +80,6 @@ def basic_value_test(test: Callable[..., Any]) -> Callable[..., Any]:
     """Mark a lab's basic value test: if it fails, later value tests of the same half of the
     lab (numpy, or Triton: a test whose name says ``triton``) drop their generic hints and
     point back at it, instead of suggesting other causes for the same wrong numbers."""
-    import functools
 
     @functools.wraps(test)
     def run(*args: Any, **kwargs: Any) -> Any:
@@ -100,17 +103,9 @@ def _hint_after_basics(hint: str) -> str:
             "message gives; fix that first")
 
 
-def assert_close(
-    actual: Any,
-    expected: Any,
-    *,
-    what: str = "output",
-    atol: float = 1e-12,
-    rtol: float = 1e-12,
-    hint: str = "",
-    wrong_answers: dict[str, Any] | None = None,
-    nan_hint: str = NAN_HINT,
-) -> None:
+def assert_close(actual: Any, expected: Any, *, what: str = "output", atol: float = 1e-12,
+                 rtol: float = 1e-12, hint: str = "", wrong_answers: dict[str, Any] | None = None,
+                 nan_hint: str = NAN_HINT) -> None:
     """Assert ``actual ≈ expected``, explaining the failure in terms of a misconception.
 
     Args:
@@ -171,16 +166,6 @@ def head_counts(draw: st.DrawFn, max_heads: int = 8) -> tuple[int, int]:
     num_heads = min(num_kv_heads * group, max_heads)
     num_heads -= num_heads % num_kv_heads
     return max(num_heads, num_kv_heads), num_kv_heads
-
-
-def chunkings(total: int) -> st.SearchStrategy[list[int]]:
-    """Lists of positive chunk sizes that add up to ``total`` (any split of a prompt)."""
-    if total == 0:
-        return st.just([])
-    cuts = st.sets(st.integers(1, total - 1), max_size=min(total - 1, 6)) if total > 1 else st.just(
-        set()
-    )
-    return cuts.map(lambda c: np.diff([0, *sorted(c), total]).astype(int).tolist())
 
 
 def qkv_sizes(max_len: int, max_dim: int, *,
@@ -521,8 +506,6 @@ class _Launch:
 
 @contextlib.contextmanager
 def _recording_interpreter() -> Iterator[list[_Launch]]:
-    import inspect
-
     from triton.runtime import interpreter
 
     launches: list[_Launch] = []
@@ -616,10 +599,6 @@ class LabScript:
 
     def __init__(self, lab_file: str | Path, script: str, *args: str,
                  env: dict[str, str] | None = None) -> None:
-        import os
-        import shlex
-        import subprocess
-
         lab_dir = Path(lab_file).resolve()
         lab_dir = lab_dir.parent if lab_dir.is_file() else lab_dir
         full_env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), **(env or {}))
@@ -633,8 +612,6 @@ class LabScript:
 
     def result(self, timeout: float = 60) -> tuple[int | None, str]:
         """``(returncode, output)``; a script still running after ``timeout`` s is killed."""
-        import subprocess
-
         if self.output is None:
             try:
                 self.output, _ = self.proc.communicate(timeout=timeout)
@@ -646,9 +623,6 @@ class LabScript:
 
     def stop(self) -> None:
         """Kill the script's session (it and every process it forked), if any is left."""
-        import os
-        import signal
-
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
@@ -703,7 +677,6 @@ def assert_value_error_names(call: Callable[[], Any], argument: str, case: str =
     expression searched in the message. Any other exception propagates (a starter's
     ``NotImplementedError`` fails the test)."""
     __tracebackhide__ = True
-    import re
 
     pattern = rf"\b{argument}\b" if re.fullmatch(r"\w+", argument) else argument
     where = f"{case}: " if case else ""

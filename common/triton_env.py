@@ -10,12 +10,10 @@
   its numpy half runs; launching a kernel raises :class:`TritonUnavailable`, which says how
   to get triton. Tests marked ``triton`` are skipped there by ``conftest.py``.
 
-Helpers (one answer per question, used by every launcher):
-``on_interpreter(t)``, ``dot_precision(dtype)``, ``dot_tile(n)``, ``tile_config(...)``,
-``check_kernel_dtype(t, name)`` and ``LOG2E`` (kernels use ``exp2`` with ``log2(e)`` folded
-into the softmax scale, as FlashAttention's and FlashInfer's CUDA kernels and Triton's fused
-attention tutorial do: ``exp(x) == exp2(x * LOG2E)``, and ``exp2`` is the instruction the
-GPU's special-function unit has; vLLM 0.33.0's Triton kernels call ``tl.exp``).
+Kernels use ``exp2`` with ``log2(e)`` folded into the softmax scale (``LOG2E``), as
+FlashAttention's and FlashInfer's CUDA kernels and Triton's fused attention tutorial do:
+``exp2`` is the GPU's special-function instruction (vLLM 0.33.0's Triton kernels call
+``tl.exp``).
 """
 
 from __future__ import annotations
@@ -89,12 +87,6 @@ LOG2E = 1.4426950408889634  # log2(e): exp(x) == exp2(x * LOG2E)
 MIN_DOT_TILE = 16
 
 
-def require_triton() -> None:
-    """Raise :class:`TritonUnavailable` (with how to get triton) when it is missing."""
-    if not HAVE_TRITON:
-        raise TritonUnavailable(TRITON_MISSING)
-
-
 def on_interpreter(t: Any = None) -> bool:
     """True when kernels run through the CPU interpreter (for tensor ``t``, if given).
 
@@ -140,13 +132,8 @@ def dot_tile(n: int, minimum: int = MIN_DOT_TILE) -> int:
     return max(minimum, 1 << (int(n) - 1).bit_length())
 
 
-def tile_config(
-    t: Any = None,
-    *,
-    gpu: dict[str, int],
-    interpreter: dict[str, int],
-    **overrides: int | None,
-) -> dict[str, int]:
+def tile_config(t: Any = None, *, gpu: dict[str, int], interpreter: dict[str, int],
+                **overrides: int | None) -> dict[str, int]:
     """Pick a launcher's tile sizes: the GPU config or the interpreter's, then overrides.
 
     ``overrides`` are the launcher's keyword-only tile arguments (``block_m=None`` means
@@ -207,6 +194,6 @@ def default_scale(head_dim: int) -> float:
 __all__ = [
     "DEVICE", "HAVE_TRITON", "INTERPRET", "LOG2E", "MIN_DOT_TILE", "TRITON_MISSING",
     "TritonUnavailable", "cdiv", "check_kernel_dtype", "default_scale", "dot_precision",
-    "dot_tile", "log2e_scale", "on_interpreter", "require_triton", "tile_config", "tl",
+    "dot_tile", "log2e_scale", "on_interpreter", "tile_config", "tl",
     "triton",
 ]

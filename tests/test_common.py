@@ -20,7 +20,7 @@ from common import (
     random_kv,
     reference_attention,
 )
-from common.testing import assert_close, called_on_copies, chunkings, head_counts, peak_memory
+from common.testing import assert_close, called_on_copies, head_counts, peak_memory
 
 
 def _sdpa(q, k, v, mask=None, scale=None):
@@ -101,12 +101,6 @@ def test_paged_builder_shuffles_physical_blocks():
     ks, vs = random_kv(np.random.default_rng(0), [64], 1, 2)
     cache = build_paged_kv(ks, vs, 4, rng=0)
     assert list(cache.block_tables[0, :16]) != list(range(16))
-
-
-@given(total=st.integers(0, 40), data=st.data())
-def test_chunkings_add_up(total, data):
-    chunks = data.draw(chunkings(total))
-    assert sum(chunks) == total and all(c > 0 for c in chunks)
 
 
 def test_lab_impl_rejects_unknown_values(monkeypatch):

@@ -179,3 +179,11 @@ def test_a_lab_never_imports_another_lab(lab):
                     found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {n}")
     assert not found, "a lab imports another lab (shared code belongs in common/):\n" + (
         "\n".join(found))
+
+
+def test_common_stays_small():
+    """``common/`` holds only what labs share: under 2,000 lines (the grader, single-lab
+    helpers and tools live elsewhere). A helper only one lab uses belongs in that lab."""
+    lines = sum(len(p.read_text(encoding="utf-8").splitlines())
+                for p in (ROOT / "common").glob("*.py"))
+    assert lines < 2000, f"common/ has {lines} lines: move what one lab alone uses into it"
