@@ -6,8 +6,8 @@ label for the config, and a *launch* function. Given the lab's loaded modules, a
 launcher passes on a GPU at a benchmark shape (``bench/kernels.py``): every kernel argument
 by name (pointers as ``Ptr(dtype)``, ints at their real values, floats, constexprs) and the
 launch options (``num_warps``, ``num_stages``). It reads the tile sizes from the lab's own
-constants (``provided.GPU_TILES`` and the like), so the report follows the launcher; where a
-launcher computes a size (a group padded to a ``tl.dot`` tile), the function restates that
+``provided.gpu_tiles(...)`` (the primer's ``GPU_TILES``), so the report follows the launcher;
+where a launcher computes a size (a group padded to a ``tl.dot`` tile), the function restates that
 arithmetic in one line.
 
 ``bench.gpu_compile`` specialises the arguments as Triton's runtime does (pointers 16-byte
