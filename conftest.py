@@ -32,7 +32,7 @@ def _check_kernels(lab: str, impl: str, labs_root: str) -> dict[str, list[str]]:
 
 
 # The labs' sm_90 compile tests use the GPU report's compiler (bench/), where the copy has it.
-if importlib.util.find_spec("bench.student_compile") is not None:
+if importlib.util.find_spec("bench") is not None:
     register_compile_checks(_kernels_of, _check_kernels)
 
 # Deterministic examples: a student re-running the suite sees the same cases each time.
