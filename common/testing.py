@@ -195,10 +195,11 @@ TILE_SHAPES: tuple[tuple[int, int], ...] = ((16, 16), (16, 32), (32, 16))
 
 def tile_shapes(*shapes: tuple[int, int], name: str = "tiles") -> Any:
     """``@tile_shapes()``: parametrize a test over ``(block_m, block_n)`` pairs (default
-    :data:`TILE_SHAPES`), with ids like ``16x32``."""
+    :data:`TILE_SHAPES`), with ids like ``16x32`` (``default``: the launcher's own tiles)."""
     import pytest
 
-    return pytest.mark.parametrize(name, shapes or TILE_SHAPES, ids=lambda t: f"{t[0]}x{t[1]}")
+    return pytest.mark.parametrize(name, shapes or TILE_SHAPES,
+                                   ids=lambda t: "default" if None in t else f"{t[0]}x{t[1]}")
 
 
 # ---- layouts: the same values in memory a kernel may not assume ----------------------------
