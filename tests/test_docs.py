@@ -216,3 +216,18 @@ def test_every_link_to_a_heading_resolves(readme):
         if doc.suffix == ".md" and doc.is_file() and slug not in _anchors(doc):
             broken.append(target)
     assert not broken, f"{readme.relative_to(ROOT)}: links to headings that do not exist: {broken}"
+
+
+@pytest.mark.parametrize("readme", LAB_READMES, ids=lambda p: p.parent.name)
+def test_run_it_opens_with_the_same_two_commands(readme):
+    """One spelling of "Run it" in every lab: the first code block under ``## Run it`` starts
+    with the starter's tests and then ``make grade``; any other line runs the starter too."""
+    lab, text = readme.parent.name, readme.read_text(encoding="utf-8")
+    section = text.split("## Run it", 1)[1]
+    block = section.split("```bash\n", 1)[1].split("```", 1)[0]
+    commands = [line.split("#")[0].strip() for line in block.splitlines() if line.strip()]
+    want = [f"LAB_IMPL=starter .venv/bin/python -m pytest labs/{lab} -q",
+            f"make grade LAB={lab[4:6]}"]
+    assert commands[:2] == want, f"{lab}: Run it opens with {commands[:2]}"
+    plain = [c for c in commands if "-m pytest" in c and not c.startswith("LAB_IMPL=starter ")]
+    assert not plain, f"{lab}: pytest lines that do not say which file they grade: {plain}"
