@@ -9,13 +9,8 @@
   const T = ref.inputs.target, S = ref.inputs.source;
   const player = new V.Player(root, { steps: T, render: render, name: "bahdanau" });
   root.appendChild(player.bar);
-  const main = V.h("div", { class: "viz-main" });
-  const svg = V.s("svg", { class: "viz-svg", viewBox: "0 0 420 345", role: "img",
-    "aria-label": "alignment map: decoder steps against encoder states, weights as shades" });
-  main.appendChild(svg);
-  const side = V.h("div", { class: "viz-side" });
-  main.appendChild(side);
-  root.appendChild(main);
+  const { svg, side } = V.panes(root, "0 0 420 345",
+    "alignment map: decoder steps against encoder states, weights as shades");
 
   function shade(w) { // weight 0..1 -> white..blue
     const t = Math.max(0, Math.min(1, typeof w === "number" ? w : 0));

@@ -27,13 +27,8 @@
   root.appendChild(toolbar);
   root.appendChild(V.h("p", { class: "viz-caption" }, "Keys: Tab to a control; ↑ / ↓ choose what to plot, ← / → choose N."));
   if (V.reducedMotion()) root.classList.add("reduced-motion");
-  const main = V.h("div", { class: "viz-main" });
-  const svg = V.s("svg", { class: "viz-svg", viewBox: "0 0 420 420", role: "img",
-    "aria-label": "each method's cost or error against the sequence length" });
-  main.appendChild(svg);
-  const side = V.h("div", { class: "viz-side" });
-  main.appendChild(side);
-  root.appendChild(main);
+  const { svg, side } = V.panes(root, "0 0 420 420",
+    "each method's cost or error against the sequence length");
 
   /* a tiny error (LSH's 1e-9) in powers of ten rather than 0.000 */
   function small(el) {

@@ -38,13 +38,8 @@
     e.preventDefault();
   });
   if (V.reducedMotion()) root.classList.add("reduced-motion");
-  const main = V.h("div", { class: "viz-main" });
-  const svg = V.s("svg", { class: "viz-svg", viewBox: "0 0 420 420", role: "img",
-    "aria-label": "attention weight map of the chosen head, queries as rows, keys as columns" });
-  main.appendChild(svg);
-  const side = V.h("div", { class: "viz-side" });
-  main.appendChild(side);
-  root.appendChild(main);
+  const { svg, side } = V.panes(root, "0 0 420 420",
+    "attention weight map of the chosen head, queries as rows, keys as columns");
   const wide = V.h("div", { class: "viz-wide" });
   root.appendChild(wide);
   const diff = V.starterPanel(wide, "08", mine, function () {

@@ -24,13 +24,8 @@
   root.appendChild(toolbar);
   root.appendChild(V.h("p", { class: "viz-caption" }, "Keys: Tab to the patterns, then ← / → to move between them."));
   if (V.reducedMotion()) root.classList.add("reduced-motion");
-  const main = V.h("div", { class: "viz-main" });
-  const svg = V.s("svg", { class: "viz-svg", viewBox: "0 0 420 410", role: "img",
-    "aria-label": "the mask: queries as rows, keys as columns, scored pairs filled" });
-  main.appendChild(svg);
-  const side = V.h("div", { class: "viz-side" });
-  main.appendChild(side);
-  root.appendChild(main);
+  const { svg, side } = V.panes(root, "0 0 420 410",
+    "the mask: queries as rows, keys as columns, scored pairs filled");
   const wide = V.h("div", { class: "viz-wide" });
   root.appendChild(wide);
   V.starterPanel(wide, "10", mine, function (k) { document.getElementById("zoo-pattern-" + k).click(); });

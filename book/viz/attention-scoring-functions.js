@@ -23,13 +23,8 @@
   root.appendChild(toolbar);
   root.appendChild(V.h("p", { class: "viz-caption" }, "Keys: Tab to the slider, then ← / → (Home / End)."));
   if (V.reducedMotion()) root.classList.add("reduced-motion");
-  const main = V.h("div", { class: "viz-main" });
-  const svg = V.s("svg", { class: "viz-svg", viewBox: "0 0 420 400", role: "img",
-    "aria-label": "softmax weights of one query over 8 keys for three scoring functions, and entropy against d_k" });
-  main.appendChild(svg);
-  const side = V.h("div", { class: "viz-side" });
-  main.appendChild(side);
-  root.appendChild(main);
+  const { svg, side } = V.panes(root, "0 0 420 400",
+    "softmax weights of one query over 8 keys for three scoring functions, and entropy against d_k");
   const wide = V.h("div", { class: "viz-wide" });
   root.appendChild(wide);
   const diff = V.starterPanel(wide, "08", mine, function (k) { slider.value = k; state.k = k; render(); });

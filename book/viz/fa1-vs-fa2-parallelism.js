@@ -20,13 +20,8 @@
   root.appendChild(toolbar);
   const player = new V.Player(root, { steps: ref.schedules[mode].steps.length, render: render, name: "fagrid" });
   root.appendChild(player.bar);
-  const main = V.h("div", { class: "viz-main" });
-  const svg = V.s("svg", { class: "viz-svg", viewBox: "0 0 420 380", role: "img",
-    "aria-label": "per head, a grid of Q tiles by K/V tiles coloured by the program that owns them" });
-  main.appendChild(svg);
-  const side = V.h("div", { class: "viz-side" });
-  main.appendChild(side);
-  root.appendChild(main);
+  const { svg, side } = V.panes(root, "0 0 420 380",
+    "per head, a grid of Q tiles by K/V tiles coloured by the program that owns them");
 
   function sched() { return ref.schedules[mode]; }
   function color(p) { return COLORS[p % COLORS.length]; }

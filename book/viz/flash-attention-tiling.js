@@ -23,13 +23,8 @@
   root.appendChild(toolbar);
   const player = new V.Player(root, { steps: ref.steps.length, render: render, name: "fa" });
   root.appendChild(player.bar);
-  const main = V.h("div", { class: "viz-main" });
-  const svg = V.s("svg", { class: "viz-svg", viewBox: "0 0 420 520", role: "img",
-    "aria-label": "score matrix tiles, which are in SRAM, and the HBM" });
-  main.appendChild(svg);
-  const side = V.h("div", { class: "viz-side" });
-  main.appendChild(side);
-  root.appendChild(main);
+  const { svg, side } = V.panes(root, "0 0 420 520",
+    "score matrix tiles, which are in SRAM, and the HBM");
   const caption = V.h("p", { class: "viz-caption", id: "fa-caption" });
   side.appendChild(caption);
   const counters = V.h("dl", { class: "viz-counters", id: "fa-counters" });

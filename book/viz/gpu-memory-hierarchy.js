@@ -23,13 +23,8 @@
   root.appendChild(toolbar);
   root.appendChild(V.h("p", { class: "viz-caption" }, "Keys: Tab to a control, then ← / →."));
   if (V.reducedMotion()) root.classList.add("reduced-motion");
-  const main = V.h("div", { class: "viz-main" });
-  const svg = V.s("svg", { class: "viz-svg", viewBox: "0 0 420 330", role: "img",
-    "aria-label": "memory tiers with their capacities, and the score matrix size" });
-  main.appendChild(svg);
-  const side = V.h("div", { class: "viz-side" });
-  main.appendChild(side);
-  root.appendChild(main);
+  const { svg, side } = V.panes(root, "0 0 420 330",
+    "memory tiers with their capacities, and the score matrix size");
 
   function render() {
     const g = ref.gpus[names[state.gpu]], n = ref.seq_lens[state.seq], s = ref.score_matrix_bytes[state.seq];

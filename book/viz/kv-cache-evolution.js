@@ -27,13 +27,8 @@
   root.appendChild(V.h("p", { class: "viz-caption" },
     "Keys: Tab to a control, then ← / → (slider) or ↑ / ↓ (model)."));
   if (V.reducedMotion()) root.classList.add("reduced-motion");
-  const main = V.h("div", { class: "viz-main" });
-  const svg = V.s("svg", { class: "viz-svg", viewBox: "0 0 420 330", role: "img",
-    "aria-label": "bytes of KV cache per token and per request, by attention kind" });
-  main.appendChild(svg);
-  const side = V.h("div", { class: "viz-side" });
-  main.appendChild(side);
-  root.appendChild(main);
+  const { svg, side } = V.panes(root, "0 0 420 330",
+    "bytes of KV cache per token and per request, by attention kind");
 
   function ctx() { return Math.pow(2, state.log2ctx); }
 

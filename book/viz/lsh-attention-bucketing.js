@@ -25,13 +25,8 @@
   root.appendChild(toolbar);
   root.appendChild(V.h("p", { class: "viz-caption" }, "Keys: Tab to a slider, then ← / →; or click a point to make it the query."));
   if (V.reducedMotion()) root.classList.add("reduced-motion");
-  const main = V.h("div", { class: "viz-main" });
-  const svg = V.s("svg", { class: "viz-svg", viewBox: "0 0 420 400", role: "img",
-    "aria-label": "16 vectors in the plane coloured by bucket, and the keys the chosen query attends" });
-  main.appendChild(svg);
-  const side = V.h("div", { class: "viz-side" });
-  main.appendChild(side);
-  root.appendChild(main);
+  const { svg, side } = V.panes(root, "0 0 420 400",
+    "16 vectors in the plane coloured by bucket, and the keys the chosen query attends");
   const wide = V.h("div", { class: "viz-wide" });
   root.appendChild(wide);
   V.starterPanel(wide, "10", mine, function (k) { rIn.value = k + 1; state.rounds = k + 1; render(); });

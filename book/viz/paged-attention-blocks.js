@@ -15,15 +15,10 @@
     const root = document.getElementById("paged-viz");
     const player = new V.Player(root, { steps: ref.events.length, render: render, name: "paged" });
     root.appendChild(player.bar);
-    const main = V.h("div", { class: "viz-main" });
-    const svg = V.s("svg", { class: "viz-svg", viewBox: "0 0 420 330", role: "img",
-      "aria-label": "block tables of requests A, B, C pointing into a pool of blocks" });
+    const { svg, side } = V.panes(root, "0 0 420 330",
+      "block tables of requests A, B, C pointing into a pool of blocks");
     V.arrowDefs(svg, "pa-arrow", "#555");
     V.arrowDefs(svg, "pa-arrow-cow", "#d62728");
-    main.appendChild(svg);
-    const side = V.h("div", { class: "viz-side" });
-    main.appendChild(side);
-    root.appendChild(main);
     const caption = V.h("p", { class: "viz-caption", id: "paged-caption" });
     side.appendChild(caption);
     const counters = V.h("dl", { class: "viz-counters", id: "paged-counters" });
@@ -93,13 +88,8 @@
     const n = Math.max(ref.paged.steps, ref.contiguous.steps);
     const player = new V.Player(root, { steps: n, render: render, name: "stream" });
     root.appendChild(player.bar);
-    const main = V.h("div", { class: "viz-main" });
-    const svg = V.s("svg", { class: "viz-svg", viewBox: "0 0 420 300", role: "img",
-      "aria-label": "used and reserved KV slots per scheduler step, contiguous vs paged" });
-    main.appendChild(svg);
-    const side = V.h("div", { class: "viz-side" });
-    main.appendChild(side);
-    root.appendChild(main);
+    const { svg, side } = V.panes(root, "0 0 420 300",
+      "used and reserved KV slots per scheduler step, contiguous vs paged");
     const layer = V.s("g", {}, svg);
     V.legend(svg, 10, 270, [{ color: "#4e79a7", label: "used slots (real tokens)" },
       { color: "#c9d3df", label: "reserved but empty" }, { color: "#fff", stroke: "#d62728", label: "this step" }], 400);
@@ -145,14 +135,9 @@
     const inp = ref01.inputs, bs = inp.block_size;
     const player = new V.Player(root, { steps: ref01.steps.length, render: render, name: "slots" });
     root.appendChild(player.bar);
-    const main = V.h("div", { class: "viz-main" });
-    const svg = V.s("svg", { class: "viz-svg", viewBox: "0 0 420 250", role: "img",
-      "aria-label": "token positions, block table, physical slots" });
+    const { svg, side } = V.panes(root, "0 0 420 250",
+      "token positions, block table, physical slots");
     V.arrowDefs(svg, "sl-arrow", "#d62728");
-    main.appendChild(svg);
-    const side = V.h("div", { class: "viz-side" });
-    main.appendChild(side);
-    root.appendChild(main);
     const caption = V.h("p", { class: "viz-caption", id: "slots-caption" });
     side.appendChild(caption);
     const diff = V.starterPanel(side, "01", mine01, function (k) { player.go(k); });

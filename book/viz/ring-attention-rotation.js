@@ -19,14 +19,9 @@
   root.appendChild(toolbar);
   const player = new V.Player(root, { steps: P, render: render, name: "ring" });
   root.appendChild(player.bar);
-  const main = V.h("div", { class: "viz-main" });
-  const svg = V.s("svg", { class: "viz-svg", viewBox: "0 0 420 380", role: "img",
-    "aria-label": "four devices in a ring, the K/V shard each holds, compute and communication per step" });
+  const { svg, side } = V.panes(root, "0 0 420 380",
+    "four devices in a ring, the K/V shard each holds, compute and communication per step");
   V.arrowDefs(svg, "ring-arrow", "#555");
-  main.appendChild(svg);
-  const side = V.h("div", { class: "viz-side" });
-  main.appendChild(side);
-  root.appendChild(main);
   const layer = V.s("g", {}, svg);
   V.legend(svg, 10, 345, [
     { color: "#ddd", label: "Q shard (stays)" }, { color: "#4e79a7", label: "visiting K/V shard (colour = owner)" },

@@ -22,13 +22,8 @@
   root.appendChild(toolbar);
   root.appendChild(V.h("p", { class: "viz-caption" }, "Keys: Tab to a slider, then ← / →."));
   if (V.reducedMotion()) root.classList.add("reduced-motion");
-  const main = V.h("div", { class: "viz-main" });
-  const svg = V.s("svg", { class: "viz-svg", viewBox: "0 0 420 272", role: "img",
-    "aria-label": "positions reaching the last token through each layer" });
-  main.appendChild(svg);
-  const side = V.h("div", { class: "viz-side" });
-  main.appendChild(side);
-  root.appendChild(main);
+  const { svg, side } = V.panes(root, "0 0 420 272",
+    "positions reaching the last token through each layer");
 
   function render() {
     const w = windows[state.w], tr = ref.windows[String(w)];

@@ -21,13 +21,8 @@
   root.appendChild(toolbar);
   const player = new V.Player(root, { steps: 0, render: render, name: "split" });
   root.appendChild(player.bar);
-  const main = V.h("div", { class: "viz-main" });
-  const svg = V.s("svg", { class: "viz-svg", viewBox: "0 0 420 400", role: "img",
-    "aria-label": "keys cut into partitions and the merge tree of their states" });
-  main.appendChild(svg);
-  const side = V.h("div", { class: "viz-side" });
-  main.appendChild(side);
-  root.appendChild(main);
+  const { svg, side } = V.panes(root, "0 0 420 400",
+    "keys cut into partitions and the merge tree of their states");
   const caption = V.h("p", { class: "viz-caption", id: "split-caption" });
   side.appendChild(caption);
   const stateBox = V.h("div", { id: "split-state" });

@@ -71,6 +71,17 @@
   };
   V.clear = function (el) { while (el.firstChild) el.removeChild(el.firstChild); return el; };
 
+  /* the page's two panes under root: the figure (an svg of viewBox, described by label) and
+     the side column for numbers; returns {svg, side} */
+  V.panes = function (root, viewBox, label) {
+    const main = V.h("div", { class: "viz-main" });
+    const svg = V.s("svg", { class: "viz-svg", viewBox: viewBox, role: "img", "aria-label": label }, main);
+    const side = V.h("div", { class: "viz-side" });
+    main.appendChild(side);
+    root.appendChild(main);
+    return { svg: svg, side: side };
+  };
+
   /* a number shown in the page, with the trace's exact value in data-value for tests */
   V.num = function (value, nd, attrs) {
     const el = V.h("span", Object.assign({ class: "num", "data-value": JSON.stringify(value) }, attrs || {}),
