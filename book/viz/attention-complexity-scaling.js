@@ -20,10 +20,9 @@
   METRICS.forEach(function (m) { sel.appendChild(V.h("option", { value: m[0] }, m[1])); });
   sel.addEventListener("change", function () { state.metric = sel.value; render(); });
   toolbar.appendChild(V.h("label", { for: "complexity-metric" }, ["Plot ", sel]));
-  const nIn = V.h("input", { type: "range", id: "complexity-n", min: 0, max: sizes.length - 1, step: 1, value: state.k, "aria-label": "sequence length N" });
-  const nOut = V.h("output", { id: "complexity-n-label", for: "complexity-n" });
-  nIn.addEventListener("input", function () { state.k = Number(nIn.value); render(); });
-  toolbar.appendChild(V.h("label", { for: "complexity-n" }, ["N ", nOut, nIn]));
+  const { input: nIn, output: nOut } = V.slider(toolbar, { id: "complexity-n", text: "N ",
+    min: 0, max: sizes.length - 1, value: state.k, label: "sequence length N" },
+    function () { state.k = Number(nIn.value); render(); });
   root.appendChild(toolbar);
   root.appendChild(V.h("p", { class: "viz-caption" }, "Keys: Tab to a control; ↑ / ↓ choose what to plot, ← / → choose N."));
   if (V.reducedMotion()) root.classList.add("reduced-motion");

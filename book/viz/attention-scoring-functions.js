@@ -15,11 +15,9 @@
   const state = { k: dims.indexOf(64) >= 0 ? dims.indexOf(64) : 0 };
 
   const toolbar = V.h("div", { class: "viz-toolbar" });
-  const slider = V.h("input", { type: "range", id: "scoring-d", min: 0, max: dims.length - 1, step: 1, value: state.k,
-    "aria-label": "head dimension d_k (powers of two)" });
-  const dOut = V.h("output", { id: "scoring-d-label", for: "scoring-d" });
-  slider.addEventListener("input", function () { state.k = Number(slider.value); render(); });
-  toolbar.appendChild(V.h("label", { for: "scoring-d" }, ["d_k ", dOut, slider]));
+  const { input: slider, output: dOut } = V.slider(toolbar, { id: "scoring-d", text: "d_k ",
+    min: 0, max: dims.length - 1, value: state.k, label: "head dimension d_k (powers of two)" },
+    function () { state.k = Number(slider.value); render(); });
   root.appendChild(toolbar);
   root.appendChild(V.h("p", { class: "viz-caption" }, "Keys: Tab to the slider, then ← / → (Home / End)."));
   if (V.reducedMotion()) root.classList.add("reduced-motion");

@@ -15,11 +15,9 @@
     r.addEventListener("change", function () { state.gpu = i; render(); });
     toolbar.appendChild(V.h("label", { for: "memory-gpu-" + i }, [r, " " + nm]));
   });
-  const sIn = V.h("input", { type: "range", id: "memory-seq", min: 0, max: ref.seq_lens.length - 1, step: 1, value: state.seq,
-    "aria-label": "sequence length" });
-  const sOut = V.h("output", { id: "memory-seq-label", for: "memory-seq" });
-  sIn.addEventListener("input", function () { state.seq = Number(sIn.value); render(); });
-  toolbar.appendChild(V.h("label", { for: "memory-seq" }, ["Sequence ", sOut, sIn]));
+  const { input: sIn, output: sOut } = V.slider(toolbar, { id: "memory-seq", text: "Sequence ",
+    min: 0, max: ref.seq_lens.length - 1, value: state.seq, label: "sequence length" },
+    function () { state.seq = Number(sIn.value); render(); });
   root.appendChild(toolbar);
   root.appendChild(V.h("p", { class: "viz-caption" }, "Keys: Tab to a control, then ← / →."));
   if (V.reducedMotion()) root.classList.add("reduced-motion");

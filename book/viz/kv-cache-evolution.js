@@ -18,11 +18,9 @@
   });
   sel.addEventListener("change", function () { state.preset = Number(sel.value); render(); });
   toolbar.appendChild(V.h("label", { for: "kv-preset" }, ["Model ", sel]));
-  const slider = V.h("input", { type: "range", id: "kv-context", min: 10, max: 20, step: 1, value: state.log2ctx,
-    "aria-label": "context length (tokens, powers of two)" });
-  slider.addEventListener("input", function () { state.log2ctx = Number(slider.value); render(); });
-  const ctxLabel = V.h("output", { id: "kv-context-label", for: "kv-context" });
-  toolbar.appendChild(V.h("label", { for: "kv-context" }, ["Context ", ctxLabel, slider]));
+  const { input: slider, output: ctxLabel } = V.slider(toolbar, { id: "kv-context", text: "Context ",
+    min: 10, max: 20, value: state.log2ctx, label: "context length (tokens, powers of two)" },
+    function () { state.log2ctx = Number(slider.value); render(); });
   root.appendChild(toolbar);
   root.appendChild(V.h("p", { class: "viz-caption" },
     "Keys: Tab to a control, then ← / → (slider) or ↑ / ↓ (model)."));

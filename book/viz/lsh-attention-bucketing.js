@@ -14,14 +14,12 @@
   const state = { rounds: 1, query: 0 };
 
   const toolbar = V.h("div", { class: "viz-toolbar" });
-  const rIn = V.h("input", { type: "range", id: "lsh-rounds", min: 1, max: R, step: 1, value: state.rounds, "aria-label": "hashing rounds" });
-  const rOut = V.h("output", { id: "lsh-rounds-label", for: "lsh-rounds" });
-  rIn.addEventListener("input", function () { state.rounds = Number(rIn.value); render(); });
-  toolbar.appendChild(V.h("label", { for: "lsh-rounds" }, ["Rounds ", rOut, rIn]));
-  const qIn = V.h("input", { type: "range", id: "lsh-query", min: 0, max: n - 1, step: 1, value: state.query, "aria-label": "query" });
-  const qOut = V.h("output", { id: "lsh-query-label", for: "lsh-query" });
-  qIn.addEventListener("input", function () { state.query = Number(qIn.value); render(); });
-  toolbar.appendChild(V.h("label", { for: "lsh-query" }, ["Query ", qOut, qIn]));
+  const { input: rIn, output: rOut } = V.slider(toolbar, { id: "lsh-rounds", text: "Rounds ",
+    min: 1, max: R, value: state.rounds, label: "hashing rounds" },
+    function () { state.rounds = Number(rIn.value); render(); });
+  const { input: qIn, output: qOut } = V.slider(toolbar, { id: "lsh-query", text: "Query ",
+    min: 0, max: n - 1, value: state.query, label: "query" },
+    function () { state.query = Number(qIn.value); render(); });
   root.appendChild(toolbar);
   root.appendChild(V.h("p", { class: "viz-caption" }, "Keys: Tab to a slider, then ← / →; or click a point to make it the query."));
   if (V.reducedMotion()) root.classList.add("reduced-motion");

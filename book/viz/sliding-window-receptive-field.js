@@ -9,16 +9,12 @@
   const n = ref.inputs.seq_len, windows = ref.inputs.windows;
   const state = { w: 1, layers: ref.inputs.layers };
   const toolbar = V.h("div", { class: "viz-toolbar" });
-  const wIn = V.h("input", { type: "range", id: "window-w", min: 0, max: windows.length - 1, step: 1, value: state.w,
-    "aria-label": "window size" });
-  const wOut = V.h("output", { id: "window-w-label", for: "window-w" });
-  wIn.addEventListener("input", function () { state.w = Number(wIn.value); render(); });
-  toolbar.appendChild(V.h("label", { for: "window-w" }, ["Window ", wOut, wIn]));
-  const lIn = V.h("input", { type: "range", id: "window-layers", min: 1, max: ref.inputs.layers, step: 1,
-    value: state.layers, "aria-label": "layers" });
-  const lOut = V.h("output", { id: "window-layers-label", for: "window-layers" });
-  lIn.addEventListener("input", function () { state.layers = Number(lIn.value); render(); });
-  toolbar.appendChild(V.h("label", { for: "window-layers" }, ["Layers ", lOut, lIn]));
+  const { input: wIn, output: wOut } = V.slider(toolbar, { id: "window-w", text: "Window ",
+    min: 0, max: windows.length - 1, value: state.w, label: "window size" },
+    function () { state.w = Number(wIn.value); render(); });
+  const { input: lIn, output: lOut } = V.slider(toolbar, { id: "window-layers", text: "Layers ",
+    min: 1, max: ref.inputs.layers, value: state.layers, label: "layers" },
+    function () { state.layers = Number(lIn.value); render(); });
   root.appendChild(toolbar);
   root.appendChild(V.h("p", { class: "viz-caption" }, "Keys: Tab to a slider, then ← / →."));
   if (V.reducedMotion()) root.classList.add("reduced-motion");

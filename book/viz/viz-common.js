@@ -71,6 +71,17 @@
   };
   V.clear = function (el) { while (el.firstChild) el.removeChild(el.firstChild); return el; };
 
+  /* a labelled range slider in toolbar: <label>text <output id="ID-label"> <input id="ID"></label>;
+     onInput runs on every move; returns {input, output} */
+  V.slider = function (toolbar, opts, onInput) {
+    const input = V.h("input", { type: "range", id: opts.id, min: opts.min, max: opts.max, step: 1,
+      value: opts.value, "aria-label": opts.label });
+    const output = V.h("output", { id: opts.id + "-label", for: opts.id });
+    input.addEventListener("input", onInput);
+    toolbar.appendChild(V.h("label", { for: opts.id }, [opts.text, output, input]));
+    return { input: input, output: output };
+  };
+
   /* the page's two panes under root: the figure (an svg of viewBox, described by label) and
      the side column for numbers; returns {svg, side} */
   V.panes = function (root, viewBox, label) {
