@@ -196,6 +196,16 @@ def pattern_zoo(path: pathlib.Path) -> None:
     plt.close(fig)
 
 
+def against_n(ax) -> None:
+    """Log-log axes against the sequence length, one tick per size of SIZES."""
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("sequence length N")
+    ax.set_xticks(SIZES, [str(n) for n in SIZES])
+    ax.minorticks_off()
+    ax.grid(alpha=0.3)
+
+
 def cost_vs_n(path: pathlib.Path) -> None:
     table = {n: costs(n) for n in SIZES}
     names = list(table[SIZES[0]])
@@ -208,12 +218,7 @@ def cost_vs_n(path: pathlib.Path) -> None:
     ax1.set_title("FLOPs per head (counted)")
     ax2.set_title("bytes of the largest intermediate, FP16")
     for ax in (ax1, ax2):
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("sequence length N")
-        ax.set_xticks(SIZES, [str(n) for n in SIZES])
-        ax.minorticks_off()
-        ax.grid(alpha=0.3)
+        against_n(ax)
     ax2.legend(fontsize=7, ncol=2)
     fig.suptitle(f"Cost vs N, d = {D}: slope 2 is quadratic, slope 1 linear (window {WINDOW}, "
                  f"stride {STRIDE}, buckets of ~{BUCKET_SIZE} x {ROUNDS}, k = {RANK}, "
@@ -235,12 +240,7 @@ def error_vs_n(path: pathlib.Path, errors: dict[str, dict[int, tuple[float, floa
     ax2.set_title("all rows: RMS error (values are N(0, 1))")
     ax1.set_ylabel("error against exact attention")
     for ax in (ax1, ax2):
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("sequence length N")
-        ax.set_xticks(SIZES, [str(n) for n in SIZES])
-        ax.minorticks_off()
-        ax.grid(alpha=0.3)
+        against_n(ax)
     ax1.legend(fontsize=7)
     fig.suptitle("The retrieval task: what each approximation gets wrong (d = 16, float64)",
                  fontsize=11)
