@@ -19,7 +19,6 @@ import dataclasses
 import enum
 import inspect
 import pickle
-import signal
 import sys
 import time
 from collections.abc import Callable
@@ -28,6 +27,7 @@ from typing import Any, Protocol
 
 from grading.plugin.sandboxes import current_deadline
 from grading.sandbox import wire
+from grading.sandbox.host import signal_text
 
 
 class Channel(Protocol):
@@ -45,13 +45,6 @@ class Channel(Protocol):
 # ---- remote errors -----------------------------------------------------------------------
 
 
-SIGNAL_HINTS = {
-    "SIGSEGV": "segmentation fault: the code touched memory it does not own",
-    "SIGBUS": "bus error: the code touched memory it does not own",
-    "SIGABRT": "aborted", "SIGFPE": "arithmetic fault", "SIGILL": "illegal instruction",
-    "SIGKILL": "killed, perhaps for using too much memory",
-    "SIGXFSZ": "wrote more than 256 MB of output: printing in a loop?",
-}
 PYTEST_OUTCOMES = {"Skipped": "skip", "XFailed": "xfail", "Failed": "fail", "Exit": "exit"}
 
 
@@ -86,12 +79,7 @@ def describe_exit(code: int | None) -> str:
     if code is None:
         return "the worker stopped answering"
     if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        hint = SIGNAL_HINTS.get(name)
-        return f"the worker crashed with signal {name}" + (f" ({hint})" if hint else "")
+        return f"the worker crashed with signal {signal_text(-code)}"
     return f"the worker exited with code {code}"
 
 

@@ -28,24 +28,19 @@ from typing import Any
 
 from grading.plugin.time_limits import hard_stop_grace
 from grading.run.discovery import GRADED_PATTERNS, PROJECT_ROOT
-from grading.sandbox.host import ENV_UIDS, Mode, SandboxError, kill_block, remove_files_of
+from grading.sandbox.host import (
+    ENV_UIDS,
+    FILE_SIZE_LIMIT,
+    Mode,
+    SandboxError,
+    kill_block,
+    remove_files_of,
+    signal_text,
+)
 from grading.sandbox.lab_sandbox import ENV_ENABLE, ENV_ZYGOTE, LabSandbox
 from grading.sandbox.zygote_client import ENV_DIR
 
 # ---- lab run -----------------------------------------------------------------------------
-
-
-FILE_SIZE_LIMIT = 256 * 2**20  # the largest file a lab's pytest process may write
-
-SIGNAL_HINTS = {
-    "SIGSEGV": "segmentation fault: the code touched memory it does not own",
-    "SIGBUS": "bus error: the code touched memory it does not own",
-    "SIGABRT": "aborted",
-    "SIGFPE": "arithmetic fault",
-    "SIGILL": "illegal instruction",
-    "SIGKILL": "killed, perhaps for using too much memory",
-    "SIGXFSZ": f"wrote more than {FILE_SIZE_LIMIT >> 20} MB of output: printing in a loop?",
-}
 
 
 @dataclass
@@ -90,12 +85,7 @@ class Run:
             return f"timed out after {hard_stops[-1]['seconds']:g} s (the per-test limit)"
         rc = self.returncode if self.returncode is not None else -1
         if rc < 0:
-            try:
-                name = signal.Signals(-rc).name
-            except ValueError:
-                name = f"signal {-rc}"
-            hint = SIGNAL_HINTS.get(name)
-            return f"crashed with signal {name}" + (f" ({hint})" if hint else "")
+            return f"crashed with signal {signal_text(-rc)}"
         if self.finished:
             status = self.of("finish")[0]["exitstatus"]
             if "KeyboardInterrupt" in self.output_tail:

@@ -20,12 +20,12 @@ import resource
 import signal
 import sys
 
+from grading.sandbox.host import FILE_SIZE_LIMIT
 from grading.sandbox.zygote_client import PREIMPORTABLE
 
 # ---- confine -----------------------------------------------------------------------------
 
 
-FILE_SIZE_LIMIT = 256 * 2**20
 NPROC_LIMIT = 512
 
 

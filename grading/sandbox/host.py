@@ -36,6 +36,25 @@ from pathlib import Path
 
 
 PR_SET_CHILD_SUBREAPER = 36
+FILE_SIZE_LIMIT = 256 * 2**20  # the largest file graded code may write (RLIMIT_FSIZE)
+SIGNAL_HINTS = {
+    "SIGSEGV": "segmentation fault: the code touched memory it does not own",
+    "SIGBUS": "bus error: the code touched memory it does not own",
+    "SIGABRT": "aborted", "SIGFPE": "arithmetic fault", "SIGILL": "illegal instruction",
+    "SIGKILL": "killed, perhaps for using too much memory",
+    "SIGXFSZ": f"wrote more than {FILE_SIZE_LIMIT >> 20} MB of output: printing in a loop?",
+}
+
+
+def signal_text(signum: int) -> str:
+    """``"SIGSEGV (segmentation fault: ...)"``: a signal that ended a process, in words."""
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+    hint = SIGNAL_HINTS.get(name)
+    return name + (f" ({hint})" if hint else "")
+
 
 
 def have_proc() -> bool:
