@@ -186,4 +186,4 @@ def test_common_stays_small():
     helpers and tools live elsewhere). A helper only one lab uses belongs in that lab."""
     lines = sum(len(p.read_text(encoding="utf-8").splitlines())
                 for p in (ROOT / "common").glob("*.py"))
-    assert lines < 2000, f"common/ has {lines} lines: move what one lab alone uses into it"
+    assert lines < 2000, f"common/ has {lines} lines: move what only one lab uses into that lab"
