@@ -655,6 +655,8 @@ def test_make_trace_finds_the_first_step_a_planted_mistake_changes(tmp_path, lab
     assert read_script(tmp_path / f"lab{lab}-starter.js")["first_diff"] is None
 
 
+@pytest.mark.skipif(not list(ROOT.glob("labs/*/solution.py")),
+                    reason="a student copy: its starters are the student's, not untouched ones")
 @pytest.mark.parametrize("lab", ["00", "01", "04", "07", "08", "10"])
 def test_an_untouched_starter_is_traced_with_its_todo(tmp_path, lab):
     assert traces_main(["--impl", "starter", "--lab", lab, "--out", str(tmp_path)]) == 0

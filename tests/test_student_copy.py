@@ -38,6 +38,7 @@ REPRESENTATIVE = [
     "tests/test_course_rules.py",
     "tests/test_gpu_report.py",
     "tests/test_docs.py",
+    "tests/test_launcher_contract.py",
     "tests/test_setup_no_triton.py",
     "labs/lab-02-backend-selection",
     "labs/lab-04-flash-decoding-partitions",
@@ -46,6 +47,7 @@ REPRESENTATIVE = [
 COPY_SKIPS = [
     "a student copy: its starters are the student's, not untouched ones",
     "a student copy: the committed report was compiled from the instructor's",
+    "a student copy: no solution.py to read the launchers from",
 ]
 
 
