@@ -16,7 +16,9 @@ A mutant is a plausible wrong implementation, kept as a text file
     >>>>>>> replace
 
 The first comment line says what the mistake is. ``# file:`` names the lab file the blocks
-below it edit (default ``solution.py``; ``provided.py`` also works). A mutant may hold
+below it edit (default ``solution.py``; ``provided.py`` also works). ``# expect: words``
+(optional) are words the failure message must contain: the test that catches the mistake
+must also name it, or the mutant counts as UNNAMED, not killed. A mutant may hold
 several blocks; each ``find`` text must occur exactly once in its file. The runner copies
 the lab to a scratch folder inside the repository (so ``conftest.py`` applies), applies the
 mutant, runs the lab's tests with ``LAB_IMPL=solution`` and requires them to fail. It first
@@ -59,12 +61,13 @@ class Mutant:
     name: str
     description: str
     edits: list[tuple[str, str, str]]  # (file, find, replace)
+    expect: str = ""  # words the failure message must contain ('# expect:' line)
 
 
 @dataclass
 class Outcome:
     mutant: Mutant
-    status: str  # "killed" | "SURVIVED" | "BROKEN"
+    status: str  # "killed" | "SURVIVED" | "BROKEN" | "UNNAMED" (killed, message unnamed)
     detail: str
 
 
@@ -73,9 +76,11 @@ def parse_mutant(path: Path, lab: str) -> Mutant:
     text = path.read_text()
     description = ""
     for line in text.splitlines():
-        if line.startswith("#") and not line.startswith("# file:"):
+        if line.startswith("#") and not line.startswith(("# file:", "# expect:")):
             description = line.lstrip("# ").strip()
             break
+    expect = next((line.split(":", 1)[1].strip() for line in text.splitlines()
+                   if line.startswith("# expect:")), "")
     edits: list[tuple[str, str, str]] = []
     current_file = "solution.py"
     pos = 0
@@ -89,7 +94,13 @@ def parse_mutant(path: Path, lab: str) -> Mutant:
         raise MutantError(f"{path}: no <<<<<<< find / ======= / >>>>>>> replace block")
     if not description:
         raise MutantError(f"{path}: the first line must be a '# description' of the mistake")
-    return Mutant(lab=lab, name=path.stem, description=description, edits=edits)
+    return Mutant(lab=lab, name=path.stem, description=description, edits=edits, expect=expect)
+
+
+def names_it(output: str, expect: str) -> bool:
+    """Whether pytest's ``output`` holds the words ``expect`` (case and line breaks aside)."""
+    lines = (re.sub(r"^E\s+", "", line.strip()) for line in output.splitlines())
+    return " ".join(expect.lower().split()) in " ".join(" ".join(lines).lower().split())
 
 
 def apply_mutant(mutant: Mutant, lab_dir: Path) -> None:
@@ -187,6 +198,9 @@ def run_one(root: Path, mutant: Mutant | None, lab: str) -> Outcome | tuple[int,
         rc, output = _run_lab_tests(root, copy)
         if rc == 0:
             return Outcome(mutant, "SURVIVED", "every test passed")
+        if rc == 1 and mutant.expect and not names_it(output, mutant.expect):
+            return Outcome(mutant, "UNNAMED", f"{_first_failure(output)} failed without "
+                           f"naming the mistake (expected the words {mutant.expect!r})")
         if rc in (1, -1):
             return Outcome(mutant, "killed", _first_failure(output) if rc == 1 else output)
         return Outcome(mutant, "BROKEN", f"pytest exit {rc}: {_first_failure(output)}")

@@ -57,6 +57,15 @@ READ_BEFORE_WRITE = (
     "the state was read before token i was added to it: causal includes the token itself, "
     "so add phi(k_i) v_i^T and phi(k_i) to S and z first, then read out_i"
 )
+NO_PREFIX_SUM = (
+    "causal linear attention without the causal prefix sum: every query read the sums over ALL "
+    "keys (phi(K)^T V and sum_j phi(k_j) of the whole sequence); query i may read only keys "
+    "j <= i, a running (prefix) sum of phi(k_j) v_j^T and phi(k_j)"
+)
+DENOMINATOR_NOT_MASKED = (
+    "causal mask applied to the numerator only: the denominator of query i must be the prefix "
+    "sum phi(q_i) . sum_{j<=i} phi(k_j), not the sum over every key"
+)
 NO_HALF_NORM = "forgot the -|x|^2 / 2 in the exponent: phi(x) = exp(w . x - |x|^2 / 2) / sqrt(m)"
 NO_ROOT_M = "forgot the 1 / sqrt(m): with m features, phi(q) . phi(k) must average, not sum"
 
@@ -698,9 +707,21 @@ def test_linear_attention_parallel_is_the_elu_plus_one_kernel_average(n, lk, d, 
         what=f"linear attention (N={n} Lk={lk} d={d} causal={causal})",
         atol=1e-10,
         rtol=1e-10,
-        wrong_answers={"causal includes the diagonal: key i is visible to query i":
-                       linear_by_definition(q, k, v, True, strict=True)} if causal else None,
+        wrong_answers=linear_causal_wrongs(q, k, v) if causal else None,
     )
+
+
+def linear_causal_wrongs(q, k, v):
+    """{misconception: what causal linear attention gives with that mistake}."""
+    w = elu1(q) @ elu1(k).T
+    with np.errstate(all="ignore"):
+        numerator_only = (np.tril(w) @ v) / w.sum(axis=1, keepdims=True)
+    return {
+        "causal includes the diagonal: key i is visible to query i":
+            linear_by_definition(q, k, v, True, strict=True),
+        NO_PREFIX_SUM: linear_by_definition(q, k, v, False),
+        DENOMINATOR_NOT_MASKED: numerator_only,
+    }  # fmt: skip
 
 
 @pytest.mark.points(3)
@@ -717,7 +738,10 @@ def test_the_recurrence_equals_the_causal_parallel_form(n, d, dv, seed):
         what=f"recurrent out (N={n}, d={d})",
         atol=1e-10,
         rtol=1e-10,
-        wrong_answers={READ_BEFORE_WRITE: linear_by_definition(q, k, v, True, strict=True)},
+        wrong_answers={READ_BEFORE_WRITE: linear_by_definition(q, k, v, True, strict=True),
+                       NO_PREFIX_SUM: linear_by_definition(q, k, v, False),
+                       DENOMINATOR_NOT_MASKED: linear_causal_wrongs(q, k, v)[
+                           DENOMINATOR_NOT_MASKED]},
         nan_hint=f"NaN in the output (0 / 0 for token 0?): {READ_BEFORE_WRITE}",
     )
     assert_close(s, elu1(k).T @ v, what="final state S = phi(K)^T V", atol=1e-10, rtol=1e-10)
