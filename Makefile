@@ -49,6 +49,7 @@ help::
 	@echo "make test-no-triton  the suite as a Mac or Windows laptop runs it (triton unimportable)"
 	@echo "make book            build the web book with its visualisations into build/book/"
 	@echo "make trace LAB=00    run your starter.py on a visualisation's inputs (labs 00, 01, 04, 07, 08, 10)"
+	@echo "make hint LAB=00 STEP=2 LEVEL=1   one hint of a lab (1 the idea, 2 the API, 3 near-code)"
 
 # One stamp per requirements file: a second `make test` installs nothing.
 # --only-binary: every pin has a wheel for every supported laptop (make check-setup), so
@@ -85,6 +86,12 @@ $(CHECK_STAMP): requirements-check.txt $(STAMP)
 book: $(DEPS) $(BOOK_DEPS)
 	@echo ">> building the web book from the READMEs into build/book/ (no network)"
 	$(PY) -m book.build
+
+# One level of one hint of a lab's HINTS.md (tools/hint.py); without STEP, the list of steps.
+.PHONY: hint
+hint:
+	@test -n "$(LAB)" || { echo "usage: make hint LAB=00 [STEP=2 [LEVEL=1]]"; exit 2; }
+	@$(if $(wildcard $(PY)),$(PY),python3) -m tools.hint $(LAB) $(STEP) $(LEVEL)
 
 # Your starter.py on a visualisation's inputs, beside the reference (book/README.md).
 trace: $(DEPS)

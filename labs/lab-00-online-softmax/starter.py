@@ -1,7 +1,8 @@
 """Lab 00: online softmax and the FlashAttention forward pass (numpy, then Triton).
 
-Your work. Fill in every function that raises ``NotImplementedError`` and the Triton kernel
-(its steps are in its docstring), then run
+Your work. Fill in every function that raises ``NotImplementedError`` and the Triton kernel.
+Each TODO says what to keep true, not how; hints in levels (the idea, the API, near-code) are
+in HINTS.md, one step per function: ``make hint LAB=00 STEP=1 LEVEL=1``. Then run
 
     LAB_IMPL=starter .venv/bin/python -m pytest labs/lab-00-online-softmax -q
     make grade LAB=00                                 (the same, with a score table)
@@ -60,8 +61,8 @@ def naive_attention(
         ``out [Lq, dv]`` (zeros when there are no keys).
     """
     raise NotImplementedError(
-        "TODO: scores = q @ k.T * scale; hide keys j > i with -inf when causal; subtract each "
-        "row's max before exp; divide by the row sum; multiply by v"
+        "TODO: the definition, with the whole score matrix in memory; a hidden key must get a "
+        "weight of exactly 0, and no exp may overflow (HINTS.md, step 1)"
     )
 
 
@@ -84,15 +85,14 @@ def online_softmax_steps(x: np.ndarray, tile_size: int) -> list[tuple[float, flo
         ``ceil(len(x) / tile_size)`` pairs ``(m, l)`` as Python floats.
     """
     raise NotImplementedError(
-        "TODO: start from m = -inf, l = 0. For each tile: the new max is max(m, tile max); "
-        "the old l was summed against the old max, so multiply it by exp(m_old - m_new) "
-        "before adding this tile's exp(tile - m_new). Careful while m is still -inf."
+        "TODO: keep l == sum(exp(seen - m)) true after every tile, including the tiles that "
+        "raise m; the empty summary is (-inf, 0) (HINTS.md, step 2)"
     )
 
 
 def online_softmax(x: np.ndarray, tile_size: int) -> np.ndarray:
     """softmax(x) from the ``(m, l)`` of one tiled pass: ``exp(x - m) / l``. Same shape as x."""
-    raise NotImplementedError("TODO: one pass of online_softmax_steps gives the final (m, l)")
+    raise NotImplementedError("TODO: what does the last (m, l) know? (HINTS.md, step 3)")
 
 
 # ---------------------------------------------------------------------------------------
@@ -123,11 +123,9 @@ def flash_attention_forward(
         no keys has output 0 and ``lse = -inf``.
     """
     raise NotImplementedError(
-        "TODO: for each tile of block_q query rows keep m, l (one per row) and acc "
-        "[rows, dv]; for each tile of block_k keys compute only that score tile, update "
-        "m, l and acc the way online_softmax_steps updates m and l (acc gets the same "
-        "correction factor), and when causal stop the key loop at the tile's last row. "
-        "At the end: out = acc / l, lse = m + log(l)."
+        "TODO: step 2's recurrence for every query row, with an unnormalised output beside l; "
+        "one score tile alive at a time; causal is a loop bound. The loop order and the state "
+        "kept between tiles are yours to choose (HINTS.md, step 4)"
     )
 
 
@@ -140,7 +138,8 @@ def score_matrix_bytes(
     FP16 one head holds 0.5 MiB at 512 tokens, 128 MiB at 8192 and 2 GiB at 32768.
     ``ValueError`` (naming the argument) for a negative ``seq_len`` or a count below 1.
     """
-    raise NotImplementedError("TODO: how many scores does one head of one layer hold?")
+    raise NotImplementedError(
+        "TODO: how many scores does one head of one layer hold? (HINTS.md, step 5)")
 
 
 # ---------------------------------------------------------------------------------------
@@ -174,35 +173,14 @@ def _flash_attn_fwd_kernel(
     ``provided.attention_grid``: program ``pid`` is query tile ``pid % cdiv(Lq, BLOCK_M)``
     of batch·head ``pid // cdiv(Lq, BLOCK_M)``.
 
-    TODO, step by step (the numpy ``flash_attention_forward`` is the same loop):
-      1. Which tile: ``pid = tl.program_id(0)``; ``start_m = pid % tl.cdiv(seqlen_q, BLOCK_M)``,
-         ``off_bh = pid // tl.cdiv(seqlen_q, BLOCK_M)``; batch ``off_bh // num_heads``, head
-         ``off_bh % num_heads``, both ``.to(tl.int64)``. Move Q, K, V, Out and Lse to this
-         (batch, head) with their batch and head strides.
-      2. ``offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)`` (query positions). Load the q
-         tile ``[BLOCK_M, D_PAD]`` once, masking rows ``>= seqlen_q`` and columns
-         ``>= HEAD_DIM`` with ``other=0.0`` (tl.dot needs dims >= 16, so small head dims
-         are padded with zeros). Row offsets in int64: ``offs_m.to(tl.int64) * stride_qm``.
-      3. ``m_i = -inf``, ``l_i = 0`` (``[BLOCK_M]``) and ``acc = 0`` (``[BLOCK_M, DV_PAD]``),
-         all ``tl.float32``.
-      4. The key bound ``hi``: ``seqlen_k``; if CAUSAL, also ``min(seqlen_q, (start_m + 1) *
-         BLOCK_M)``: the tile's last row + 1, so tiles above the diagonal are never visited.
-      5. Loop ``start_n`` over ``range(0, hi, BLOCK_N)``; ``cols = start_n + tl.arange(0,
-         BLOCK_N)``. Load k transposed ``[D_PAD, BLOCK_N]`` and v ``[BLOCK_N, DV_PAD]``
-         masked by ``cols < hi`` (keys past it may be NaN) and the head-dim pad. Offsets in
-         int64: ``cols.to(tl.int64) * stride_kn`` (``Lk * H * d`` can pass 2^31).
-      6. ``s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale``; set ``s`` to -inf
-         where ``cols >= hi`` or (CAUSAL) ``cols > offs_m`` (the diagonal is attended).
-      7. The update, in base 2: ``m_new = max(m_i, rowmax(s))``, ``alpha = exp2(m_i - m_new)``,
-         ``p = exp2(s - m_new)``, ``l_i = l_i * alpha + rowsum(p)``, ``acc = acc * alpha``
-         then ``acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)``,
-         ``m_i = m_new``.
-      8. Store ``acc / l_i`` (in Out's dtype) with the row and head-dim masks, and
-         ``lse = (m_i + log2(l_i)) * provided.LN2`` (natural log) with the row mask.
-    Faster, once it passes: split the loop in two, tiles every row sees in full (no
-    masks) and the rest (the diagonal and the ragged tail), like Triton's tutorial 06.
+    TODO: one query tile of your numpy ``flash_attention_forward``, for one (batch, head).
+    Find the tile from the program id (the grid's layout is above); load q once; keep
+    ``m_i``, ``l_i``, ``acc`` in float32 across the key tiles; causal bounds the loop; every
+    load and store is masked to the data (the tiles are powers of two, the data is not);
+    store out and a natural-log ``lse``. The calls: lab 09's triton-sheet.md. Hints in
+    levels: HINTS.md, step 6 (``make hint LAB=00 STEP=6 LEVEL=1``).
     """
-    tl.static_assert(False, "TODO: write _flash_attn_fwd_kernel (the steps are in its docstring)")
+    tl.static_assert(False, "TODO: write _flash_attn_fwd_kernel (HINTS.md, step 6)")
 
 
 # fmt: on
@@ -234,24 +212,10 @@ def flash_attention_triton(
         ``(out [batch, heads, Lq, dv]`` in q's dtype (accumulated in float32),
         ``lse [batch, heads, Lq]`` float32, natural log, ``-inf`` for a row with no keys).
     """
-    # TODO, step by step:
-    #   1. provided.check_bhld(q, k, v)  (shapes, dtype, device; ValueError naming the argument)
-    #      B, H, Lq, d = q.shape; Lk, dv = k.shape[2], v.shape[3]
-    #   2. out = torch.zeros((B, H, Lq, dv), dtype=q.dtype, device=q.device)
-    #      lse = torch.full((B, H, Lq), float("-inf"), dtype=torch.float32, device=q.device)
-    #      If there is nothing to compute (B * H * Lq == 0 or Lk == 0) return (out, lse) now.
-    #   3. tiles = tile_config(q, gpu=provided.gpu_tiles(d), interpreter=provided.INTERPRETER_TILES,
-    #                          block_m=block_m, block_n=block_n)
-    #   4. grid = provided.attention_grid(B, H, Lq, tiles["block_m"])
-    #   5. _flash_attn_fwd_kernel[grid](q, k, v, out, lse, then every stride: *q.stride(),
-    #      *k.stride(), *v.stride(), *out.stride(), *lse.stride(); then H, Lq, Lk and
-    #      qk_scale = log2e_scale(provided.scale_for(d, scale)) (the REAL d); then the
-    #      constexprs HEAD_DIM=d, HEAD_DIM_V=dv, D_PAD=dot_tile(d), DV_PAD=dot_tile(dv),
-    #      CAUSAL=bool(causal), BLOCK_M=tiles["block_m"], BLOCK_N=tiles["block_n"],
-    #      DOT_PRECISION=dot_precision(q.dtype), num_warps=tiles["num_warps"],
-    #      num_stages=tiles["num_stages"]).
-    #   6. return out, lse
+    # TODO: check, allocate, choose the tiles, launch, return; no arithmetic on the data.
+    #   Everything a program cannot compute from its id is a kernel argument (HINTS.md,
+    #   step 7).
     raise NotImplementedError(
-        "TODO: launch _flash_attn_fwd_kernel: check the inputs, allocate out and lse, pick the "
-        "tiles, compute the grid, pass every stride (steps 1-6 above)"
+        "TODO: launch _flash_attn_fwd_kernel over one program per query tile and (batch, head), "
+        "with every stride (HINTS.md, step 7)"
     )

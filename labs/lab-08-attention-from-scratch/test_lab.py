@@ -86,6 +86,17 @@ BITS = "entropy in bits (log2): the contract is nats (natural log)"
 TANH_AFTER = "tanh applied after v_a: e = v_a · tanh(q w_q + k w_k), tanh first"
 NO_TANH = "tanh left out of the additive score"
 W_TRANSPOSED = "general score with w transposed: e = q @ w @ k.T, w is [dq, dk]"
+K_T_ON_BATCHES = (
+    "k.T on a batch reverses ALL axes ([B, H, L, d] -> [d, L, H, B]): transpose only the last "
+    "two (np.swapaxes(k, -1, -2)), so that scores[..., i, j] = q[..., i, :] · k[..., j, :]"
+)
+SCALE_IGNORED = "the scale argument was ignored: scale=0.3 multiplies the raw scores by 0.3"
+SCALE_DIVIDES = "the scale was divided by: scale multiplies the scores (1/sqrt(d) by default)"
+MASKED_NOT_LEAKED = (
+    "nothing of the padded keys leaked (the output holds no value near {poison:g}), so the "
+    "mask works; the unpadded attention itself differs: make "
+    "test_scaled_dot_product_attention_equals_the_float64_reference pass first"
+)
 
 
 # ---- helpers: data, references and the wrong answers of classic mistakes ----------------
@@ -138,6 +149,25 @@ def plain_attention(q, k, v, mask=None, scale=None, axis=-1, fill=-np.inf, after
     return p @ v
 
 
+def scale_wrongs(q, k, v, mask=None, bias=None):
+    """{misconception: SDPA's output with the 1/sqrt(d) scale forgotten or taken as 1/d}.
+
+    ``mask`` boolean (True = attend) or ``bias`` added to the scores; empty when d = 1 (all
+    three scales agree there)."""
+    d = q.shape[-1]
+    if d == 1:
+        return {}
+
+    def run(scale):
+        if bias is None:  # a row with nothing to attend: zeros, as the contract says
+            return np.nan_to_num(plain_attention(q, k, v, mask, scale=scale))
+        s = q @ np.swapaxes(k, -1, -2) * scale + bias
+        with np.errstate(all="ignore"):
+            return np.nan_to_num(softmax_ref(s)) @ v
+
+    return {NO_SCALE: run(1.0), SCALE_BY_D: run(1.0 / d)}
+
+
 def with_bias(q, k, v, bias):
     """softmax(q kᵀ/sqrt(d) + bias) v: what an additive mask of ``bias`` gives."""
     return F.scaled_dot_product_attention(t(q), t(k), t(v), attn_mask=t(bias)).numpy()
@@ -181,7 +211,9 @@ sizes = st.integers(1, 6)
 def test_dot_scores_are_every_query_dotted_with_every_key(lq, lk, d, seed):
     q, k = normal(seed, lq, d), normal(seed + 1, lk, d)
     want = np.einsum("id,jd->ij", q, k)
-    assert_close(impl.dot_scores(q, k), want, what=f"dot_scores [Lq={lq}, Lk={lk}]")
+    assert_close(impl.dot_scores(q, k), want, what=f"dot_scores [Lq={lq}, Lk={lk}]",
+                 hint="scores[i, j] = q[i] · k[j]: q @ k.T, one row per query, one column "
+                 "per key")  # fmt: skip
 
 
 @pytest.mark.points(1)
@@ -221,17 +253,20 @@ def test_scaled_dot_scores_divide_by_sqrt_d(d):
         impl.scaled_dot_scores(q, k), raw / math.sqrt(d), what=f"scaled_dot_scores (d={d})",
         wrong_answers=wrong,
     )  # fmt: skip
-    assert_close(impl.scaled_dot_scores(q, k, scale=0.3), raw * 0.3, what="scale=0.3")
+    assert_close(impl.scaled_dot_scores(q, k, scale=0.3), raw * 0.3, what="scale=0.3",
+                 wrong_answers={SCALE_IGNORED: raw / math.sqrt(d), SCALE_DIVIDES: raw / 0.3}
+                 if d != 1 else {SCALE_DIVIDES: raw / 0.3})  # fmt: skip
 
 
 @pytest.mark.points(1)
 def test_the_scores_work_on_batches_of_heads():
     q, k = normal(1, 2, 3, 4, 5), normal(2, 2, 3, 6, 5)  # [B, H, L, d]
     w = normal(3, 5, 5)
-    assert_close(impl.dot_scores(q, k), np.einsum("bhid,bhjd->bhij", q, k), what="dot_scores")
+    assert_close(impl.dot_scores(q, k), np.einsum("bhid,bhjd->bhij", q, k), what="dot_scores",
+                 hint=K_T_ON_BATCHES)
     assert_close(
         impl.general_scores(q, k, w), np.einsum("bhid,de,bhje->bhij", q, w, k),
-        what="general_scores",
+        what="general_scores", hint=K_T_ON_BATCHES,
     )  # fmt: skip
 
 
@@ -258,6 +293,7 @@ def test_softmax_of_huge_scores_does_not_overflow():
     with np.errstate(all="ignore"):
         got = impl.softmax(x)
     assert_close(got, softmax_ref(x), what="softmax of scores near ±1000",
+                 hint="subtract each row's OWN max (over the keys, keepdims=True) before exp",
                  nan_hint="exp(1000) is inf: subtract each row's max before exp")  # fmt: skip
 
 
@@ -441,7 +477,7 @@ def test_scaled_dot_product_attention_equals_the_float64_reference(
     q, k, v = batched_qkv(seed, (b, h), lq, lk, d, dv)
     mask = top_left(lq, lk) if causal else None
     want = reference_sdpa(q, k, v, mask)
-    wrong = {NO_SCALE: plain_attention(q, k, v, mask, scale=1.0)} if d > 1 else {}
+    wrong = scale_wrongs(q, k, v, mask)
     if lq > 1:
         wrong[WRONG_AXIS] = plain_attention(q, k, v, mask, axis=-2)
     if causal:
@@ -462,6 +498,7 @@ def test_a_boolean_attn_mask_means_true_attends_as_in_pytorch(lq, lk, seed):
     wrong = {
         MASK_INVERTED: reference_sdpa(q, k, v, ~mask),
         AFTER_SOFTMAX: plain_attention(q, k, v, mask, after=True),
+        **scale_wrongs(q, k, v, mask),
     }
     got = impl.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     assert_close(got, want, what="SDPA with a boolean attn_mask", wrong_answers=wrong)
@@ -475,7 +512,7 @@ def test_a_float_attn_mask_is_added_to_the_scores_as_in_pytorch():
     want = F.scaled_dot_product_attention(t(q), t(k), t(v), attn_mask=t(bias))
     got = impl.scaled_dot_product_attention(q, k, v, attn_mask=bias)
     wrong = {"the float mask was used as a boolean (its finite values must be ADDED)":
-             reference_sdpa(q, k, v, visible)}  # fmt: skip
+             reference_sdpa(q, k, v, visible), **scale_wrongs(q, k, v, bias=bias)}  # fmt: skip
     assert_close(got, want, what="SDPA with a float attn_mask", wrong_answers=wrong)
     additive = np.where(visible, 0.0, -np.inf)
     assert_close(
@@ -507,16 +544,28 @@ def test_padded_keys_holding_huge_values_contribute_exactly_nothing(lens, seed):
     wrong = {
         MASK_INVERTED: reference_sdpa(q, k, v, ~mask),
         AFTER_SOFTMAX: plain_attention(q, k, v, mask, after=True),
+        **scale_wrongs(q, k, v, mask),
     }
     with np.errstate(all="ignore"):
         got = impl.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         got_additive = impl.scaled_dot_product_attention(q, k, v, attn_mask=bool_additive(mask))
-    hint = f"the padded keys hold {POISON:g}: some of their weight leaked into the output"
+    hint = leak_hint(got)
     assert_close(got, want, what="SDPA over a padded batch (boolean mask)", hint=hint,
                  wrong_answers=wrong)  # fmt: skip
-    wrong_additive = {ADDITIVE_ONE_ZERO: with_bias(q, k, v, mask.astype(float))}
-    assert_close(got_additive, want, what="SDPA over a padded batch (0/-inf mask)", hint=hint,
+    wrong_additive = {ADDITIVE_ONE_ZERO: with_bias(q, k, v, mask.astype(float)),
+                      **scale_wrongs(q, k, v, mask)}  # fmt: skip
+    assert_close(got_additive, want, what="SDPA over a padded batch (0/-inf mask)",
+                 hint=leak_hint(got_additive),
                  wrong_answers=wrong_additive)  # fmt: skip
+
+
+def leak_hint(got):
+    """Why a padded batch's output differs: the poison leaked, or attention itself is off."""
+    with np.errstate(all="ignore"):
+        leaked = not np.all(np.abs(to_float64(got)) < POISON / 100)
+    if leaked:
+        return f"the padded keys hold {POISON:g}: some of their weight leaked into the output"
+    return MASKED_NOT_LEAKED.format(poison=POISON)
 
 
 def bool_additive(mask):
@@ -533,7 +582,8 @@ def test_a_query_with_nothing_to_attend_gets_zeros():
         got = impl.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     assert_close(
         got, want, what="SDPA row with an all-False mask (expected zeros, as PyTorch 2.13)",
-        wrong_answers={BIG_NEGATIVE: plain_attention(q, k, v, mask, fill=-1e9)},
+        wrong_answers={BIG_NEGATIVE: plain_attention(q, k, v, mask, fill=-1e9),
+                       **scale_wrongs(q, k, v, mask)},
         nan_hint="NaN: the row is -inf everywhere; its weights must be 0 (see softmax)",
     )  # fmt: skip
 
@@ -547,9 +597,13 @@ def test_gqa_repeats_each_kv_head_for_its_group_as_sdpa_enable_gqa(h, h_kv):
     group = h // h_kv
     wrong = {GQA_TILE: reference_sdpa(q, np.tile(k, (1, group, 1, 1)),
                                       np.tile(v, (1, group, 1, 1)), top_left(lq, lk))}
+    if not (h_kv > 1 and group > 1):
+        wrong = {}
+    wrong.update(scale_wrongs(q, np.repeat(k, group, axis=1), np.repeat(v, group, axis=1),
+                              top_left(lq, lk)))
     got = impl.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
     assert_close(got, want, what=f"SDPA with enable_gqa, H={h}, Hkv={h_kv}",
-                 wrong_answers=wrong if h_kv > 1 and group > 1 else {})  # fmt: skip
+                 wrong_answers=wrong)  # fmt: skip
     # the same, from common's reference (query head h reads KV head h // group)
     assert_close(got, reference_sdpa_gqa(q, k, v, top_left(lq, lk)), what="SDPA with GQA")
 
@@ -575,8 +629,10 @@ def test_attention_weights_are_the_softmax_of_the_masked_scaled_scores():
     mask = random_mask(3, 4, 5)
     s = np.where(mask, q @ np.swapaxes(k, -1, -2) / math.sqrt(6), -np.inf)
     want = softmax_ref(s)
+    raw = np.where(mask, q @ np.swapaxes(k, -1, -2), -np.inf)
     assert_close(impl.attention_weights(q, k, attn_mask=mask), want, what="attention_weights",
-                 wrong_answers={WRONG_AXIS: softmax_ref(s, axis=-2)})  # fmt: skip
+                 wrong_answers={WRONG_AXIS: softmax_ref(s, axis=-2), NO_SCALE: softmax_ref(raw),
+                                SCALE_BY_D: softmax_ref(raw / 6)})  # fmt: skip
 
 
 # ---- 5. multi-head attention -------------------------------------------------------------
@@ -646,12 +702,48 @@ def mha_wrongs(query, key, value, w, h, mask, flipped=None):
         return p.mean(axis=1)
 
     out = {HEADS_RESHAPE: run(straight, e // h, mean, mask), WEIGHTS_SUMMED: None}
+    if e // h > 1:
+        out[NO_SCALE] = run(good, 1, mean, mask)
     if h > 1:
         out[MHA_SCALE_E] = run(good, e, mean, mask)
         out[WEIGHTS_SUMMED] = run(good, e // h, lambda p: p.sum(axis=1), mask)
     if flipped is not None:
         out[KPM_POLARITY] = run(good, e // h, mean, flipped)
     return {k: v for k, v in out.items() if v is not None}
+
+
+def inner_call_diagnosis(kpm, lq, lk, causal, seed):
+    """The first of the functions multi_head_attention builds on that is itself wrong, as a
+    sentence; "" when they are right (or not written: multi_head_attention need not use them)."""
+    q, k = normal(seed + 3, 2, 3, lq, 2), normal(seed + 4, 2, 3, lk, 2)
+    x = normal(seed + 5, 2, lq, 6)
+    checks = [
+        ("key_padding_to_attn_mask", lambda: impl.key_padding_to_attn_mask(kpm),
+         ~kpm[:, None, None, :], "test_key_padding_to_attn_mask_inverts_and_broadcasts_over_"
+         "heads_and_queries"),
+        ("causal_mask", lambda: impl.causal_mask(lq, lk), top_left(lq, lk),
+         "test_causal_mask_is_top_left_and_includes_the_diagonal"),
+        ("split_heads", lambda: impl.split_heads(x, 3),
+         x.reshape(2, lq, 3, 2).transpose(0, 2, 1, 3),
+         "test_split_heads_gives_each_head_its_own_columns_of_every_token"),
+        ("attention_weights", lambda: impl.attention_weights(q, k),
+         softmax_ref(q @ np.swapaxes(k, -1, -2) / math.sqrt(2)),
+         "test_attention_weights_are_the_softmax_of_the_masked_scaled_scores"),
+    ]
+    if not causal:
+        checks.pop(1)
+    for name, call, want, test in checks:
+        try:
+            with np.errstate(all="ignore"):
+                got = to_float64(np.asarray(call()))
+        except NotImplementedError:
+            continue
+        except Exception as err:  # noqa: BLE001 (any failure of the helper is the diagnosis)
+            return f"{name}, which multi_head_attention builds on, raised {err!r} ({test})"
+        if got.shape != want.shape or not np.allclose(got, want, atol=1e-12, equal_nan=True):
+            return (f"{name}, which multi_head_attention builds on, is itself wrong: fix it "
+                    f"first ({test} names how); multi_head_attention's own code may be right")
+    return ""
 
 
 @pytest.mark.points(4)
@@ -691,10 +783,16 @@ def test_multi_head_attention_matches_torch_nn_multiheadattention(
     assert isinstance(result, tuple) and len(result) == 2, "return (out, averaged weights)"
     what = (f"B={b} Lq={lq} Lk={lk} E={e} H={h} {'cross' if cross else 'self'}-attention, "
             f"lengths={lengths.tolist()}, causal={causal}, bias={bias}")  # fmt: skip
-    assert_close(result[0], out_t, what=f"out ({what})",
-                 wrong_answers={k: v[0] for k, v in wrong.items()})  # fmt: skip
-    assert_close(result[1], w_t, what=f"head-averaged weights ({what})",
-                 wrong_answers={k: v[1] for k, v in wrong.items()})  # fmt: skip
+    try:
+        assert_close(result[0], out_t, what=f"out ({what})",
+                     wrong_answers={k: v[0] for k, v in wrong.items()})  # fmt: skip
+        assert_close(result[1], w_t, what=f"head-averaged weights ({what})",
+                     wrong_answers={k: v[1] for k, v in wrong.items()})  # fmt: skip
+    except AssertionError as err:
+        diagnosis = inner_call_diagnosis(kpm, lq, lk, causal, seed)
+        if diagnosis:
+            raise AssertionError(f"{diagnosis}. The symptom: {err}") from None
+        raise
 
 
 # ---- 6. positions ------------------------------------------------------------------------

@@ -1,0 +1,123 @@
+"""Course rule (not graded): a starter states the task, the hints come in levels.
+
+For every lab with a ``HINTS.md``:
+
+- each ``## Step N: name`` section has three levels, opened on purpose: Hint 1 (the idea),
+  Hint 2 (the API or the shape that matters), Hint 3 (near-code), as ``<details>`` blocks;
+  ``python -m tools.hint`` (``make hint LAB=00 STEP=2 LEVEL=1``) prints one;
+- every function the starter leaves to the learner has a step, and its TODO points at it;
+- no starter TODO, comment or docstring holds an expression that the solution's body holds
+  (beyond the signatures and the given code): the code that solves a function is in the
+  hints, at level 3, never in the starter.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import pathlib
+import re
+import tokenize
+
+import pytest
+
+from tools.hint import hint_levels, read_steps
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+LABS = sorted(p for p in (ROOT / "labs").glob("lab-*") if (p / "HINTS.md").is_file())
+# Expressions shorter than this (without spaces) are vocabulary, not solutions ("x - m").
+MIN_EXPRESSION = 14
+
+
+def _functions(tree: ast.Module) -> dict[str, ast.FunctionDef]:
+    return {n.name: n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+
+
+def _squash(text: str) -> str:
+    return re.sub(r"[\s`]+", "", text)
+
+
+def _solution_expressions(fn: ast.FunctionDef) -> set[str]:
+    """Every compound expression of the body (calls, arithmetic, indexing), spaces removed."""
+    body = fn.body[1:] if ast.get_docstring(fn) else fn.body
+    out: set[str] = set()
+    for stmt in body:
+        for node in ast.walk(stmt):
+            if isinstance(node, ast.BinOp | ast.Call | ast.Subscript | ast.Compare | ast.BoolOp):
+                text = _squash(ast.unparse(node))
+                if len(text) >= MIN_EXPRESSION:
+                    out.add(text)
+    return out
+
+
+def _starter_prose(source: str, fn: ast.FunctionDef) -> str:
+    """The starter's words for ``fn``: its docstring, the comments and strings of its body."""
+    lines = source.splitlines(keepends=True)[fn.lineno - 1 : fn.end_lineno]
+    words = [ast.get_docstring(fn) or ""]
+    for tok in tokenize.generate_tokens(io.StringIO("".join(lines)).readline):
+        if tok.type in (tokenize.COMMENT, tokenize.STRING):
+            words.append(tok.string)
+    return _squash(" ".join(words))
+
+
+def _given(source: str) -> str:
+    """Code the starter gives, which may repeat the solution: the signatures, the bodies of
+    the functions it does not leave to the learner, its module-level statements."""
+    tree = ast.parse(source)
+    todo = set(_todo_functions(tree))
+    given = [ast.unparse(fn.args) for fn in _functions(tree).values()]
+    given += [ast.unparse(node) for node in tree.body
+              if not (isinstance(node, ast.FunctionDef) and node.name in todo)]
+    return _squash(" ".join(given))
+
+
+def _todo_functions(tree: ast.Module) -> list[str]:
+    return [
+        name for name, fn in _functions(tree).items()
+        if any(isinstance(s, ast.Raise) and "NotImplementedError" in ast.unparse(s) or (
+            isinstance(s, ast.Expr) and "static_assert" in ast.unparse(s)) for s in fn.body)
+    ]
+
+
+@pytest.mark.parametrize("lab", LABS, ids=lambda p: p.name)
+def test_every_step_has_three_levels_of_hints(lab):
+    steps = read_steps(lab / "HINTS.md")
+    assert steps, f"{lab.name}/HINTS.md has no '## Step N: name' section"
+    for number, (title, body) in steps.items():
+        levels = hint_levels(body)
+        assert sorted(levels) == [1, 2, 3], (
+            f"{lab.name}/HINTS.md, step {number} ({title}): expected Hint 1, Hint 2 and Hint 3 "
+            f"as <details> blocks, found levels {sorted(levels)}"
+        )
+
+
+@pytest.mark.parametrize("lab", LABS, ids=lambda p: p.name)
+def test_every_todo_of_the_starter_points_at_a_step_of_the_hints(lab):
+    source = (lab / "starter.py").read_text(encoding="utf-8")
+    tree = ast.parse(source)
+    titles = " ".join(title for title, _ in read_steps(lab / "HINTS.md").values())
+    functions = _functions(tree)
+    unpointed = [name for name in _todo_functions(tree)
+                 if "HINTS.md" not in _starter_prose(source, functions[name])]
+    assert not unpointed, f"{lab.name}: the TODOs of {unpointed} do not point at HINTS.md"
+    missing = [name for name in _todo_functions(tree) if name not in titles]
+    assert not missing, f"{lab.name}/HINTS.md has no step for {missing}"
+
+
+@pytest.mark.parametrize("lab", LABS, ids=lambda p: p.name)
+def test_no_starter_todo_or_docstring_holds_the_solutions_code(lab):
+    starter = (lab / "starter.py").read_text(encoding="utf-8")
+    solution = ast.parse((lab / "solution.py").read_text(encoding="utf-8"))
+    given = _given(starter) + _squash((lab / "provided.py").read_text(encoding="utf-8"))
+    starter_tree = ast.parse(starter)
+    solved = _functions(solution)
+    leaks = []
+    for name in _todo_functions(starter_tree):
+        prose = _starter_prose(starter, _functions(starter_tree)[name])
+        for expression in sorted(_solution_expressions(solved[name])):
+            if expression in prose and expression not in given:
+                leaks.append(f"{name}: {expression}")
+    assert not leaks, (
+        f"{lab.name}/starter.py spells out the solution's code (move it to HINTS.md, level 3, "
+        f"and say the idea instead): {leaks}"
+    )
