@@ -11,9 +11,11 @@ buffer ``out`` as an argument, and must touch nothing outside ``[:n]`` (or ``[:m
 Matrices may have any strides (a padded row, a column-major view). The given code (input
 checks, tile sizes, the memory recorder) is in ``provided.py``.
 
-Your work: every kernel (hints are comments in its body) and every launcher except
-``add_constant`` (given, complete: read it first). The README walks through each puzzle
-with a worked example. Then run
+Your work: every kernel and every launcher except ``add_constant`` (given, complete: read
+it first). Each TODO says what must hold, not how; hints in levels (the idea, the API,
+near-code) are in HINTS.md, one step per puzzle (``make hint LAB=09 STEP=1 LEVEL=1``), and
+the calls, with runnable examples, are on triton-sheet.md. The README walks through each
+puzzle with a worked example. Then run
 
     LAB_IMPL=starter .venv/bin/python -m pytest labs/lab-09-triton-primer -q
     make grade LAB=09                                 (the same, with a score table)
@@ -39,11 +41,9 @@ provided = load_lab_module(__file__, "provided")
 @triton.jit
 def _add_constant_kernel(X, Out, n, c, BLOCK: tl.constexpr):
     """One program: ``Out[i] = X[i] + c`` for ``i < n``; ``BLOCK >= n`` lanes, the rest off."""
-    # TODO:
-    #   the lane numbers of the program: tl.arange(0, BLOCK)
-    #   a mask that is True for the lanes that hold data (there are n of them)
-    #   load X at those lanes, add c, store to Out: both with the mask
-    tl.static_assert(False, "TODO: write _add_constant_kernel (hints above)")
+    # TODO: the lanes past the n elements neither read nor write.
+    #   Hints in levels: HINTS.md, step 1 (make hint LAB=09 STEP=1 LEVEL=1).
+    tl.static_assert(False, "TODO: write _add_constant_kernel (HINTS.md, step 1)")
 
 
 # Given: puzzle 1's launcher (you write only its kernel)
@@ -71,11 +71,9 @@ def add_constant(x: torch.Tensor, out: torch.Tensor, n: int, c: float, *,
 @triton.jit
 def _add_vectors_kernel(X, Y, Out, n, BLOCK: tl.constexpr):
     """Program ``pid`` adds elements ``pid*BLOCK .. pid*BLOCK + BLOCK - 1`` (those ``< n``)."""
-    # TODO:
-    #   which block is mine: tl.program_id(0)
-    #   my offsets: the block's first element plus the lane numbers; the mask as in puzzle 1
-    #   load x and y, store their sum (every access masked)
-    tl.static_assert(False, "TODO: write _add_vectors_kernel (hints above)")
+    # TODO: every element < n owned by exactly one program; none past n touched.
+    #   Hints in levels: HINTS.md, step 2 (make hint LAB=09 STEP=2 LEVEL=1).
+    tl.static_assert(False, "TODO: write _add_vectors_kernel (HINTS.md, step 2)")
 
 
 def add_vectors(x: torch.Tensor, y: torch.Tensor, out: torch.Tensor, n: int, *,
@@ -87,11 +85,9 @@ def add_vectors(x: torch.Tensor, y: torch.Tensor, out: torch.Tensor, n: int, *,
         n: elements to add (any n, not a multiple of ``block``).
         block: elements per program (a power of two >= 16); None = the launcher's choice.
     """
-    # TODO:
-    #   check x, y and out (provided.check_vector) and pick the block
-    #   (provided.block_size with provided.default_tile('block', x) as the default)
-    #   launch _add_vectors_kernel on a 1-D grid with enough programs to cover n (n > 0)
-    raise NotImplementedError("TODO: launch cdiv(n, block) programs of _add_vectors_kernel")
+    # TODO: check the buffers, choose the block, launch enough programs to cover n.
+    #   Hints in levels: HINTS.md, step 2 (make hint LAB=09 STEP=2 LEVEL=1).
+    raise NotImplementedError("TODO: launch _add_vectors_kernel over the whole vector")
 
 
 # ---------------------------------------------------------------------------------------
@@ -107,13 +103,9 @@ def _transpose_kernel(
 ):
     """Program ``(pid_m, pid_n)`` moves the ``[BLOCK_M, BLOCK_N]`` tile of X at rows
     ``pid_m*BLOCK_M …`` and columns ``pid_n*BLOCK_N …`` to Out, transposed."""
-    # TODO:
-    #   rows of X from program axis 0, columns from axis 1 (as in puzzle 2, once per axis)
-    #   a [BLOCK_M, BLOCK_N] tile of addresses and of masks: broadcast rows[:, None] against
-    #   cols[None, :]; an address is a row times its stride plus a column times its stride
-    #   (the strides are arguments: a padded buffer's row stride is not n)
-    #   store the tile so that X's element (i, j) lands at row j, column i of Out
-    tl.static_assert(False, "TODO: write _transpose_kernel (hints above)")
+    # TODO: addresses from the strides, never from the shape; both axes masked.
+    #   Hints in levels: HINTS.md, step 3 (make hint LAB=09 STEP=3 LEVEL=1).
+    tl.static_assert(False, "TODO: write _transpose_kernel (HINTS.md, step 3)")
 
 
 def transpose(x: torch.Tensor, out: torch.Tensor, m: int, n: int, *,
@@ -125,11 +117,8 @@ def transpose(x: torch.Tensor, out: torch.Tensor, m: int, n: int, *,
         out: a 2-D buffer of at least ``n x m`` (any strides).
         block_m, block_n: tile rows / columns of x (powers of two >= 16); None = default.
     """
-    # TODO:
-    #   check the sizes (provided.size) and both buffers (provided.check_matrix:
-    #   out holds n rows of m) and pick block_m and block_n as in add_vectors
-    #   a 2-D grid: enough programs on axis 0 for the rows, on axis 1 for the columns;
-    #   pass both tensors' strides (x.stride() gives them)
+    # TODO: check both buffers (out is n x m), choose the tile, a 2-D grid, pass the strides.
+    #   Hints in levels: HINTS.md, step 3 (make hint LAB=09 STEP=3 LEVEL=1).
     raise NotImplementedError("TODO: a 2-D grid of tiles; pass both tensors' strides")
 
 
@@ -144,12 +133,9 @@ def _row_sum_max_kernel(
     BLOCK_N: tl.constexpr,
 ):
     """Program ``row`` reduces row ``row`` of X (``n <= BLOCK_N`` elements) to its sum and max."""
-    # TODO:
-    #   one program per row: the row from the program id, its columns from tl.arange
-    #   load the row with a mask; what the masked lanes hold must not change the result
-    #   tl.sum and tl.max reduce a tile (axis=0); a sum's neutral pad is 0, a max's is -inf
-    #   (tl.where(mask, x, value) replaces the masked lanes)
-    tl.static_assert(False, "TODO: write _row_sum_max_kernel (hints above)")
+    # TODO: a masked lane must not change a reduction: each has its own neutral value.
+    #   Hints in levels: HINTS.md, step 4 (make hint LAB=09 STEP=4 LEVEL=1).
+    tl.static_assert(False, "TODO: write _row_sum_max_kernel (HINTS.md, step 4)")
 
 
 def row_sum_max(x: torch.Tensor, sums: torch.Tensor, maxes: torch.Tensor, m: int, n: int, *,
@@ -162,10 +148,8 @@ def row_sum_max(x: torch.Tensor, sums: torch.Tensor, maxes: torch.Tensor, m: int
         sums, maxes: contiguous 1-D buffers of at least ``m`` elements.
         block_n: lanes per row (a power of two >= 16 and >= n); None = ``dot_tile(n)``.
     """
-    # TODO:
-    #   check x (m x n), sums and maxes (m elements each)
-    #   block_n must hold a whole row: provided.whole_row_block('block_n', block_n, n)
-    #   one program per row
+    # TODO: check the buffers; a block that holds a whole row; one program per row.
+    #   Hints in levels: HINTS.md, step 4 (make hint LAB=09 STEP=4 LEVEL=1).
     raise NotImplementedError("TODO: one program per row, the whole row in one block")
 
 
@@ -181,12 +165,9 @@ def _softmax_rows_kernel(
     BLOCK_N: tl.constexpr,
 ):
     """Program ``row`` writes ``softmax(X[row, :n])``; the row stays in registers throughout."""
-    # TODO:
-    #   one program per row, as in puzzle 4
-    #   load the row once; pick other= so that the masked lanes add nothing to the sum of exp
-    #   subtract the row max before tl.exp (exp of 100 overflows float32), sum, divide
-    #   store the row with the mask
-    tl.static_assert(False, "TODO: write _softmax_rows_kernel (hints above)")
+    # TODO: one load, one store per element; the pad adds nothing; nothing overflows.
+    #   Hints in levels: HINTS.md, step 5 (make hint LAB=09 STEP=5 LEVEL=1).
+    tl.static_assert(False, "TODO: write _softmax_rows_kernel (HINTS.md, step 5)")
 
 
 def softmax_rows(x: torch.Tensor, out: torch.Tensor, m: int, n: int, *,
@@ -197,9 +178,8 @@ def softmax_rows(x: torch.Tensor, out: torch.Tensor, m: int, n: int, *,
         x, out: 2-D buffers of at least ``m x n`` (any strides).
         block_n: lanes per row (a power of two >= 16 and >= n); None = ``dot_tile(n)``.
     """
-    # TODO:
-    #   check x and out (m x n); block_n from provided.whole_row_block
-    #   one program per row (nothing to do if m or n is 0)
+    # TODO: check the buffers; a block that holds a whole row; one program per row.
+    #   Hints in levels: HINTS.md, step 5 (make hint LAB=09 STEP=5 LEVEL=1).
     raise NotImplementedError("TODO: one program per row, the whole row in one block")
 
 
@@ -218,12 +198,9 @@ def _small_matmul_kernel(
     DOT_PRECISION: tl.constexpr,
 ):
     """One program: ``Out = A @ B`` with every dim padded to its BLOCK (>= 16) by zeros."""
-    # TODO:
-    #   one program holds all of A, B and Out: tiles [BLOCK_M, BLOCK_K] and [BLOCK_K, BLOCK_N]
-    #   load both with masks on BOTH of their axes and other=0.0: the pad must be zeros
-    #   tl.dot(a, b, input_precision=DOT_PRECISION), then store the [BLOCK_M, BLOCK_N] result
-    #   where it holds data
-    tl.static_assert(False, "TODO: write _small_matmul_kernel (hints above)")
+    # TODO: every dim a dot tile (>= 16); the pad contributes nothing to the product.
+    #   Hints in levels: HINTS.md, step 6 (make hint LAB=09 STEP=6 LEVEL=1).
+    tl.static_assert(False, "TODO: write _small_matmul_kernel (HINTS.md, step 6)")
 
 
 def small_matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, m: int, n: int,
@@ -233,11 +210,9 @@ def small_matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, m: int, n:
     Each dim is padded to ``dot_tile(dim)`` (a power of two >= 16): ``tl.dot`` needs K >= 16
     on a GPU (and the course pads M and N to 16 too); masked loads fill the pad with zeros.
     """
-    # TODO:
-    #   check the sizes (each at most MAX_SMALL, else ValueError naming it) and a,
-    #   b, out; ONE program whose tiles are dot_tile(dim) for each dim (at least 16)
-    #   DOT_PRECISION=dot_precision(a.dtype): float32 products in 'ieee' precision
-    raise NotImplementedError("TODO: one program, every dim padded to dot_tile(dim)")
+    # TODO: check the sizes (<= MAX_SMALL) and buffers; ONE program, every dim a dot tile.
+    #   Hints in levels: HINTS.md, step 6 (make hint LAB=09 STEP=6 LEVEL=1).
+    raise NotImplementedError("TODO: one program, every dim padded to a dot tile")
 
 
 # ---------------------------------------------------------------------------------------
@@ -253,13 +228,9 @@ def _outer_accumulate_kernel(
 ):
     """Program ``(pid_m, pid_n)`` owns one output tile; it adds ``A[:, kk] ⊗ B[kk, :]`` for
     every ``kk < k`` into a float32 accumulator that never leaves the program."""
-    # TODO:
-    #   the output tile from the two program ids (as in puzzle 3)
-    #   a float32 accumulator of zeros, [BLOCK_M, BLOCK_N]
-    #   for every kk < k: load column kk of A for my rows and row kk of B for my columns
-    #   (masked), add their outer product a_col[:, None] * b_row[None, :] to the accumulator
-    #   store the accumulator once, at the end
-    tl.static_assert(False, "TODO: write _outer_accumulate_kernel (hints above)")
+    # TODO: an output tile is a sum over every slice of K, stored once.
+    #   Hints in levels: HINTS.md, step 7 (make hint LAB=09 STEP=7 LEVEL=1).
+    tl.static_assert(False, "TODO: write _outer_accumulate_kernel (HINTS.md, step 7)")
 
 
 def outer_accumulate(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, m: int, n: int,
@@ -270,9 +241,8 @@ def outer_accumulate(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, m: int
         a, b, out: 2-D buffers (any strides) of at least ``m x k``, ``k x n``, ``m x n``.
         block_m, block_n: output tile (powers of two >= 16); None = the launcher's choice.
     """
-    # TODO:
-    #   check the sizes and a (m x k), b (k x n), out (m x n); pick the tile
-    #   a 2-D grid over the output tiles
+    # TODO: check the sizes and buffers, choose the tile, a 2-D grid of output tiles.
+    #   Hints in levels: HINTS.md, step 7 (make hint LAB=09 STEP=7 LEVEL=1).
     raise NotImplementedError("TODO: a 2-D grid of output tiles")
 
 
@@ -291,13 +261,9 @@ def _matmul_kernel(
     """Program ``(pid_m, pid_n)`` owns one output tile and walks K in BLOCK_K steps: each
     step loads an A tile ``[BLOCK_M, BLOCK_K]`` and a B tile ``[BLOCK_K, BLOCK_N]`` and
     adds their product into the float32 accumulator (tl.dot's third argument)."""
-    # TODO:
-    #   puzzle 7's structure, with K walked BLOCK_K at a time instead of 1
-    #   each step loads an A tile [BLOCK_M, BLOCK_K] and a B tile [BLOCK_K, BLOCK_N]; the last
-    #   step sticks out past k, so mask on K too, with other=0.0
-    #   tl.dot takes the accumulator as its third argument: acc = tl.dot(a, b, acc, ...)
-    #   store the accumulator (cast to Out's element type) where the output holds data
-    tl.static_assert(False, "TODO: write _matmul_kernel (hints above)")
+    # TODO: puzzle 7 a K tile at a time with tl.dot; the last K tile sticks out.
+    #   Hints in levels: HINTS.md, step 8 (make hint LAB=09 STEP=8 LEVEL=1).
+    tl.static_assert(False, "TODO: write _matmul_kernel (HINTS.md, step 8)")
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, m: int, n: int, k: int, *,
@@ -310,8 +276,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, m: int, n: int, 
         block_m, block_n, block_k: the tile (powers of two >= 16); None = the launcher's
             choice (``provided.INTERPRETER_TILES`` or ``provided.GPU_TILES``).
     """
-    # TODO:
-    #   as outer_accumulate, with block_k too and DOT_PRECISION=dot_precision(a.dtype)
+    # TODO: as outer_accumulate, with a K tile and the dot precision.
+    #   Hints in levels: HINTS.md, step 8 (make hint LAB=09 STEP=8 LEVEL=1).
     raise NotImplementedError("TODO: a 2-D grid of output tiles, each walks K")
 
 
@@ -330,15 +296,9 @@ def _online_softmax_kernel(
     """Program ``pid`` owns rows ``pid*BLOCK_M …`` of S and walks their columns BLOCK_N at a
     time, keeping per row the running max ``m_i``, denominator ``l_i`` and unnormalised
     output ``acc``: lab 00's FlashAttention loop with the scores given."""
-    # TODO:
-    #   my rows from the program id; per row a running max m_i (-inf), denominator l_i (0)
-    #   and unnormalised output acc ([BLOCK_M, DV_PAD]), all float32
-    #   walk the columns BLOCK_N at a time: load the s tile (pad: -inf) and the matching
-    #   rows of V (pad: 0)
-    #   new max = max(old max, the tile's row max); alpha = exp(old max - new max) re-bases
-    #   l_i and acc; p = exp(s - new max); l_i += rowsum(p); acc += p @ v with tl.dot
-    #   after the loop: out = acc / l_i, lse = m_i + log(l_i); store both where they hold data
-    tl.static_assert(False, "TODO: write _online_softmax_kernel (hints above)")
+    # TODO: per row, a summary of the columns seen that finishes softmax(s) @ v.
+    #   Hints in levels: HINTS.md, step 9 (make hint LAB=09 STEP=9 LEVEL=1).
+    tl.static_assert(False, "TODO: write _online_softmax_kernel (HINTS.md, step 9)")
 
 
 def online_softmax(s: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
@@ -353,10 +313,8 @@ def online_softmax(s: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: tor
         block_m, block_n: rows per program / columns per step (powers of two >= 16);
             None = the launcher's choice. ``dv`` is padded to ``dot_tile(dv)``.
     """
-    # TODO:
-    #   n == 0 is a ValueError naming n; check s (m x n), v (n x dv), out (m x dv)
-    #   and lse (m); pick block_m and block_n; one program per block_m rows;
-    #   DV_PAD=dot_tile(dv), DOT_PRECISION=dot_precision(s.dtype)
+    # TODO: n == 0 is a ValueError; check the buffers; one program per block of rows.
+    #   Hints in levels: HINTS.md, step 9 (make hint LAB=09 STEP=9 LEVEL=1).
     raise NotImplementedError("TODO: one program per block of block_m rows")
 
 
