@@ -76,6 +76,14 @@ ROPE_OTHER_PAIRS = (
     "RoPE rotated the wrong pairs: interleaved=True pairs dims (2i, 2i+1), interleaved=False "
     "pairs (i, i + d/2) ('rotate half')"
 )
+ROPE_NOT_A_ROTATION = (
+    "RoPE's pair update is not a rotation (a sign is wrong): a pair (a, b) must become "
+    "(a cos - b sin, a sin + b cos)"
+)
+ROPE_BACKWARDS = (
+    "RoPE rotated backwards (by -p·theta): a pair (a, b) must become (a cos - b sin, "
+    "a sin + b cos)"
+)
 ROPE_THETA = "RoPE frequency theta_i = base**(-i/d): the exponent is -2i/d (i counts pairs)"
 SIN_CAT = (
     "sines and cosines concatenated [sin | cos]; the paper interleaves them (sin at 2i, cos at "
@@ -482,6 +490,7 @@ def test_scaled_dot_product_attention_equals_the_float64_reference(
         wrong[WRONG_AXIS] = plain_attention(q, k, v, mask, axis=-2)
     if causal:
         wrong.update(causal_wrongs(lq, lk, lambda m: reference_sdpa(q, k, v, m)))
+        wrong[AFTER_SOFTMAX] = plain_attention(q, k, v, mask, after=True)
     with np.errstate(all="ignore"):
         got = impl.scaled_dot_product_attention(q, k, v, is_causal=causal)
     what = f"SDPA out [B={b}, H={h}, Lq={lq}, Lk={lk}, d={d}, dv={dv}], is_causal={causal}"
@@ -829,6 +838,28 @@ def rope_ref(x, positions, interleaved, base=10000.0, exponent=2.0):
     return np.concatenate([z.real, z.imag], axis=-1)
 
 
+def rope_signs_wrong(x, positions, interleaved):
+    """{misconception: RoPE with a sign of its pair update wrong}: (a, b) becomes
+    (a cos - b sin, a sin - b cos), a reflection, or (a cos + b sin, -a sin + b cos), the
+    rotation the other way."""
+    d = x.shape[-1]
+    theta = 10000.0 ** (-2 * np.arange(d // 2) / d)
+    angle = np.asarray(positions)[:, None] * theta
+    cos, sin = np.cos(angle), np.sin(angle)
+    a, b = (x[..., 0::2], x[..., 1::2]) if interleaved else (x[..., : d // 2], x[..., d // 2 :])
+
+    def put(ra, rb):
+        out = np.empty_like(x)
+        if interleaved:
+            out[..., 0::2], out[..., 1::2] = ra, rb
+        else:
+            out[..., : d // 2], out[..., d // 2 :] = ra, rb
+        return out
+
+    return {ROPE_NOT_A_ROTATION: put(a * cos - b * sin, a * sin - b * cos),
+            ROPE_BACKWARDS: put(a * cos + b * sin, -a * sin + b * cos)}  # fmt: skip
+
+
 @pytest.mark.points(2)
 @given(
     length=st.integers(1, 6), half=st.integers(1, 4), interleaved=st.booleans(),
@@ -840,6 +871,7 @@ def test_rope_rotates_the_pairs_of_its_style(length, half, interleaved, offset, 
     pos = offset + np.arange(length)
     want = rope_ref(x, pos, interleaved)
     wrong = {ROPE_THETA: rope_ref(x, pos, interleaved, exponent=1.0)} if half > 1 else {}
+    wrong.update(rope_signs_wrong(x, pos, interleaved))
     if half > 1:
         wrong[ROPE_OTHER_PAIRS] = rope_ref(x, pos, not interleaved)
     got = impl.apply_rope(x, pos, interleaved=interleaved)
