@@ -88,7 +88,9 @@ def fa_inputs() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def trace_lab00(impl: Any) -> dict:
     """Per (Q tile, K/V tile) step: each row's m, l (online_softmax_steps on the row's
-    scores) and acc, out, lse (flash_attention_forward on the K/V prefix so far)."""
+    scores), out and lse (flash_attention_forward on the K/V prefix so far) and
+    ``acc = out · l``, the unnormalised output: from the returned ``out`` and the running
+    ``l``, never from ``lse``, so a wrong ``lse`` shows as ``lse`` alone."""
     q, k, v = fa_inputs()
     L, d, dv, t = FA["L"], FA["d"], FA["dv"], FA["tile"]
     scale = 1.0 / math.sqrt(d)
@@ -116,8 +118,8 @@ def trace_lab00(impl: Any) -> dict:
                 if res is not None:
                     o, ls = np.asarray(res[0], dtype=float), np.asarray(res[1], dtype=float)
                     out, lse = o[r], ls[r]
-                    if m is not None:
-                        acc = out * math.exp(lse - m)  # unnormalised, relative to the running max
+                    if l is not None:
+                        acc = out * l  # unnormalised, relative to the running max (not via lse)
                 row = {"i": i, "m": _r(m) if m is not None else None,
                        "l": _r(l) if l is not None else None,
                        "m_old": _r(m_old) if m_old is not None else "-inf",
@@ -1032,8 +1034,8 @@ def main(argv: list[str] | None = None) -> int:
                                       for page, fn in PAGE_DIFFS.get(lab, {}).items()}
             diff = data["first_diff"]
             print(f">> lab {lab}: " + ("your trace matches the reference at every step"
-                  if diff is None else f"first difference at step {diff['step']} "
-                  f"({diff['where']}): {diff['field']}"))
+                  if diff is None else f"first difference at step {diff['step'] + 1} "
+                  f"({diff['where']}): {diff['field']}"))  # steps from 1, as on the page
         path = out / f"{name}.js"
         path.write_text(as_script(name, data))
         print(f"   wrote {path.relative_to(REPO) if path.is_relative_to(REPO) else path}")
