@@ -49,6 +49,7 @@ help::
 	@echo "make test-no-triton  the suite as a Mac or Windows laptop runs it (triton unimportable)"
 	@echo "make book            build the web book with its visualisations into build/book/"
 	@echo "make trace LAB=00    run your starter.py on a visualisation's inputs (labs 00, 01, 04, 07, 08, 10)"
+	@echo "make trace LAB=09    your Triton kernels' loads and stores, program by program (LAB=00 KERNEL=1: lab 00's)"
 	@echo "make hint LAB=00 STEP=2 LEVEL=1   one hint of a lab (1 the idea, 2 the API, 3 near-code)"
 
 # One stamp per requirements file: a second `make test` installs nothing.
@@ -95,9 +96,9 @@ hint:
 
 # Your starter.py on a visualisation's inputs, beside the reference (book/README.md).
 trace: $(DEPS)
-	@test -n "$(LAB)" || { echo "usage: make trace LAB=00 (labs 00, 01, 04, 07, 08, 10)"; exit 2; }
-	@echo ">> running your starter.py (lab $(LAB)) on the visualisation's inputs"
-	LAB_IMPL=starter $(PY) -m book.traces --impl starter --lab $(LAB)
+	@test -n "$(LAB)" || { echo "usage: make trace LAB=00 (labs 00, 01, 04, 07, 08, 09, 10; LAB=00 KERNEL=1)"; exit 2; }
+	@echo ">> running your starter.py (lab $(LAB)$(if $(KERNEL), Triton kernel)) on the visualisation's inputs"
+	LAB_IMPL=starter $(PY) -m book.traces --impl starter --lab $(LAB)$(if $(KERNEL), --kernel)
 
 # The slow end-to-end grading tests too (plain pytest deselects every `slow` test through
 # pyproject's addopts), but not the compile-every-kernel check of make gpu-report.

@@ -31,6 +31,7 @@ import numpy as np
 REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from book import kernel_traces  # noqa: E402
 from common.loader import load_impl, load_lab_module  # noqa: E402
 
 LABS = {
@@ -41,8 +42,10 @@ LABS = {
     "07": "lab-07-kv-block-manager",
     "08": "lab-08-attention-from-scratch",
     "10": "lab-10-approximate-attention",
+    "09": "lab-09-triton-primer",
+    "00-kernel": "lab-00-online-softmax",
 }
-TRACEABLE = ("00", "01", "04", "07", "08", "10")  # the labs `make trace` runs on a starter
+TRACEABLE = ("00", "01", "04", "07", "08", "10", "09", "00-kernel")  # `make trace` on a starter
 REFERENCE_DIR = REPO / "book" / "viz" / "traces"
 TOL = 1e-9
 BYTES = 2  # fp16/bf16 elements, as on a GPU
@@ -940,12 +943,16 @@ def diff_lab07(mine: dict, ref: dict) -> dict | None:
 
 BUILDERS = {"00": trace_lab00, "01": trace_lab01, "04": trace_lab04, "06": trace_lab06,
             "07": trace_lab07, "08": trace_lab08, "10": trace_lab10}
+# The Triton kernels, through the interpreter (book/kernel_traces.py): no page yet, the
+# command line says where the first difference is.
+BUILDERS.update({"09": kernel_traces.trace_lab09, "00-kernel": kernel_traces.trace_lab00_kernel})
 # Reference-only traces of other pages: name -> (lab, builder).
 EXTRA = {"ring": ("04", trace_ring), "window": ("06", trace_window),
          "memory": ("00", trace_memory), "fagrid": ("00", trace_fagrid),
          "bahdanau": ("08", trace_bahdanau), "complexity": ("10", trace_complexity)}
 DIFFS = {"00": diff_lab00, "01": diff_lab01, "04": diff_lab04, "07": diff_lab07,
-         "08": diff_lab08, "10": diff_lab10}
+         "08": diff_lab08, "10": diff_lab10, "09": kernel_traces.diff_lab09,
+         "00-kernel": kernel_traces.diff_lab00_kernel}
 # Labs whose trace feeds several pages: each page shows its own first difference.
 PAGE_DIFFS = {"08": {"scoring": diff_scoring, "multihead": diff_multihead},
               "10": {"zoo": diff_zoo, "lsh": diff_lsh}}
@@ -1009,6 +1016,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lab", action="append", help="00, 01, 04, 06, 07, 08 or 10 (default: all)")
     ap.add_argument("--lab-dir", type=pathlib.Path, help="the lab folder to load (tests)")
     ap.add_argument("--out", type=pathlib.Path, default=None)
+    ap.add_argument("--kernel", action="store_true",
+                    help="lab 00: trace the Triton kernel instead of the numpy functions")
     args = ap.parse_args(argv)
     labs = args.lab or (list(BUILDERS) if args.impl == "solution" else list(TRACEABLE))
     out = args.out or (REFERENCE_DIR if args.impl == "solution" else REPO / "build" / "traces")
@@ -1020,7 +1029,9 @@ def main(argv: list[str] | None = None) -> int:
             path.write_text(as_script(f"{name}-reference", data))
             print(f"   wrote {path.relative_to(REPO) if path.is_relative_to(REPO) else path}")
     for lab in labs:
-        lab = lab.removeprefix("lab-")[:2]
+        lab = lab if lab in BUILDERS else lab.removeprefix("lab-")[:2]
+        if args.kernel and lab == "00":
+            lab = "00-kernel"
         if lab not in BUILDERS or (args.impl == "starter" and lab not in TRACEABLE):
             print(f"!! no trace for lab {lab}: make trace works for labs {', '.join(TRACEABLE)}")
             return 2
@@ -1039,7 +1050,9 @@ def main(argv: list[str] | None = None) -> int:
         path = out / f"{name}.js"
         path.write_text(as_script(name, data))
         print(f"   wrote {path.relative_to(REPO) if path.is_relative_to(REPO) else path}")
-        if args.impl == "starter" and args.out is None:
+        if args.impl == "starter" and diff is not None and lab in ("09", "00-kernel"):
+            print(f"   yours: {diff['yours']}\n   reference: {diff['reference']}")
+        if args.impl == "starter" and args.out is None and lab not in ("09", "00-kernel"):
             _show_in_book(path, lab)
     return 0
 

@@ -51,3 +51,62 @@ def test_an_acc_not_rescaled_is_reported_as_acc_at_the_page_s_step_number(tmp_pa
     diff, printed = run(lab, tmp_path / "traces", capsys)
     assert diff["field"] == "acc", diff
     assert f"first difference at step {diff['step'] + 1} " in printed, printed
+
+
+# ---- the Triton kernels (book/kernel_traces.py): make trace LAB=09, LAB=00 KERNEL=1 -----------
+
+
+def mutated_copy(tmp_path: pathlib.Path, lab: str, mutant: str) -> pathlib.Path:
+    """A copy of the lab whose starter.py is its solution with ``tests/mutants`` mistake."""
+    from grading.tools.mutants import apply_mutant, parse_mutant
+
+    folder = next((ROOT / "labs").glob(f"lab-{lab}-*"))
+    if not (folder / "solution.py").is_file():
+        pytest.skip("the mistake is planted in a copy of solution.py (instructor's tree)")
+    copy = tmp_path / folder.name
+    shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("__pycache__", "figures"))
+    apply_mutant(parse_mutant(ROOT / "tests" / "mutants" / folder.name / f"{mutant}.mutant",
+                              folder.name), copy)
+    (copy / "solution.py").rename(copy / "starter.py")
+    return copy
+
+
+def kernel_diff(copy: pathlib.Path, lab: str, tmp_path: pathlib.Path, *flags: str) -> dict:
+    assert traces_main(["--impl", "starter", "--lab", lab, *flags, "--lab-dir", str(copy),
+                        "--out", str(tmp_path / "traces")]) == 0
+    name = "lab00-kernel-starter.js" if flags else f"lab{lab}-starter.js"
+    return read_script(tmp_path / "traces" / name)["first_diff"]
+
+
+@pytest.mark.triton
+def test_trace_09_names_the_program_a_floor_grid_leaves_out(tmp_path, capsys):
+    diff = kernel_diff(mutated_copy(tmp_path, "09", "p2-grid-floor"), "09", tmp_path)
+    assert (diff["step"], diff["program"], diff["field"]) == (1, "(2, 0, 0)", "stores of out")
+    assert diff["yours"] == "none" and diff["reference"] == "elements 32..36 (5)", diff
+    assert "first difference at step 2 (puzzle 2 (add_vectors), program (2, 0, 0))" in \
+        capsys.readouterr().out
+
+
+@pytest.mark.triton
+def test_trace_00_kernel_names_the_program_that_loads_keys_past_its_causal_bound(tmp_path):
+    copy = mutated_copy(tmp_path, "00", "triton-causal-loop-runs-to-lq")
+    diff = kernel_diff(copy, "00", tmp_path, "--kernel")
+    assert (diff["program"], diff["field"]) == ("(0, 0, 0)", "loads of k"), diff
+
+
+@pytest.mark.triton
+def test_trace_00_kernel_reports_an_lse_without_its_max_as_lse(tmp_path):
+    diff = kernel_diff(mutated_copy(tmp_path, "00", "triton-lse-without-max"), "00", tmp_path,
+                       "--kernel")
+    assert diff["field"] == "lse", diff
+
+
+@pytest.mark.triton
+def test_trace_09_of_the_reference_itself_has_no_difference(tmp_path):
+    folder = ROOT / "labs" / "lab-09-triton-primer"
+    if not (folder / "solution.py").is_file():
+        pytest.skip("instructor's tree only")
+    copy = tmp_path / folder.name
+    shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("__pycache__", "figures"))
+    (copy / "solution.py").rename(copy / "starter.py")
+    assert kernel_diff(copy, "09", tmp_path) is None
