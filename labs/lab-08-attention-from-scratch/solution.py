@@ -111,7 +111,7 @@ def softmax(scores: np.ndarray) -> np.ndarray:
 
 
 def softmax_entropy(scores: np.ndarray) -> np.ndarray:
-    """Entropy in nats of ``softmax(scores)`` along the last axis: ``-sum(p * log p)``.
+    """Entropy in nats of the softmax weights ``p`` of each row: ``-sum(p log p)``, last axis.
 
     ``log(Lk)`` for a uniform row, 0 for a one-hot row (and for a row of nothing but
     ``-inf``). Computed from log-probabilities so that large scores do not overflow.
@@ -138,7 +138,7 @@ def scale_experiment(
     """Why ``1/sqrt(d)``: random unit-variance queries and keys, scored with and without it.
 
     Draws ``q [num_queries, d]`` and ``k [num_keys, d]`` with independent standard normal
-    entries (``np.random.default_rng(seed)``), then measures the variance of all
+    entries (numpy's ``default_rng`` seeded with ``seed``), then measures the variance of all
     ``num_queries * num_keys`` scores (``np.var``) and the mean softmax entropy of a query's
     row, for the raw scores ``q @ k.T`` and for ``q @ k.T / sqrt(d)``.
 
@@ -317,8 +317,7 @@ def scaled_dot_product_attention(
 
 def split_heads(x: np.ndarray, num_heads: int) -> np.ndarray:
     """``[B, L, E] -> [B, num_heads, L, E // num_heads]``: head ``h`` owns the columns
-    ``h*Dh … (h+1)*Dh - 1`` of every token (reshape to ``[B, L, H, Dh]``, then swap L and
-    H; reshaping straight to ``[B, H, L, Dh]`` mixes tokens)."""
+    ``h*Dh … (h+1)*Dh - 1`` of every token, in the tokens' order."""
     x = provided.as_float("x", x, 3)
     num_heads = provided.positive_int("num_heads", num_heads)
     B, L, E = x.shape

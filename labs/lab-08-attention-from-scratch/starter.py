@@ -43,8 +43,8 @@ def additive_scores(
         ``[..., Lq, Lk]`` scores (no scale, no softmax).
     """
     raise NotImplementedError(
-        "TODO: project both sides (q @ w_q, k @ w_k), add them for every (i, j) pair with "
-        "broadcasting ([..., Lq, 1, da] + [..., 1, Lk, da]), take tanh, then dot with v_a"
+        "TODO: a small network scores each (query, key) pair; nothing is a dot product of q "
+        "and k (HINTS.md, step 1)"
     )
 
 
@@ -58,8 +58,8 @@ def dot_scores(q: np.ndarray, k: np.ndarray) -> np.ndarray:
         ``[..., Lq, Lk]``.
     """
     raise NotImplementedError(
-        "TODO: q @ k with its last two axes swapped (np.swapaxes(k, -1, -2)); check q and k share"
-        " the last dim"
+        "TODO: every query dotted with every key, on any leading batch axes (HINTS.md, step "
+        "2)"
     )
 
 
@@ -73,7 +73,8 @@ def general_scores(q: np.ndarray, k: np.ndarray, w: np.ndarray) -> np.ndarray:
         ``[..., Lq, Lk]``.
     """
     raise NotImplementedError(
-        "TODO: q @ w @ kᵀ with w [dq, dk] (check its shape with provided.check_weight)"
+        "TODO: Luong's general score: a learned matrix between the query and the key "
+        "(HINTS.md, step 3)"
     )
 
 
@@ -87,7 +88,8 @@ def scaled_dot_scores(q: np.ndarray, k: np.ndarray, scale: float | None = None) 
         ``[..., Lq, Lk]``.
     """
     raise NotImplementedError(
-        "TODO: dot_scores(q, k) times scale; scale defaults to 1/sqrt(d), d = q's last dim"
+        "TODO: the dot scores, scaled so their variance does not grow with d (HINTS.md, step "
+        "4)"
     )
 
 
@@ -109,13 +111,13 @@ def softmax(scores: np.ndarray) -> np.ndarray:
         weights, same shape.
     """
     raise NotImplementedError(
-        "TODO: subtract the row max (last axis, keepdims), exp, divide by the row sum; a row "
-        "whose max is -inf must give zeros, not exp(-inf - -inf) = NaN"
+        "TODO: weights that sum to 1 over the keys; no overflow; a row with nothing visible "
+        "gives zeros (HINTS.md, step 5)"
     )
 
 
 def softmax_entropy(scores: np.ndarray) -> np.ndarray:
-    """Entropy in nats of ``softmax(scores)`` along the last axis: ``-sum(p * log p)``.
+    """Entropy in nats of the softmax weights ``p`` of each row: ``-sum(p log p)``, last axis.
 
     ``log(Lk)`` for a uniform row, 0 for a one-hot row (and for a row of nothing but
     ``-inf``). Computed from log-probabilities so that large scores do not overflow.
@@ -127,8 +129,8 @@ def softmax_entropy(scores: np.ndarray) -> np.ndarray:
         ``[...]``.
     """
     raise NotImplementedError(
-        "TODO: p = softmax(scores); log p = scores - max - log(sum(exp(scores - max))); entropy ="
-        " -sum(p * log p) over the last axis, counting p = 0 as 0"
+        "TODO: the entropy of each row's softmax, in nats; 0 · log 0 counts as 0 (HINTS.md, "
+        "step 6)"
     )
 
 
@@ -138,7 +140,7 @@ def scale_experiment(
     """Why ``1/sqrt(d)``: random unit-variance queries and keys, scored with and without it.
 
     Draws ``q [num_queries, d]`` and ``k [num_keys, d]`` with independent standard normal
-    entries (``np.random.default_rng(seed)``), then measures the variance of all
+    entries (numpy's ``default_rng`` seeded with ``seed``), then measures the variance of all
     ``num_queries * num_keys`` scores (``np.var``) and the mean softmax entropy of a query's
     row, for the raw scores ``q @ k.T`` and for ``q @ k.T / sqrt(d)``.
 
@@ -149,9 +151,8 @@ def scale_experiment(
         grows while the scaled one stays near ``log(num_keys)``.
     """
     raise NotImplementedError(
-        "TODO: rng = np.random.default_rng(seed); q, k standard normal; raw = q @ k.T; measure "
-        "np.var and the mean softmax_entropy of raw and of raw / sqrt(d); return ScaleStats(...) "
-        "of floats"
+        "TODO: measure, on random q and k, what the 1/sqrt(d) scale does to variance and "
+        "entropy (HINTS.md, step 7)"
     )
 
 
@@ -167,8 +168,8 @@ def causal_mask(num_queries: int, num_keys: int) -> np.ndarray:
     SDPA's ``is_causal``). ``[num_queries, num_keys]`` bool.
     """
     raise NotImplementedError(
-        "TODO: query i may see key j when j <= i (itself included): compare a row of key "
-        "indices with a column of query indices (broadcasting)"
+        "TODO: query i sees keys 0 … i (itself included), as a boolean [Lq, Lk] (HINTS.md, "
+        "step 8)"
     )
 
 
@@ -185,7 +186,7 @@ def key_padding_mask(lengths: np.ndarray, num_keys: int) -> np.ndarray:
         ``[B, Lk]`` bool, ``mask[b, j] = j >= lengths[b]``.
     """
     raise NotImplementedError(
-        "TODO: True marks PADDING: position j of sequence b is padding when j >= lengths[b]"
+        "TODO: nn.MultiheadAttention's convention: True marks PADDING (HINTS.md, step 9)"
     )
 
 
@@ -196,8 +197,7 @@ def bool_to_additive(attn_mask: np.ndarray) -> np.ndarray:
     ``exp(-inf) = 0``). Same shape, float64.
     """
     raise NotImplementedError(
-        "TODO: the result is ADDED to the scores: what value leaves a score unchanged, and "
-        "what value makes exp(score + value) exactly 0?"
+        "TODO: an additive mask: ADDED to the scores (HINTS.md, step 10)"
     )
 
 
@@ -206,8 +206,7 @@ def additive_to_bool(attn_mask: np.ndarray) -> np.ndarray:
     is ``-inf``. (A finite bias such as ALiBi's keeps the key visible; only the bias is
     lost in the conversion.) Same shape, bool."""
     raise NotImplementedError(
-        "TODO: which entries of an additive mask hide a key? (a finite bias, even a negative "
-        "one, does not)"
+        "TODO: which entries of an additive mask hide a key? (HINTS.md, step 11)"
     )
 
 
@@ -219,8 +218,8 @@ def key_padding_to_attn_mask(key_padding_mask: np.ndarray) -> np.ndarray:
         ``[B, H, Lq, Lk]`` scores.
     """
     raise NotImplementedError(
-        "TODO: invert (True = ignore becomes True = attend) and add axes so that it broadcasts to"
-        " [B, H, Lq, Lk]"
+        "TODO: from True = ignore to SDPA's True = attend, broadcastable over heads and "
+        "queries (HINTS.md, step 12)"
     )
 
 
@@ -249,9 +248,7 @@ def attention_weights(
         ``[..., Lq, Lk]``; each row sums to 1, or is all 0 when it may attend nothing.
     """
     raise NotImplementedError(
-        "TODO: scores = scaled_dot_scores; a causal flag becomes causal_mask(Lq, Lk); a boolean "
-        "mask keeps scores where True (np.where(mask, s, -inf)), a float mask is added; then "
-        "softmax over the keys"
+        "TODO: softmax of the scaled scores with SDPA's mask conventions (HINTS.md, step 13)"
     )
 
 
@@ -263,7 +260,8 @@ def repeat_kv(x: np.ndarray, num_repeats: int) -> np.ndarray:
     does), NOT ``h % Hkv`` (``np.tile``).
     """
     raise NotImplementedError(
-        "TODO: np.repeat along axis -3 (each head repeated in place), not np.tile"
+        "TODO: each KV head repeated for its group of query heads, in place (HINTS.md, step "
+        "14)"
     )
 
 
@@ -289,8 +287,7 @@ def scaled_dot_product_attention(
         is 0 contributes exactly 0, as long as its value is finite (0 · NaN is NaN).
     """
     raise NotImplementedError(
-        "TODO: check the inputs (provided.check_qkv); with enable_gqa repeat K and V by H // Hkv;"
-        " weights = attention_weights(...); return weights @ v"
+        "TODO: PyTorch SDPA's contract in numpy, GQA included (HINTS.md, step 15)"
     )
 
 
@@ -301,18 +298,15 @@ def scaled_dot_product_attention(
 
 def split_heads(x: np.ndarray, num_heads: int) -> np.ndarray:
     """``[B, L, E] -> [B, num_heads, L, E // num_heads]``: head ``h`` owns the columns
-    ``h*Dh … (h+1)*Dh - 1`` of every token (reshape to ``[B, L, H, Dh]``, then swap L and
-    H; reshaping straight to ``[B, H, L, Dh]`` mixes tokens)."""
+    ``h*Dh … (h+1)*Dh - 1`` of every token, in the tokens' order."""
     raise NotImplementedError(
-        "TODO: reshape [B, L, E] to [B, L, H, E // H], then transpose to [B, H, L, Dh]"
+        "TODO: head h owns its own Dh columns of every token (HINTS.md, step 16)"
     )
 
 
 def merge_heads(x: np.ndarray) -> np.ndarray:
     """``[B, H, L, Dh] -> [B, L, H * Dh]``, the inverse of ``split_heads``."""
-    raise NotImplementedError(
-        "TODO: transpose [B, H, L, Dh] back to [B, L, H, Dh], then reshape to [B, L, H * Dh]"
-    )
+    raise NotImplementedError("TODO: the inverse of split_heads (HINTS.md, step 17)")
 
 
 def multi_head_attention(
@@ -343,9 +337,8 @@ def multi_head_attention(
         heads (``average_attn_weights=True``).
     """
     raise NotImplementedError(
-        "TODO: project query/key/value with provided.linear, split_heads, build the SDPA mask "
-        "(key_padding_to_attn_mask, AND causal_mask), attention_weights, weights @ v, "
-        "merge_heads, output projection; return (out, weights averaged over the head axis)"
+        "TODO: nn.MultiheadAttention's forward pass, built from the functions above "
+        "(HINTS.md, step 18)"
     )
 
 
@@ -364,8 +357,8 @@ def sinusoidal_positions(num_positions: int, dim: int, base: float = 10000.0) ->
         ``[num_positions, dim]``; ``dim`` must be even.
     """
     raise NotImplementedError(
-        "TODO: one frequency base**(-2i/dim) per pair i; angle = position * frequency; sin in the"
-        " even columns, cos in the odd ones"
+        "TODO: the Transformer's fixed encodings, sine and cosine interleaved (HINTS.md, step "
+        "19)"
     )
 
 
@@ -386,7 +379,5 @@ def apply_rope(
         the rotated ``x``, same shape (norms unchanged).
     """
     raise NotImplementedError(
-        "TODO: theta_i = base**(-2i/d); angle = positions[:, None] * theta; pairs (a, b) are "
-        "(x[..., 0::2], x[..., 1::2]) when interleaved, else (first half, second half); (a, b) ->"
-        " (a cos - b sin, a sin + b cos)"
+        "TODO: rotate each pair of dims by position times its frequency (HINTS.md, step 20)"
     )
