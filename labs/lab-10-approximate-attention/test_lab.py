@@ -96,6 +96,14 @@ L_NOT_RESCALED = (
     "multiplied by exp(m_old - m_new), like acc"
 )
 LSE_WITHOUT_MAX = "lse without the running max: lse = m + log(l), not log(l)"
+LSH_LAST_ROUND = (
+    "only the last round's buckets were attended: a query attends every key that shares a "
+    "bucket with it in ANY round (the union over the rounds)"
+)
+MASS_INVERTED = (
+    "the mass ratio taken the wrong way round: the captured mass is exp(lse_buckets - lse_all), "
+    "a fraction <= 1 (the buckets' denominator over the full one)"
+)
 
 
 def chunked_wrongs(q, k, v, query_chunk, key_chunk):
@@ -448,11 +456,14 @@ def test_lsh_attention_equals_attention_restricted_to_shared_buckets(
     rotations = provided.random_rotations(d, 2 * half, rounds, seed + 1)
     mask = same_bucket_mask(q, k, rotations)
     want = reference_attention(q, k, v, mask=mask)
+    last = same_bucket_mask(q, k, rotations[-1:])
+    wrong = {LSH_LAST_ROUND: reference_attention(q, k, v, mask=last)[0]} if (
+        rounds > 1 and last.any(axis=1).all() and not np.array_equal(last, mask)) else None
     v[~mask.any(axis=0)] = np.nan  # hashing reads every key; no value outside a bucket is read
     with np.errstate(all="ignore"):
         got = impl.lsh_attention(q, k, v, rotations)
     assert_out_and_lse(
-        got, want, f"Lq={lq} Lk={lk} n_buckets={2 * half} rounds={rounds}",
+        got, want, f"Lq={lq} Lk={lk} n_buckets={2 * half} rounds={rounds}", wrong_out=wrong,
         hint="query i attends key j iff they share a bucket in at least one round (once)",
         nan_hint="NaN: the value of a key in none of this query's buckets was read "
         "(poisoned). " + SPARSE_NAN,
@@ -531,12 +542,18 @@ def test_lsh_mass_captured_is_the_softmax_mass_inside_the_buckets(lq, lk, half, 
             atol=1e-12,
             rtol=1e-9,
             hint="the sum of the exact softmax row over the keys lsh_attention attends",
+            wrong_answers={MASS_INVERTED: inverse(want)},
         )
     except AssertionError as err:
         diagnosis = lse_diagnosis(q, k)
         if diagnosis:
             raise AssertionError(f"{diagnosis}. The symptom: {err}") from None
         raise
+
+
+def inverse(x):
+    with np.errstate(divide="ignore"):
+        return 1.0 / x
 
 
 def lse_diagnosis(q, k):
@@ -649,8 +666,9 @@ def test_positive_random_features_follow_the_favor_plus_formula(n, d, m, seed):
     }
     if m > 1:
         assert_close(got, want, what=f"phi(x) (N={n}, d={d}, m={m})", wrong_answers=wrong)
-    else:
-        assert_close(got, want, what=f"phi(x) (N={n}, d={d}, m=1)")
+    else:  # sqrt(1) = 1: the missing 1/sqrt(m) cannot show
+        assert_close(got, want, what=f"phi(x) (N={n}, d={d}, m=1)",
+                     wrong_answers={NO_HALF_NORM: wrong[NO_HALF_NORM]})
 
 
 @pytest.mark.points(2)
