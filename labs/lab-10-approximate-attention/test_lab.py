@@ -95,6 +95,7 @@ L_NOT_RESCALED = (
     "the denominator l was not rescaled when a key chunk raised the running max: l must be "
     "multiplied by exp(m_old - m_new), like acc"
 )
+REFORMER_KEYS = "the keys must be the queries scaled to unit length (k_j = qk_j / |qk_j|)"
 LSE_WITHOUT_MAX = "lse without the running max: lse = m + log(l), not log(l)"
 LSH_LAST_ROUND = (
     "only the last round's buckets were attended: a query attends every key that shares a "
@@ -516,14 +517,15 @@ def test_reformer_attention_sorts_by_bucket_and_attends_its_own_and_previous_chu
     keys = qk / np.linalg.norm(qk, axis=1, keepdims=True)
     want = reference_attention(qk, keys, v, mask=mask)
     wrong = {
-        "the keys must be the queries scaled to unit length (k_j = qk_j / |qk_j|)":
-            reference_attention(qk, qk, v, mask=mask)[0],
+        REFORMER_KEYS: reference_attention(qk, qk, v, mask=mask)[0],
         "each query also attends the chunk before its own in the sorted order":
             reference_attention(qk, keys, v, mask=own_chunk_mask(qk, rotations, chunk_size))[0],
     }
+    wrong_lse = {REFORMER_KEYS: reference_attention(qk, qk, v, mask=mask)[1]}
     assert_out_and_lse(
         impl.reformer_attention(qk, v, rotations, chunk_size), want,
         f"N={n} n_buckets={2 * half} rounds={rounds} chunk_size={chunk_size}", wrong_out=wrong,
+        wrong_lse=wrong_lse,
         hint="sort positions by (bucket, position), cut into chunks of chunk_size",
     )
 
@@ -660,6 +662,7 @@ def test_positive_random_features_follow_the_favor_plus_formula(n, d, m, seed):
     omega = provided.performer_omega(d, m, seed)
     got = impl.positive_random_features(x, omega)
     want = favor_features(x, omega)
+    assert np.shape(got) != (n, 2 * m), TRIG_FEATURES
     wrong = {
         NO_HALF_NORM: np.exp(x @ omega) / math.sqrt(m),
         NO_ROOT_M: want * math.sqrt(m),
@@ -706,6 +709,21 @@ def test_random_features_estimate_exp_q_dot_k_without_bias():
     )
 
 
+PERFORMER_SCALE_ON_Q = (
+    "the whole scale applied to q (phi(q · scale), phi(k)): split it, sqrt(scale) on each of "
+    "q and k, so that phi(q') · phi(k') estimates exp(scale · q · k) without bias"
+)
+TRIG_FEATURES = (
+    "phi(x) has 2m columns: trigonometric features (cos, sin)? FAVOR+'s are positive, "
+    "exp(w · x - |x|^2 / 2) / sqrt(m): m columns, one per random direction"
+)
+
+
+def performer_q_scaled(q, k, v, omega):
+    a = favor_features(q / math.sqrt(q.shape[1]), omega) @ favor_features(k, omega).T
+    return (a @ v) / a.sum(axis=1, keepdims=True)
+
+
 def performer_by_definition(q, k, v, omega, scale=None):
     root = math.sqrt(1.0 / math.sqrt(q.shape[1]) if scale is None else scale)
     a = favor_features(q * root, omega) @ favor_features(k * root, omega).T  # [Lq, Lk]
@@ -719,7 +737,8 @@ def test_performer_attention_is_kernel_attention_with_phi(lq, lk, d, m, seed):
     omega = provided.performer_omega(d, m, seed)
     want = performer_by_definition(q, k, v, omega)
     wrong = {"q and k must each be scaled by sqrt(scale) = d^(-1/4) before phi":
-             performer_by_definition(q, k, v, omega, scale=1.0)}
+             performer_by_definition(q, k, v, omega, scale=1.0),
+             PERFORMER_SCALE_ON_Q: performer_q_scaled(q, k, v, omega)}
     assert_close(
         impl.performer_attention(q, k, v, omega),
         want,
