@@ -840,24 +840,14 @@ def rope_ref(x, positions, interleaved, base=10000.0, exponent=2.0):
 
 def rope_signs_wrong(x, positions, interleaved):
     """{misconception: RoPE with a sign of its pair update wrong}: (a, b) becomes
-    (a cos - b sin, a sin - b cos), a reflection, or (a cos + b sin, -a sin + b cos), the
-    rotation the other way."""
+    (a cos - b sin, a sin - b cos), a reflection, or the rotation the other way."""
     d = x.shape[-1]
-    theta = 10000.0 ** (-2 * np.arange(d // 2) / d)
-    angle = np.asarray(positions)[:, None] * theta
-    cos, sin = np.cos(angle), np.sin(angle)
-    a, b = (x[..., 0::2], x[..., 1::2]) if interleaved else (x[..., : d // 2], x[..., d // 2 :])
-
-    def put(ra, rb):
-        out = np.empty_like(x)
-        if interleaved:
-            out[..., 0::2], out[..., 1::2] = ra, rb
-        else:
-            out[..., : d // 2], out[..., d // 2 :] = ra, rb
-        return out
-
-    return {ROPE_NOT_A_ROTATION: put(a * cos - b * sin, a * sin - b * cos),
-            ROPE_BACKWARDS: put(a * cos + b * sin, -a * sin + b * cos)}  # fmt: skip
+    second = np.arange(1, d, 2) if interleaved else np.arange(d // 2, d)  # the b of each pair
+    cos = np.cos(np.asarray(positions)[:, None] * 10000.0 ** (-2 * np.arange(d // 2) / d))
+    reflected = rope_ref(x, positions, interleaved)
+    reflected[..., second] -= 2 * x[..., second] * cos  # a sin + b cos -> a sin - b cos
+    return {ROPE_NOT_A_ROTATION: reflected,
+            ROPE_BACKWARDS: rope_ref(x, -np.asarray(positions), interleaved)}  # fmt: skip
 
 
 @pytest.mark.points(2)
