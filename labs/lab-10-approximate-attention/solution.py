@@ -60,7 +60,7 @@ def strided_mask(n: int, stride: int, causal: bool = True) -> np.ndarray:
     """Sparse Transformer's strided pattern: ``[n, n]`` bool, True = query i may attend key j.
 
     Query ``i`` sees its ``stride`` nearest keys (``|i - j| < stride``) and every key a
-    multiple of ``stride`` away (``(i - j) % stride == 0``). Causal: only keys ``j <= i``.
+    whole multiple of ``stride`` away from it. Causal: only keys ``j <= i``.
     """
     n = provided.non_negative_int("n", n)
     stride = provided.positive_int("stride", stride)
@@ -72,9 +72,10 @@ def strided_mask(n: int, stride: int, causal: bool = True) -> np.ndarray:
 def fixed_mask(n: int, block: int, num_summary: int = 1, causal: bool = True) -> np.ndarray:
     """Sparse Transformer's fixed pattern: ``[n, n]`` bool.
 
-    Query ``i`` sees every key of its own block (``i // block == j // block``) and the
-    last ``num_summary`` keys of every block (``j % block >= block - num_summary``), the
-    "summary" columns through which blocks talk. Causal: only keys ``j <= i``.
+    Positions ``0 … block-1`` form block 0, the next ``block`` positions block 1, and so
+    on. Query ``i`` sees every key of its own block and the last ``num_summary`` keys of
+    every block, the "summary" columns through which blocks talk. Causal: only keys
+    ``j <= i``.
     """
     n = provided.non_negative_int("n", n)
     block = provided.positive_int("block", block)
@@ -111,8 +112,8 @@ def window_global_mask(
 def bigbird_mask(
     n: int, window: int, global_tokens: Iterable[int], num_random: int, seed: int = 0
 ) -> np.ndarray:
-    """BigBird's pattern: ``window_global_mask(n, window, global_tokens)`` plus, in every
-    row, ``num_random`` keys drawn uniformly without replacement from the keys the row does
+    """BigBird's pattern: the window and global tokens of ``window_global_mask`` plus, in
+    every row, ``num_random`` keys drawn uniformly without replacement from the keys the row does
     not see yet (all of them when fewer remain). Bidirectional. ``[n, n]`` bool; the same
     ``seed`` gives the same mask.
     """
@@ -270,8 +271,6 @@ def lsh_mass_captured(
     """For each query, the fraction of its exact softmax mass that lies on the keys
     :func:`lsh_attention` attends: ``sum over those keys of softmax(q k^T scale)``.
     ``[Lq]`` in ``[0, 1]``; 1 means the buckets lost nothing.
-
-    The two log-sum-exps say it: mass = ``exp(lse_buckets - lse_all)``.
     """
     q, k, _ = provided.check_qkv(q, k, np.zeros((len(k), 1)))
     zeros = np.zeros((len(k), 1))

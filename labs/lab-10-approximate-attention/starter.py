@@ -39,7 +39,7 @@ def score_matrix_bytes(
     """Bytes of the ``seq_len x seq_len`` score matrices of ``num_heads`` heads in each of
     ``num_layers`` layers (FP16 by default): ``N * N * heads * layers * bytes``."""
     raise NotImplementedError(
-        "TODO: N * N scores per head, times heads, layers and bytes per element"
+        "TODO: the bytes of the N x N scores, per head and layer (HINTS.md, step 1)"
     )
 
 
@@ -52,24 +52,25 @@ def strided_mask(n: int, stride: int, causal: bool = True) -> np.ndarray:
     """Sparse Transformer's strided pattern: ``[n, n]`` bool, True = query i may attend key j.
 
     Query ``i`` sees its ``stride`` nearest keys (``|i - j| < stride``) and every key a
-    multiple of ``stride`` away (``(i - j) % stride == 0``). Causal: only keys ``j <= i``.
+    whole multiple of ``stride`` away from it. Causal: only keys ``j <= i``.
     """
     raise NotImplementedError(
-        "TODO: i = arange(n)[:, None], j = arange(n)[None, :]; (|i - j| < stride) | ((i - j) % "
-        "stride == 0); & (j <= i) when causal"
+        "TODO: a local band plus every stride-th key (Sparse Transformer's strided pattern) "
+        "(HINTS.md, step 2)"
     )
 
 
 def fixed_mask(n: int, block: int, num_summary: int = 1, causal: bool = True) -> np.ndarray:
     """Sparse Transformer's fixed pattern: ``[n, n]`` bool.
 
-    Query ``i`` sees every key of its own block (``i // block == j // block``) and the
-    last ``num_summary`` keys of every block (``j % block >= block - num_summary``), the
-    "summary" columns through which blocks talk. Causal: only keys ``j <= i``.
+    Positions ``0 … block-1`` form block 0, the next ``block`` positions block 1, and so
+    on. Query ``i`` sees every key of its own block and the last ``num_summary`` keys of
+    every block, the "summary" columns through which blocks talk. Causal: only keys
+    ``j <= i``.
     """
     raise NotImplementedError(
-        "TODO: same block (i // block == j // block) | summary column (j % block >= block - "
-        "num_summary); & (j <= i) when causal"
+        "TODO: own block plus the block summary columns (Sparse Transformer's fixed pattern) "
+        "(HINTS.md, step 3)"
     )
 
 
@@ -85,22 +86,22 @@ def window_global_mask(
     causal masks still apply on top.
     """
     raise NotImplementedError(
-        "TODO: window: -window < i - j < window (causal: 0 <= i - j < window); OR the global "
-        "tokens' rows AND columns"
+        "TODO: a sliding window, plus global tokens that see and are seen by everything "
+        "(HINTS.md, step 4)"
     )
 
 
 def bigbird_mask(
     n: int, window: int, global_tokens: Iterable[int], num_random: int, seed: int = 0
 ) -> np.ndarray:
-    """BigBird's pattern: ``window_global_mask(n, window, global_tokens)`` plus, in every
-    row, ``num_random`` keys drawn uniformly without replacement from the keys the row does
+    """BigBird's pattern: the window and global tokens of ``window_global_mask`` plus, in
+    every row, ``num_random`` keys drawn uniformly without replacement from the keys the row does
     not see yet (all of them when fewer remain). Bidirectional. ``[n, n]`` bool; the same
     ``seed`` gives the same mask.
     """
     raise NotImplementedError(
-        "TODO: start from window_global_mask; rng = np.random.default_rng(seed); per row, "
-        "rng.choice(the unseen keys, size=min(num_random, how many), replace=False)"
+        "TODO: BigBird: window and global tokens, plus num_random unseen keys per row "
+        "(HINTS.md, step 5)"
     )
 
 
@@ -112,8 +113,7 @@ def receptive_field(num_layers: int, window: int, causal: bool = True) -> int:
     a bidirectional layer reaches that far on both sides: ``2 * L * (window - 1) + 1``.
     """
     raise NotImplementedError(
-        "TODO: one causal layer reaches window - 1 tokens back; L layers reach L * (window - "
-        "1), plus the token itself"
+        "TODO: how far information travels through stacked windows (HINTS.md, step 6)"
     )
 
 
@@ -132,8 +132,8 @@ def sparse_attention(
     Returns ``(out [Lq, dv], lse [Lq])``; a row that may attend nothing gets 0 and ``-inf``.
     """
     raise NotImplementedError(
-        "TODO: for each row, keys = np.flatnonzero(mask[i]); softmax over k[keys] @ q[i] * "
-        "scale only (never touch the other keys); empty row: out 0, lse -inf"
+        "TODO: exact attention over each row's allowed keys only; never read the others "
+        "(HINTS.md, step 7)"
     )
 
 
@@ -151,7 +151,7 @@ def lsh_buckets(x: np.ndarray, rotations: np.ndarray) -> np.ndarray:
     changes its bucket.
     """
     raise NotImplementedError(
-        "TODO: proj = x @ R_r for each round; bucket = argmax(concatenate([proj, -proj]))"
+        "TODO: angular LSH: a bucket per rotation round (HINTS.md, step 8)"
     )
 
 
@@ -169,8 +169,8 @@ def lsh_attention(
     Returns ``(out [Lq, dv], lse [Lq])`` (a query whose buckets hold no key: 0 and -inf).
     """
     raise NotImplementedError(
-        "TODO: hash q AND k with the same rotations; sort keys by bucket (np.argsort), take "
-        "each query's bucket in each round, union them (np.unique), attend those keys only"
+        "TODO: attend only the keys that share a bucket with the query in some round "
+        "(HINTS.md, step 9)"
     )
 
 
@@ -191,9 +191,8 @@ def reformer_attention(
     ``qk [N, d]``, ``v [N, dv]`` → ``(out [N, dv], lse [N])``.
     """
     raise NotImplementedError(
-        "TODO: keys = qk / |qk|; per round: order = argsort(bucket, stable), chunk of a "
-        "position = its rank // chunk_size; query i attends same-bucket keys in its chunk and "
-        "the previous one"
+        "TODO: Reformer: shared QK, sorted by bucket, chunked; attend own and previous chunk "
+        "(HINTS.md, step 10)"
     )
 
 
@@ -203,12 +202,9 @@ def lsh_mass_captured(
     """For each query, the fraction of its exact softmax mass that lies on the keys
     :func:`lsh_attention` attends: ``sum over those keys of softmax(q k^T scale)``.
     ``[Lq]`` in ``[0, 1]``; 1 means the buckets lost nothing.
-
-    The two log-sum-exps say it: mass = ``exp(lse_buckets - lse_all)``.
     """
     raise NotImplementedError(
-        "TODO: the mass inside the buckets is exp(lse_of_lsh_attention - "
-        "lse_of_exact_attention)"
+        "TODO: the share of the exact softmax mass that the buckets keep (HINTS.md, step 11)"
     )
 
 
@@ -226,8 +222,8 @@ def linformer_attention(
     ``[Lq, Lk]``.
     """
     raise NotImplementedError(
-        "TODO: k_proj = e @ k, v_proj = f @ v (along the sequence); then softmax(q k_proj^T * "
-        "scale) v_proj"
+        "TODO: exact attention over keys and values projected along the sequence (HINTS.md, "
+        "step 12)"
     )
 
 
@@ -238,7 +234,7 @@ def attention_singular_values(
     (``[Lq, Lk]``), largest first: ``[min(Lq, Lk)]``. A fast decay is what Linformer bets on.
     """
     raise NotImplementedError(
-        "TODO: P = softmax(q k^T * scale) row by row; np.linalg.svd(P, compute_uv=False)"
+        "TODO: the singular values of the softmax matrix, largest first (HINTS.md, step 13)"
     )
 
 
@@ -255,7 +251,7 @@ def positive_random_features(x: np.ndarray, omega: np.ndarray) -> np.ndarray:
     softmax kernel whose weights can never be negative.
     """
     raise NotImplementedError(
-        "TODO: np.exp(x @ omega - |x|^2 / 2) / sqrt(m), |x|^2 per row"
+        "TODO: FAVOR+ features: positive, unbiased for exp(q · k) (HINTS.md, step 14)"
     )
 
 
@@ -272,8 +268,8 @@ def performer_attention(
     ``O(N m d)`` work, no ``[Lq, Lk]`` array. ``out [Lq, dv]``.
     """
     raise NotImplementedError(
-        "TODO: phi_q = phi(q * sqrt(scale)), phi_k likewise; kv = phi_k.T @ v and z = "
-        "phi_k.sum(0) first; out = phi_q @ kv / (phi_q @ z)"
+        "TODO: softmax attention estimated with FAVOR+, in linear time and memory (HINTS.md, "
+        "step 15)"
     )
 
 
@@ -291,8 +287,8 @@ def linear_attention_parallel(
     ``out [Lq, dv]``.
     """
     raise NotImplementedError(
-        "TODO: phi = provided.elu_feature_map; w = phi(q) @ phi(k).T, lower triangle (diagonal "
-        "included) when causal; out = w @ v / w.sum(1); non-causal: reorder like Performer"
+        "TODO: linear attention with φ = elu + 1, the parallel (training) form (HINTS.md, "
+        "step 16)"
     )
 
 
@@ -308,8 +304,7 @@ def linear_attention_recurrent(
     (``m = d``, the width of ``elu + 1``).
     """
     raise NotImplementedError(
-        "TODO: S [d, dv] and z [d] start at 0; for each token: S += outer(phi(k_i), v_i), z += "
-        "phi(k_i) FIRST, then out_i = phi(q_i) @ S / (phi(q_i) @ z)"
+        "TODO: causal linear attention as an RNN with a fixed-size state (HINTS.md, step 17)"
     )
 
 
@@ -333,7 +328,6 @@ def chunked_attention(
     Returns ``(out [Lq, dv], lse [Lq])``; with no keys, 0 and ``-inf``.
     """
     raise NotImplementedError(
-        "TODO: for each query chunk: m = -inf, l = 0, acc = 0; for each key chunk: scores "
-        "block, m_new, alpha = exp(m - m_new), rescale l and acc, add the block; out = acc / l,"
-        " lse = m + log(l)"
+        "TODO: exact attention with one [query_chunk, key_chunk] block of scores alive "
+        "(HINTS.md, step 18)"
     )
