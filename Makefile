@@ -49,6 +49,7 @@ help::
 	@echo "make test-no-triton  the suite as a Mac or Windows laptop runs it (triton unimportable)"
 	@echo "make book            build the web book with its visualisations into build/book/"
 	@echo "make trace LAB=00    run your starter.py on a visualisation's inputs (labs 00, 01, 04, 07, 08, 10)"
+	@echo "make model           retrain the course's model (models/adder/: seeded, ~2 min of CPU)"
 
 # One stamp per requirements file: a second `make test` installs nothing.
 # --only-binary: every pin has a wheel for every supported laptop (make check-setup), so
@@ -91,6 +92,12 @@ trace: $(DEPS)
 	@test -n "$(LAB)" || { echo "usage: make trace LAB=00 (labs 00, 01, 04, 07, 08, 10)"; exit 2; }
 	@echo ">> running your starter.py (lab $(LAB)) on the visualisation's inputs"
 	LAB_IMPL=starter $(PY) -m book.traces --impl starter --lab $(LAB)
+
+# The course's model (lab-11 serves it): seeded, one torch thread, writes models/adder/.
+.PHONY: model
+model: $(DEPS)
+	@echo ">> training the course's model (3-digit addition) into models/adder/ (~2 min of CPU)"
+	$(PY) -m models.train
 
 # The slow end-to-end grading tests too (plain pytest deselects every `slow` test through
 # pyproject's addopts), but not the compile-every-kernel check of make gpu-report.
