@@ -144,6 +144,7 @@ class Scheduler:
         self.running: list[provided.Sequence] = []
 
     def add(self, seq: provided.Sequence) -> None:
+        """Queue a new request at the tail of ``waiting``."""
         seq.status = "waiting"
         self.waiting.append(seq)
 
@@ -151,6 +152,8 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> provided.SchedulerOutput:
+        """This step's batch: who runs and how many tokens each, in batch order (decode rows,
+        running prefill chunks, newly admitted requests), and who was preempted."""
         budget = self.max_num_batched_tokens
         scheduled: dict[str, provided.ScheduledRequest] = {}
         preempted: list[str] = []
@@ -225,6 +228,9 @@ class ModelRunner:
 
     def prepare_inputs(self, out: provided.SchedulerOutput,
                        seqs: dict[str, provided.Sequence]) -> provided.Batch:
+        """The step's varlen batch: every scheduled token back to back with its position and
+        slot, each request's ``query_start_loc``, ``seq_lens``, block table and the row of its
+        last token (``logits_indices``). Updates the kept block tables first."""
         for rid in out.preempted:
             self.block_tables.pop(rid, None)
         input_ids, positions, slots, seq_lens, tables = [], [], [], [], []
@@ -375,6 +381,7 @@ class LLM:
         return [done[i] for i in ids]
 
     def _finish_reason(self, seq: provided.Sequence, token: int) -> str | None:
+        """``"stop"``, ``"length"`` or None (keep going) after ``seq`` sampled ``token``."""
         if token in seq.params.stop_token_ids or (
                 self.eos_token_id is not None and token == self.eos_token_id):
             return "stop"

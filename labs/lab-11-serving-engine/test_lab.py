@@ -338,7 +338,7 @@ def test_the_runner_builds_the_varlen_batch_from_the_scheduler_output():
     np.testing.assert_array_equal(batch.block_tables[:, :2], [[7, 2], [5, 11]], "block_tables")
 
 
-# ---- 5. the engine: token for token with transformers -----------------------------------------------
+# ---- 5. the engine: token for token with transformers ---------------------------------------
 
 
 def engine(**kwargs):
