@@ -451,8 +451,6 @@ def _bad_inputs() -> BadInputs:
         "pool too small for one request": (
             "num_blocks", lambda: engine(num_blocks=2).add_request([1] * 9, p)),
         "unknown request id": ("request_id", lambda: engine().abort_request("nobody")),
-        "unknown attention backend": ("attention", lambda: engine(attention="cuda")),
-        "max_tokens of 0": ("max_tokens", lambda: SamplingParams(max_tokens=0)),
     }
 
 
