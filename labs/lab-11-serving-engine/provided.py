@@ -29,12 +29,13 @@ from typing import Any
 
 import numpy as np
 
+from common.loader import REPO_ROOT
 from common.paged import blocks_needed
 from common.reference import prefix_mask, reference_attention
 from common.triton_env import cdiv, dot_precision, log2e_scale, tl, triton
 
 LAB = Path(__file__).resolve().parent
-MODEL_DIR = LAB.parents[1] / "models" / "adder"  # the course's trained model (make model)
+MODEL_DIR = REPO_ROOT / "models" / "adder"  # the course's trained model (make model)
 ATTENTION_NAME = "course_paged"  # the name the glue is registered under in transformers
 ATTENTION_BACKENDS = ("numpy", "triton")
 FINISH_REASONS = ("stop", "length")
