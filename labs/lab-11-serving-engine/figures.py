@@ -50,7 +50,10 @@ def trace() -> list[dict]:
             if at == step:
                 llm.add_request(PROMPTS[i], params, request_id=f"r{i}")
         out = llm.scheduler.schedule()
-        held = {rid: len(llm.kv.block_table(rid)) for rid in llm.kv.request_ids}
+        held, seen = {}, set()  # physical blocks, a shared prefix block counted once
+        for rid in sorted(llm.kv.request_ids):
+            table = set(llm.kv.block_table(rid))
+            held[rid], seen = len(table - seen), seen | table
         steps.append({"scheduled": [(s.request_id, s.num_new_tokens, s.num_computed_tokens,
                                      s.is_new) for s in out.scheduled],
                       "preempted": list(out.preempted), "held": held})
@@ -88,8 +91,8 @@ def draw(steps: list[dict], path: pathlib.Path) -> None:
     top.set_title(f"Each step's batch (budget {BUDGET} tokens; hatched: prefill chunk, "
                   "plain: decode row)", fontsize=10)
     bottom.axhline(NUM_BLOCKS, color="gray", ls="--", lw=1)
-    bottom.set_ylabel(f"blocks held (pool {NUM_BLOCKS})")
-    bottom.set_xlabel("engine step")
+    bottom.set_ylabel(f"blocks held (pool {NUM_BLOCKS})", fontsize=9)
+    bottom.set_xlabel("engine step (a block two requests share is counted for the first)")
     bottom.set_ylim(0, NUM_BLOCKS + 1)
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLORS]
     top.legend(handles, [f"r{i} ({len(p)}-token prompt)" for i, p in enumerate(PROMPTS)],
