@@ -19,11 +19,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from common.loader import load_impl, load_lab_module
-from common.testing import BadInputs, bad_input_test, examples
+from common.testing import BadInputs, bad_input_test, called_on_copies, examples
 
 torch.set_num_threads(1)  # a loaded 2-core machine is 100x slower at two threads
 
-impl = load_impl(__file__)
+impl = called_on_copies(load_impl(__file__))  # every call gets copies of its arrays
 provided = load_lab_module(__file__, "provided")
 SamplingParams = provided.SamplingParams
 RANDOM = provided.RandomModel(seed=0)
