@@ -193,6 +193,16 @@ class Scheduler:
             budget -= n
         return provided.SchedulerOutput(tuple(scheduled.values()), tuple(preempted))
 
+    def update_from_output(self, out: provided.SchedulerOutput, sampled: dict[str, int]
+                           ) -> None:
+        """After the forward pass: every scheduled request has ``num_new_tokens`` more
+        computed tokens, and those in ``sampled`` (their prompt is done) one more output."""
+        for s in out.scheduled:
+            seq = next(q for q in self.running if q.request_id == s.request_id)
+            seq.num_computed_tokens += s.num_new_tokens
+            if s.request_id in sampled:
+                seq.output_token_ids.append(sampled[s.request_id])
+
     def _preempt_newest(self) -> provided.Sequence:
         """Recompute preemption: the newest running request loses its blocks and waits at
         the head of the queue; its tokens so far (prompt + outputs) are its new prompt."""
@@ -352,19 +362,20 @@ class LLM:
             batch.slot_mapping, batch.block_tables, self.attention,
             max_query_len=max(s.num_new_tokens for s in out.scheduled))
         logits = provided.run_model(self.model, batch, ctx)  # [num_reqs, V]
-        outputs = []
+        sampled = {}
         for row, s in enumerate(out.scheduled):
             seq = self.seqs[s.request_id]
-            seq.num_computed_tokens += s.num_new_tokens
-            if seq.num_computed_tokens < seq.num_tokens:
-                continue  # a prefill chunk: no token yet
-            token = sample(logits[row].numpy(), seq.params, seq.rng)
-            seq.output_token_ids.append(token)
+            if s.num_computed_tokens + s.num_new_tokens == seq.num_tokens:  # prompt done
+                sampled[s.request_id] = sample(logits[row].numpy(), seq.params, seq.rng)
+        self.scheduler.update_from_output(out, sampled)
+        outputs = []
+        for rid, token in sampled.items():
+            seq = self.seqs[rid]
             reason = self._finish_reason(seq, token)
             if reason is not None:
                 self.scheduler.finish(seq, reason)
-                self.runner.finish(seq.request_id)
-                del self.seqs[seq.request_id]
+                self.runner.finish(rid)
+                del self.seqs[rid]
             outputs.append(self._output(seq))
         return outputs
 

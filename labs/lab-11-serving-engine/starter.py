@@ -140,6 +140,15 @@ class Scheduler:
             "whole table (is_new=True)."
         )
 
+    def update_from_output(self, out: provided.SchedulerOutput, sampled: dict[str, int]
+                           ) -> None:
+        """After the forward pass: every scheduled request has ``num_new_tokens`` more
+        computed tokens, and those in ``sampled`` (their prompt is done) one more output."""
+        raise NotImplementedError(
+            "TODO: for each scheduled request (find it in running): add num_new_tokens to "
+            "num_computed_tokens; append its sampled token if it has one."
+        )
+
     def _preempt_newest(self) -> provided.Sequence:
         """Recompute preemption: the newest running request loses its blocks and waits at
         the head of the queue; its tokens so far (prompt + outputs) are its new prompt."""
@@ -252,9 +261,10 @@ class LLM:
         token this step (finished ones included, then forgotten)."""
         raise NotImplementedError(
             "TODO: schedule; nothing scheduled: []. prepare_inputs, a ForwardContext, "
-            "provided.run_model. For each scheduled request: count its computed tokens; once "
-            "all its tokens are computed, sample with its own rng, append, and finish it "
-            "(scheduler and runner) on a stop reason; return its RequestOutput."
+            "provided.run_model. Sample (with the request's own rng) for each request whose "
+            "scheduled tokens reach its last token; scheduler.update_from_output; finish "
+            "(scheduler and runner) a request with a stop reason; return the RequestOutputs of "
+            "the sampled requests."
         )
 
     # Given

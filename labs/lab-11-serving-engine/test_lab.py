@@ -194,10 +194,9 @@ def test_draws_follow_temperature_top_k_and_top_p(temperature, top_k, top_p):
     logits = np.array([1.0, 0.2, 2.0, -0.5, 1.5, 0.0])
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=7)
     want = sampling_distribution(logits, params)
-    rng = np.random.default_rng(7)
-    n = 4000
-    counts = np.bincount([impl.sample(logits, params, rng) for _ in range(n)],
-                         minlength=len(logits)) / n
+    n = 2000  # one generator per draw: a call gets a copy of its arguments (the grader)
+    counts = np.bincount([impl.sample(logits, params, np.random.default_rng([7, i]))
+                          for i in range(n)], minlength=len(logits)) / n
     outside = np.flatnonzero((want == 0) & (counts > 0))
     assert not outside.size, (
         f"tokens {outside.tolist()} were drawn but lie outside top_k={top_k} / the top_p="
@@ -206,7 +205,7 @@ def test_draws_follow_temperature_top_k_and_top_p(temperature, top_k, top_p):
     assert not missing.size, (
         f"tokens {missing.tolist()} of the nucleus were never drawn: the token whose mass "
         "crosses top_p belongs to the nucleus")
-    np.testing.assert_allclose(counts, want, atol=0.035, err_msg=(
+    np.testing.assert_allclose(counts, want, atol=0.05, err_msg=(
         "draw frequencies do not follow softmax(logits / temperature) restricted to the "
         "kept tokens and renormalised (divide the logits by the temperature before softmax)"))
 
@@ -233,56 +232,61 @@ def sequence(rid: str, n_prompt: int, max_tokens: int = 4, first: int = 0) -> pr
 
 def scheduler(num_blocks=16, block_size=4, budget=8, max_num_seqs=8, caching=False):
     kv = provided.KVCacheManager(num_blocks, block_size, enable_prefix_caching=caching)
-    return kv, impl.Scheduler(kv, max_num_batched_tokens=budget, max_num_seqs=max_num_seqs)
+    return impl.Scheduler(kv, max_num_batched_tokens=budget, max_num_seqs=max_num_seqs)
 
 
-def advance(sched: impl.Scheduler, out: provided.SchedulerOutput, seqs, token=1) -> None:
-    """What the engine does after a forward pass: count the computed tokens and append a
-    token to every request whose prompt is done."""
-    for s in out.scheduled:
-        seq = seqs[s.request_id]
-        seq.num_computed_tokens += s.num_new_tokens
-        if seq.num_computed_tokens == seq.num_tokens:
-            seq.output_token_ids.append(token)
+def advance(sched, out: provided.SchedulerOutput, lengths: dict[str, int], token=1) -> None:
+    """What the engine does after a forward pass: every request whose scheduled tokens
+    reach its last token samples ``token``. ``lengths``: each request's tokens so far (the
+    test's own count, updated here)."""
+    sampled = {s.request_id: token for s in out.scheduled
+               if s.num_computed_tokens + s.num_new_tokens == lengths[s.request_id]}
+    sched.update_from_output(out, sampled)
+    for rid in sampled:
+        lengths[rid] += 1
 
 
 @pytest.mark.points(2)
 def test_a_long_prompt_is_prefilled_in_chunks_that_continue_from_num_computed_tokens():
-    kv, sched = scheduler(budget=4)
-    seq = sequence("a", 10)
-    sched.add(seq)
-    chunks = []
+    sched = scheduler(budget=4)
+    sched.add(sequence("a", 10))
+    chunks, lengths = [], {"a": 10}
     for _ in range(3):
         out = sched.schedule()
         chunks += [(s.num_computed_tokens, s.num_new_tokens) for s in out.scheduled]
-        advance(sched, out, {"a": seq})
+        advance(sched, out, lengths)
     assert chunks == [(0, 4), (4, 4), (8, 2)], f"chunks {chunks}: {CHUNK_CONTINUES}"
 
 
 @pytest.mark.points(2)
 def test_decode_rows_come_first_and_the_budget_is_never_exceeded():
-    kv, sched = scheduler(budget=6)
-    seqs = {r: sequence(r, n, first=10 * i) for i, (r, n) in enumerate([("a", 3), ("b", 3)])}
-    for s in seqs.values():
-        sched.add(s)
-    advance(sched, sched.schedule(), seqs)  # a and b prefilled in one step (3 + 3)
-    seqs["c"] = sequence("c", 12, first=50)
-    sched.add(seqs["c"])
+    sched = scheduler(budget=6)
+    lengths = {"a": 3, "b": 3, "c": 12}
+    sched.add(sequence("a", 3))
+    sched.add(sequence("b", 3, first=10))
+    advance(sched, sched.schedule(), lengths)  # a and b prefilled in one step (3 + 3)
+    sched.add(sequence("c", 12, first=50))
     out = sched.schedule()
     got = [(s.request_id, s.num_new_tokens) for s in out.scheduled]
     assert out.num_batched_tokens <= 6, f"{got}: the step has more tokens than its budget"
     assert got[:2] == [("a", 1), ("b", 1)] and got[2:] == [("c", 4)], (
         f"scheduled {got}: the running requests' decode rows first (one token each), then "
         "the new prompt gets what is left of the token budget (a chunk of 4)")
+    advance(sched, out, lengths)
+    out = sched.schedule()  # c is running now, mid-prefill: the decodes still go first
+    got = [(s.request_id, s.num_new_tokens) for s in out.scheduled]
+    assert got == [("a", 1), ("b", 1), ("c", 4)], (
+        f"scheduled {got}: decode rows first, then the running prompt's next chunk (a long "
+        "prefill must not starve the decodes)")
 
 
 @pytest.mark.points(2)
 def test_when_the_pool_runs_out_the_newest_request_is_preempted_and_recomputed():
-    kv, sched = scheduler(num_blocks=3, block_size=2, budget=16)
-    seqs = {r: sequence(r, 2, max_tokens=8, first=10 * i) for i, r in enumerate("abc")}
-    for s in seqs.values():
-        sched.add(s)
-    advance(sched, sched.schedule(), seqs)  # each holds one full block
+    sched = scheduler(num_blocks=3, block_size=2, budget=16)
+    lengths = dict.fromkeys("abc", 2)
+    for i, r in enumerate("abc"):
+        sched.add(sequence(r, 2, max_tokens=8, first=10 * i))
+    advance(sched, sched.schedule(), lengths)  # each holds one full block
     out = sched.schedule()  # every decode needs a second block and none is free
     assert out.preempted == ("c", "b"), (
         f"preempted {out.preempted}, want ('c', 'b'): recompute preemption frees the NEWEST "
@@ -290,14 +294,17 @@ def test_when_the_pool_runs_out_the_newest_request_is_preempted_and_recomputed()
         "then b needs one, and the newest running request is b itself")
     assert [s.request_id for s in out.scheduled] == ["a"], (
         f"scheduled {[s.request_id for s in out.scheduled]}: only a keeps running")
-    assert seqs["c"].num_computed_tokens == 0 and seqs["c"].status == "waiting", (
-        "a preempted request waits with num_computed_tokens = 0: its K/V is recomputed")
-    assert kv.request_ids == ["a"], f"blocks held by {kv.request_ids}: {LEAK}"
+    waiting = [(s.request_id, s.num_computed_tokens, s.status) for s in sched.waiting]
+    assert waiting == [("b", 0, "waiting"), ("c", 0, "waiting")], (
+        f"waiting queue {waiting}: a preempted request waits at the HEAD of the queue (the "
+        "older first) with num_computed_tokens = 0: its K/V is recomputed")
+    held = sched.kv.request_ids
+    assert held == ["a"], f"blocks held by {held}: {LEAK}"
 
 
 @pytest.mark.points(1)
 def test_no_more_than_max_num_seqs_requests_run_at_once():
-    kv, sched = scheduler(budget=64, max_num_seqs=2)
+    sched = scheduler(budget=64, max_num_seqs=2)
     for i in range(4):
         sched.add(sequence(f"r{i}", 2, first=10 * i))
     out = sched.schedule()
