@@ -13,7 +13,6 @@ Laid out like nano-vllm's ``engine/`` and shaped like vLLM's surface
 from __future__ import annotations
 
 import os
-from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
@@ -140,7 +139,7 @@ class Scheduler:
         self.max_num_batched_tokens = provided.check_int(
             "max_num_batched_tokens", max_num_batched_tokens, 1)
         self.max_num_seqs = provided.check_int("max_num_seqs", max_num_seqs, 1)
-        self.waiting: deque[provided.Sequence] = deque()
+        self.waiting: list[provided.Sequence] = []  # head first
         self.running: list[provided.Sequence] = []
 
     def add(self, seq: provided.Sequence) -> None:
@@ -184,7 +183,7 @@ class Scheduler:
             n = min(seq.num_tokens - num_computed, budget)
             if self.kv.allocate_slots(seq.request_id, seq.token_ids, n) is None:
                 break
-            self.waiting.popleft()
+            self.waiting.pop(0)
             seq.status, seq.num_computed_tokens = "running", num_computed
             self.running.append(seq)
             scheduled[seq.request_id] = provided.ScheduledRequest(
@@ -210,7 +209,7 @@ class Scheduler:
         self.kv.free(victim.request_id)
         victim.status, victim.num_computed_tokens = "waiting", 0
         victim.num_preemptions += 1
-        self.waiting.appendleft(victim)
+        self.waiting.insert(0, victim)
         return victim
 
     def finish(self, seq: provided.Sequence, reason: str) -> None:

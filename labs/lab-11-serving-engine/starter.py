@@ -22,7 +22,6 @@ Laid out like nano-vllm's ``engine/`` and shaped like vLLM's surface
 from __future__ import annotations
 
 import os
-from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
@@ -115,7 +114,7 @@ class Scheduler:
         self.max_num_batched_tokens = provided.check_int(
             "max_num_batched_tokens", max_num_batched_tokens, 1)
         self.max_num_seqs = provided.check_int("max_num_seqs", max_num_seqs, 1)
-        self.waiting: deque[provided.Sequence] = deque()
+        self.waiting: list[provided.Sequence] = []  # head first
         self.running: list[provided.Sequence] = []
 
     # Given
