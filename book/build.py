@@ -37,7 +37,7 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 BOOK = REPO / "book"
 SRC = REPO / "build" / "book-src"
 # The learner path of the top README; labs not listed follow in folder order.
-LAB_ORDER = ("08", "10", "09", "00", "01", "03", "04", "02", "05", "06", "07")
+LAB_ORDER = ("08", "10", "09", "00", "01", "03", "04", "02", "05", "06", "07", "11")
 VISUALISATIONS = (  # (page file in book/pages/, title)
     ("flash-attention-tiling.md", "FlashAttention tiling"),
     ("paged-attention-blocks.md", "PagedAttention blocks"),
