@@ -33,6 +33,8 @@ CHECK_DEPS := $(if $(DEPS),$(CHECK_STAMP))
 
 # The instructor's tree tests the solutions; a student copy (no solution.py) tests the starters.
 TEST_IMPL := $(if $(wildcard labs/*/solution.py),solution,starter)
+# The labs `make trace` runs on a starter: their lab.toml says trace = "starter" (labs/manifest.py).
+TRACE_LABS = $(sort $(foreach f,$(shell grep -lE '^trace *= *"starter"' labs/*/lab.toml 2>/dev/null),$(word 2,$(subst -, ,$(f)))))
 
 help::
 	@echo "make setup           create .venv with the pinned packages (first time: a few minutes)"
@@ -48,7 +50,7 @@ help::
 	@echo "make check-setup     resolve the pins for Linux/macOS/Windows x Python 3.10-3.13 (PyPI, minutes)"
 	@echo "make test-no-triton  the suite as a Mac or Windows laptop runs it (triton unimportable)"
 	@echo "make book            build the web book with its visualisations into build/book/"
-	@echo "make trace LAB=00    run your starter.py on a visualisation's inputs (labs 00, 01, 04, 07, 08, 10)"
+	@echo "make trace LAB=00    run your starter.py on a visualisation's inputs (labs $(TRACE_LABS))"
 
 # One stamp per requirements file: a second `make test` installs nothing.
 # --only-binary: every pin has a wheel for every supported laptop (make check-setup), so
@@ -88,7 +90,7 @@ book: $(DEPS) $(BOOK_DEPS)
 
 # Your starter.py on a visualisation's inputs, beside the reference (book/README.md).
 trace: $(DEPS)
-	@test -n "$(LAB)" || { echo "usage: make trace LAB=00 (labs 00, 01, 04, 07, 08, 10)"; exit 2; }
+	@test -n "$(LAB)" || { echo "usage: make trace LAB=00 (labs $(TRACE_LABS))"; exit 2; }
 	@echo ">> running your starter.py (lab $(LAB)) on the visualisation's inputs"
 	LAB_IMPL=starter $(PY) -m book.traces --impl starter --lab $(LAB)
 

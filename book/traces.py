@@ -32,17 +32,11 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from common.loader import load_impl, load_lab_module  # noqa: E402
+from labs import manifest  # noqa: E402
 
-LABS = {
-    "00": "lab-00-online-softmax",
-    "01": "lab-01-paged-attention-gather",
-    "04": "lab-04-flash-decoding-partitions",
-    "06": "lab-06-mla-window-sinks",
-    "07": "lab-07-kv-block-manager",
-    "08": "lab-08-attention-from-scratch",
-    "10": "lab-10-approximate-attention",
-}
-TRACEABLE = ("00", "01", "04", "07", "08", "10")  # the labs `make trace` runs on a starter
+# The labs with a trace and the labs `make trace` runs on a starter (labs/manifest.py).
+LABS = {e.number: e.folder for e in manifest.traced("reference")}
+TRACEABLE = tuple(sorted(e.number for e in manifest.traced("starter")))
 REFERENCE_DIR = REPO / "book" / "viz" / "traces"
 TOL = 1e-9
 BYTES = 2  # fp16/bf16 elements, as on a GPU
@@ -1004,7 +998,8 @@ def build(lab: str, impl_name: str, lab_dir: pathlib.Path | None = None) -> dict
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--impl", default="solution", choices=("solution", "starter"))
-    ap.add_argument("--lab", action="append", help="00, 01, 04, 06, 07, 08 or 10 (default: all)")
+    ap.add_argument("--lab", action="append",
+                    help=f"{', '.join(sorted(LABS))} (default: all)")
     ap.add_argument("--lab-dir", type=pathlib.Path, help="the lab folder to load (tests)")
     ap.add_argument("--out", type=pathlib.Path, default=None)
     args = ap.parse_args(argv)
@@ -1044,10 +1039,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _show_in_book(path: pathlib.Path, lab: str) -> None:
     """Put the learner's trace into the built book, if there is one, and say which pages."""
-    pages = {"00": ["flash-attention-tiling"], "01": ["paged-attention-blocks"],
-             "04": ["split-kv-merge"], "07": ["paged-attention-blocks"],
-             "08": ["attention-scoring-functions", "attention-multihead-self"],
-             "10": ["attention-pattern-zoo", "lsh-attention-bucketing"]}[lab]
+    pages = manifest.lab(lab).trace_pages
     book = REPO / "build" / "book" / "viz"
     names = " and ".join(f"build/book/viz/{page}.html" for page in pages)
     if (book / "traces").is_dir():

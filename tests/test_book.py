@@ -28,11 +28,6 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 SHOTS = ROOT / "build" / "book-screenshots"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
-VIZ = ("flash-attention-tiling", "paged-attention-blocks", "kv-cache-evolution", "split-kv-merge",
-       "ring-attention-rotation", "gpu-memory-hierarchy", "sliding-window-receptive-field",
-       "attention-scoring-functions", "attention-bahdanau-alignment", "attention-multihead-self",
-       "fa1-vs-fa2-parallelism", "attention-pattern-zoo", "lsh-attention-bucketing",
-       "attention-complexity-scaling")
 PAGE_BUDGET = 200 * 1024  # bytes, gzipped
 pytestmark = pytest.mark.timeout(600)  # the first test may apt-get install chromium
 ACC_LINE = "            acc = alpha[:, None] * acc + p @ v[k0:k1]"
@@ -45,6 +40,10 @@ sys.path.insert(0, str(ROOT))
 from book.build import main as build_main  # noqa: E402
 from book.traces import main as traces_main  # noqa: E402
 from book.traces import read_script  # noqa: E402
+from labs import manifest  # noqa: E402
+
+VIZ = tuple(page.name for page, _ in manifest.pages())  # every visualisation of the book
+STARTER_TRACES = sorted(e.number for e in manifest.traced("starter"))  # make trace's labs
 
 
 def chromium_path() -> str | None:
@@ -657,7 +656,7 @@ def test_make_trace_finds_the_first_step_a_planted_mistake_changes(tmp_path, lab
 
 @pytest.mark.skipif(not list(ROOT.glob("labs/*/solution.py")),
                     reason="a student copy: its starters are the student's, not untouched ones")
-@pytest.mark.parametrize("lab", ["00", "01", "04", "07", "08", "10"])
+@pytest.mark.parametrize("lab", STARTER_TRACES)
 def test_an_untouched_starter_is_traced_with_its_todo(tmp_path, lab):
     assert traces_main(["--impl", "starter", "--lab", lab, "--out", str(tmp_path)]) == 0
     trace = read_script(tmp_path / f"lab{lab}-starter.js")
