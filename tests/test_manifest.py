@@ -75,11 +75,18 @@ def test_the_traced_labs_have_their_builders_and_committed_traces():
 
     ref = {e.number for e in manifest.traced("reference")}
     starter = {e.number for e in manifest.traced("starter")}
-    assert set(traces.BUILDERS) == ref, "book/traces.py's builders vs the labs' [book] trace"
-    assert set(traces.DIFFS) == starter, "a starter trace needs its diff in book/traces.py"
+    with_file = {e.number for e in LABS if (e.dir / "traces.py").is_file()}
+    assert with_file == ref, (
+        "a lab has labs/<lab>/traces.py exactly when its lab.toml sets [book] trace: "
+        f"traces.py without trace {sorted(with_file - ref)}, trace without traces.py "
+        f"{sorted(ref - with_file)}")
+    assert set(traces.BUILDERS) == ref
+    no_diff = sorted(n for n in starter if not callable(getattr(traces.lab_traces(n), "diff", 0)))
+    assert not no_diff, f"labs {no_diff}: a starter trace needs diff(mine, ref) in traces.py"
     extra = {name: e.number for e in LABS for name in e.extra_traces}
     assert {n: lab for n, (lab, _) in traces.EXTRA.items()} == extra, (
-        "book/traces.py's reference-only traces vs the labs' [book] extra_traces")
+        "the reference-only traces (labs/<lab>/traces.py's EXTRA) vs the labs' [book] "
+        "extra_traces")
     committed = {p.name for p in (ROOT / "book" / "viz" / "traces").glob("*-reference.js")}
     wanted = {f"lab{n}-reference.js" for n in ref} | {f"{n}-reference.js" for n in extra}
     assert committed == wanted, (
