@@ -39,8 +39,9 @@ TRACE_LABS = $(sort $(foreach f,$(shell grep -lE '^trace *= *"starter"' labs/*/l
 help::
 	@echo "make setup           create .venv with the pinned packages (first time: a few minutes)"
 	@echo "                     on Linux without a GPU: make setup TORCH_INDEX=https://download.pytorch.org/whl/cpu"
-	@echo "make test            run the whole CPU suite ($(TEST_IMPL).py of every lab): what CI runs"
-	@echo "make test-slow       run only the slow tests (end-to-end grading, every kernel compiled for sm_90)"
+	@echo "make test            run the CPU suite ($(TEST_IMPL).py of every lab), slow tests left out"
+	@echo "make test-slow       run only the slow tests (end-to-end grading, the book in a browser, every"
+	@echo "                     kernel compiled for sm_90); CI (.ci/run) runs make test, then this"
 	@echo "make grade LAB=00    grade your starter.py (LAB_IMPL=starter); omit LAB for all labs"
 	@echo "make test-lab LAB=00 run one lab's tests ($(TEST_IMPL).py)"
 	@echo "make bench           benchmark the Triton kernels (interpreter mode without CUDA)"
@@ -94,14 +95,14 @@ trace: $(DEPS)
 	@echo ">> running your starter.py (lab $(LAB)) on the visualisation's inputs"
 	LAB_IMPL=starter $(PY) -m book.traces --impl starter --lab $(LAB)
 
-# The slow end-to-end grading tests too (plain pytest deselects every `slow` test through
-# pyproject's addopts), but not the compile-every-kernel check of make gpu-report.
+# Every test but the `slow` ones (whole-pipeline runs: `make test-slow`) and the kernel
+# compiles of make gpu-report.
 test: $(DEPS) $(BOOK_DEPS)
-	@echo ">> running the CPU suite (LAB_IMPL=$(TEST_IMPL)), slow grading tests included"
-	LAB_IMPL=$(TEST_IMPL) $(PY) -m pytest -q -m "not gpu_report and not gpu_compile"
+	@echo ">> running the CPU suite (LAB_IMPL=$(TEST_IMPL)); the slow tests: make test-slow"
+	LAB_IMPL=$(TEST_IMPL) $(PY) -m pytest -q -m "not slow and not gpu_report and not gpu_compile"
 
-# The `slow` tests, which `make test` leaves out (pyproject's addopts: -m "not slow").
-test-slow: $(DEPS)
+# The `slow` tests, which `make test` leaves out (as plain pytest does: pyproject's addopts).
+test-slow: $(DEPS) $(BOOK_DEPS)
 	@echo ">> running the slow tests (LAB_IMPL=$(TEST_IMPL))"
 	LAB_IMPL=$(TEST_IMPL) $(PY) -m pytest -q -m "slow or gpu_compile"
 
