@@ -614,7 +614,8 @@ def test_gqa_repeats_each_kv_head_for_its_group_as_sdpa_enable_gqa(h, h_kv):
     assert_close(got, want, what=f"SDPA with enable_gqa, H={h}, Hkv={h_kv}",
                  wrong_answers=wrong)  # fmt: skip
     # the same, from common's reference (query head h reads KV head h // group)
-    assert_close(got, reference_sdpa_gqa(q, k, v, top_left(lq, lk)), what="SDPA with GQA")
+    assert_close(got, reference_sdpa_gqa(q, k, v, top_left(lq, lk)), what="SDPA with GQA",
+                 hint="query head h reads KV head h // (H // Hkv)")
 
 
 def reference_sdpa_gqa(q, k, v, mask):
@@ -876,8 +877,10 @@ def test_rope_preserves_norms_and_leaves_position_zero_alone(half, interleaved, 
     pos = np.array([0, 1, 7, 100, 4096])
     got = to_float64(impl.apply_rope(x, pos, interleaved=interleaved))
     assert_close(np.linalg.norm(got, axis=-1), np.linalg.norm(x, axis=-1),
-                 what="norms after RoPE (a rotation keeps lengths)", atol=1e-10, rtol=1e-10)
-    assert_close(got[0], x[0], what="RoPE at position 0 (angle 0: nothing moves)")
+                 what="norms after RoPE (a rotation keeps lengths)", atol=1e-10, rtol=1e-10,
+                 hint=ROPE_NOT_A_ROTATION)
+    assert_close(got[0], x[0], what="RoPE at position 0 (angle 0: nothing moves)",
+                 hint="the angle is position * theta_i: at position 0 every pair stays put")
 
 
 @pytest.mark.points(2)
