@@ -55,6 +55,10 @@ BOTTOM_RIGHT = (
     "the mask was aligned bottom-right"
 )
 TILE_MAX = "m must be the running max over every tile so far, not the current tile's max"
+M_STARTS_AT_ZERO = (
+    "the running max started at 0, not -inf: the empty summary is (m, l) = (-inf, 0), and a "
+    "tile of nothing but -inf leaves it there"
+)
 PER_TILE_SOFTMAX = "each tile was normalised on its own: the tiles' denominators must be combined"
 ATTENTION_NAN_HINT = (
     "NaN reached the output. Usual causes: exp(-inf - (-inf)) for a row whose scores are all "
@@ -172,6 +176,18 @@ def steps_misconceptions(x, tile_size):
     return {NO_RESCALE_L: np.array(no_rescale), TILE_MAX: np.array(tile_max)}
 
 
+def steps_from_zero(x, tile_size):
+    """(m, l) after each tile when the running max starts at 0 instead of -inf."""
+    m, l, out = 0.0, 0.0, []
+    with np.errstate(all="ignore"):
+        for start in range(0, len(x), tile_size):
+            tile = x[start : start + tile_size]
+            top = max(m, float(tile.max()))
+            l, m = l * math.exp(m - top) + float(np.exp(tile - top).sum()), top
+            out.append((m, l))
+    return np.array(out)
+
+
 def as_steps_array(steps, x, tile_size):
     if not isinstance(steps, list | tuple):
         raise AssertionError(
@@ -263,7 +279,8 @@ def test_masked_minus_inf_scores_get_zero_probability_without_nan():
     with np.errstate(invalid="ignore"):
         steps = impl.online_softmax_steps(x, 3)
         got = impl.online_softmax(x, 3)
-    assert_close(as_steps_array(steps, x, 3), expected_steps(x, 3), what="(m, l)", nan_hint=hint)
+    assert_close(as_steps_array(steps, x, 3), expected_steps(x, 3), what="(m, l)", nan_hint=hint,
+                 wrong_answers={M_STARTS_AT_ZERO: steps_from_zero(x, 3)})
     assert_close(got, reference_softmax(x), what="softmax with -inf entries", nan_hint=hint)
 
 
