@@ -55,6 +55,10 @@ BOTTOM_RIGHT = (
     "the mask was aligned bottom-right"
 )
 TILE_MAX = "m must be the running max over every tile so far, not the current tile's max"
+STRIDED_VIEW = (
+    "q, k or v is a strided view here (not contiguous): pass each tensor's own strides "
+    "(*k.stride()), never strides computed from its shape or from a .contiguous() copy"
+)
 M_STARTS_AT_ZERO = (
     "the running max started at 0, not -inf: the empty summary is (m, l) = (-inf, 0), and a "
     "tile of nothing but -inf leaves it there"
@@ -692,7 +696,8 @@ def check_forward_kernel(
         atol=atol,
         rtol=rtol,
         wrong_answers=wrong_out,
-        hint="look at the rows and columns past the last full tile",
+        hint=STRIDED_VIEW if not all(x.is_contiguous() for x in (q, k, v))
+        else "look at the rows and columns past the last full tile",
         **extra,
     )
     assert_attention_close(
