@@ -275,7 +275,8 @@ def paged_decode_fp8_triton(
                         interpreter=provided.INTERPRETER_TILES, block_n=block_n)
     scale = default_scale(head_dim) if scale is None else float(scale)
 
-    q, k_cache, v_cache = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k_cache, v_cache))
+    q, k_cache, v_cache = (
+        t if t.stride(-1) == 1 else t.contiguous() for t in (q, k_cache, v_cache))
     k_scale, v_scale = (s if per_token_head else s.reshape(1) for s in (k_scale, v_scale))
     block_tables = block_tables.to(device=q.device, dtype=torch.int32).contiguous()
     seq_lens = seq_lens.to(device=q.device, dtype=torch.int32).contiguous()
