@@ -111,12 +111,12 @@ def decoded(bits) -> np.ndarray:
 
 
 def outlier_kv(rng: np.random.Generator, tokens: int = 64, heads: int = 2,
-               head_dim: int = 32) -> np.ndarray:
-    """K as models make it: most channels ~N(0, 1), two outlier channels ~20x, and one
-    outlier token (an attention-sink-like first token) ~60x."""
+               head_dim: int = 32, token_factor: float = 1000.0) -> np.ndarray:
+    """K with outliers: most channels ~N(0, 1), two outlier channels ~20x, and the first
+    token ``token_factor`` times larger (1000x by default: an extreme, to show the mechanism)."""
     x = rng.standard_normal((tokens, heads, head_dim))
     x[..., [1, head_dim - 3]] *= 20.0
-    x[:1] *= 60.0
+    x[:1] *= token_factor
     return x
 
 
@@ -248,7 +248,7 @@ def test_dequantize_multiplies_the_grid_value_by_the_scale():
 
 @pytest.mark.points(2)
 def test_per_token_head_scales_keep_an_outlier_token_from_crushing_the_others():
-    """K with two outlier channels (20x) and an outlier first token (60x). One scale for the
+    """K with two outlier channels (20x) and an outlier first token (1000x). One scale for the
     tensor is set by that token, so every other token's small channels fall into e4m3's
     subnormals; a scale per token-head confines the damage to the token itself. bf16 and
     fp16, for comparison, keep 8 and 11 significant bits whatever the neighbours."""
@@ -407,7 +407,7 @@ def fp8_paged_case(rng: np.random.Generator, lens: list[int], num_heads: int, kv
     """A random decode step over a paged fp8 cache, built with the oracle (never the code
     under test). V is 8x larger than K, so ``k_scale != v_scale``. Returns the uint8 caches,
     the scales (``[1]`` or per slot), tables, lengths, q and the dequantised dense K/V."""
-    ks = [outlier_kv(rng, n, kv_heads, head_dim) * 0.5 for n in lens]
+    ks = [outlier_kv(rng, n, kv_heads, head_dim, token_factor=3.0) * 0.5 for n in lens]
     vs = [8 * rng.standard_normal((n, kv_heads, head_dim)) for n in lens]
     if per == "tensor":
         k_amax = max(float(np.abs(k).max()) for k in ks if k.size)
