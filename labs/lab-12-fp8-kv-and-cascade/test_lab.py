@@ -34,6 +34,7 @@ from common.testing import (
     BadInputs,
     assert_close,
     assert_no_races,
+    assert_value_error_names,
     bad_input_test,
     basic_value_test,
     called_on_copies,
@@ -674,12 +675,20 @@ BAD_TRITON_CALLS: BadInputs = {
     "a float64 v_scale": (
         "v_scale", functools.partial(_fp8_call, v_scale=torch.ones(1, dtype=torch.float64,
                                                                    device=DEVICE))),
-    "block_n 16 (an fp8 tile needs >= 32 keys)": ("block_n", functools.partial(_fp8_call,
-                                                                               block_n=16)),
     "block_n not a power of two": ("block_n", functools.partial(_fp8_call, block_n=48)),
     "block_tables too narrow for max_seq_len": (
         "block_tables", functools.partial(_fp8_call, max_seq_len=9)),
 }
+
+@pytest.mark.triton
+@pytest.mark.points(1)
+def test_an_fp8_tile_of_fewer_than_32_keys_is_refused():
+    """vLLM's Triton decode keeps fp8 tiles at >= 32 keys (16 for bf16): an fp8 MMA
+    contracts 32 elements, and in P @ V the keys are that dimension."""
+    _fp8_call(block_n=32)  # the smallest fp8 tile: accepted
+    assert_value_error_names(functools.partial(_fp8_call, block_n=16), "block_n",
+                             "block_n=16 on an fp8 cache (tiles need >= 32 keys)")
+
 
 test_triton_fp8_launcher_rejects_bad_input_with_a_value_error_naming_the_argument = (
     bad_input_test(BAD_TRITON_CALLS, points=0.5, marks=(pytest.mark.triton,)))
