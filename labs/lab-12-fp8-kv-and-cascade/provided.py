@@ -162,6 +162,22 @@ def _scale_kind(scale: Any, name: str, slots_shape: tuple[int, ...]) -> str:
                      f"[num_blocks, block_size, num_kv_heads] = {tuple(slots_shape)}")
 
 
+def check_states_inputs(q: Any, k: Any, v: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """float64 ``q [N, H, d]``, ``k [L, KVH, d]``, ``v [L, KVH, dv]``, ``H`` a multiple of
+    ``KVH``, for :func:`attention_states`."""
+    q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
+    if q.ndim != 3:
+        raise ValueError(f"q must be [num_queries, num_heads, head_dim], got shape {q.shape}")
+    if k.ndim != 3 or k.shape[2] != q.shape[2]:
+        raise ValueError(f"k must be [num_keys, num_kv_heads, {q.shape[2]}], got {k.shape}")
+    if v.ndim != 3 or v.shape[:2] != k.shape[:2]:
+        raise ValueError(f"v must be [{k.shape[0]}, {k.shape[1]}, head_dim_v], got {v.shape}")
+    if k.shape[1] < 1 or q.shape[1] % k.shape[1]:
+        raise ValueError(f"num_heads={q.shape[1]} is not a multiple of num_kv_heads="
+                         f"{k.shape[1]}")
+    return q, k, v
+
+
 def check_cascade_inputs(
     q: Any, prefix_k: Any, prefix_v: Any, suffix_k: Any, suffix_v: Any, suffix_lens: Any
 ) -> tuple[np.ndarray, ...]:

@@ -318,7 +318,7 @@ def attention_states(
     """Many queries over ONE key/value set, in one pass: q ``[N, H, d]``, k ``[L, KVH, d]``,
     v ``[L, KVH, dv]`` -> ``(out [N, H, dv], lse [N, H])``, float64. ``L = 0`` gives
     out 0 and lse -inf. Query head h reads KV head ``h // (H // KVH)``."""
-    q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
+    q, k, v = provided.check_states_inputs(q, k, v)
     num_queries, num_heads, head_dim = q.shape
     length, num_kv_heads = k.shape[:2]
     group = num_heads // num_kv_heads

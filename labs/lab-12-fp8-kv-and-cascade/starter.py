@@ -220,7 +220,8 @@ def attention_states(
     v ``[L, KVH, dv]`` -> ``(out [N, H, dv], lse [N, H])``, float64. ``L = 0`` gives
     out 0 and lse -inf. Query head h reads KV head ``h // (H // KVH)``."""
     raise NotImplementedError(
-        "TODO: one pass over k/v for all N queries at once: group the query heads by the KV "
+        "TODO: validate with provided.check_states_inputs(q, k, v). One pass over k/v for "
+        "all N queries at once: group the query heads by the KV "
         "head they read (reshape q to [N, KVH, group, d]), score them against that head's "
         "keys in one einsum, and return the softmax output and lse = m + log(l). With L = 0 "
         "return zeros and -inf."

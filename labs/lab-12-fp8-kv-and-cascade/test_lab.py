@@ -850,6 +850,10 @@ BAD_CASCADE_CALLS: BadInputs = {
     "num_heads not a multiple of num_kv_heads": ("num_kv_heads", lambda: impl.cascade_attention(
         np.zeros((2, 3, 4)), np.zeros((3, 2, 4)), np.zeros((3, 2, 4)), np.zeros((2, 5, 2, 4)),
         np.zeros((2, 5, 2, 4)), np.array([2, 2]))),
+    "attention_states: v with another number of keys": ("v", lambda: impl.attention_states(
+        np.zeros((2, 2, 4)), np.zeros((3, 1, 4)), np.zeros((4, 1, 4)))),
+    "attention_states: 2-D q": ("q", lambda: impl.attention_states(
+        np.zeros((2, 4)), np.zeros((3, 1, 4)), np.zeros((3, 1, 4)))),
 }
 
 test_bad_cascade_input_raises_a_value_error_that_names_the_argument = bad_input_test(
