@@ -694,6 +694,35 @@ test_triton_fp8_launcher_rejects_bad_input_with_a_value_error_naming_the_argumen
     bad_input_test(BAD_TRITON_CALLS, points=0.5, marks=(pytest.mark.triton,)))
 
 
+def fp8_decode_at_size(device, dtype, lens: list[int], num_heads: int, kv_heads: int,
+                       per: str, block_size: int = 16, max_seq_len: int | None = None) -> None:
+    """The fp8 kernel on ``device`` at ``dtype`` against the float64 reference."""
+    __tracebackhide__ = True
+    case = fp8_paged_case(np.random.default_rng(20), lens, num_heads, kv_heads, 128,
+                          block_size, per)
+    args = (torch.tensor(case["q"], device=device).to(dtype),
+            *(torch.tensor(case[n], device=device) for n in ("k_cache", "v_cache")),
+            torch.tensor(case["block_tables"], dtype=torch.int32, device=device),
+            torch.tensor(case["seq_lens"], dtype=torch.int32, device=device),
+            *(torch.tensor(case[n], device=device) for n in ("k_scale", "v_scale")))
+    out, lse = impl.paged_decode_fp8_triton(*args, max_seq_len=max_seq_len or max(lens))
+    assert out.dtype == dtype, f"out must be in q's dtype {dtype}, got {out.dtype}"
+    case["q"] = args[0].float().cpu().numpy()  # the reference sees the rounded query
+    check_fp8_case(case, out.double().cpu().numpy(), lse.double().cpu().numpy(),
+                   tol=dict(zip(("atol", "rtol"), tolerance(dtype))), label=f", {dtype}")
+
+
+@pytest.mark.gpu
+@pytest.mark.triton
+@pytest.mark.points(2)
+@pytest.mark.parametrize("per", ["tensor", "token_head"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_triton_fp8_kernel_on_a_gpu_at_llama_size_matches_the_reference(dtype, per):
+    """d 128, GQA 32/8 (Llama-3-8B), block 16, a batch of 1 to 2,100 tokens, the
+    launcher's own tiles."""
+    fp8_decode_at_size("cuda", dtype, [1, 16, 17, 555, 2100], 32, 8, per)
+
+
 # ---- cascade attention ----------------------------------------------------------------------
 
 
