@@ -67,8 +67,12 @@ def bench_work(entry: GpuKernel) -> tuple[int, int]:
 
 
 def judge(entry: GpuKernel, plan: Plan, target: Target, row: dict[str, Any],
-          work: tuple[int, int]) -> dict[str, Any]:  # fmt: skip
-    """One (kernel, target) verdict: the numbers, ``problems`` (fail) and ``flags`` (shown)."""
+          work: tuple[int, int], partial_share: float = 0.0) -> dict[str, Any]:  # fmt: skip
+    """One (kernel, target) verdict: the numbers, ``problems`` (fail) and ``flags`` (shown).
+    ``work``: the kernel's own ``(FLOPs, bytes)`` (``entry.work``) or the call's; with the
+    plan's cost model (``plan.model``, ``common.launch_plan.split_cost``) the plan bound is
+    the modelled kernel time (waves, idle CTAs, partials), else the roof over the SMs the
+    grid occupies."""
     flops, nbytes = work
     ridge = target.tensor_tflops / target.hbm_tbps  # FLOP per byte
     bound = "compute" if flops / nbytes > ridge else "memory"
@@ -106,6 +110,15 @@ def judge(entry: GpuKernel, plan: Plan, target: Target, row: dict[str, Any],
     else:
         factor = min(1.0, in_flight / needed) if needed else 1.0
     roof_us = max(nbytes / (target.hbm_tbps * 1e6), flops / (target.tensor_tflops * 1e6))
+    model = plan.model
+    if model.get("kernel_us"):  # the plan's cost model: waves, idle CTAs, partials inside
+        plan_us = max(roof_us, model["kernel_us"])
+        fraction = BASE[bound] * (1.0 if bound == "memory" else factor) * roof_us / plan_us
+    else:
+        plan_us = roof_us / busy
+        fraction = BASE[bound] * grid_factor * factor
+    partials = model.get("partial_bytes", 0) / model["bytes"] if model.get("bytes") else (
+        partial_share)
     return {
         "lab": entry.lab, "kernel": entry.kernel, "config": entry.config,
         "arch": f"sm_{target.arch}", "target": target.name, "role": entry.role,
@@ -115,9 +128,10 @@ def judge(entry: GpuKernel, plan: Plan, target: Target, row: dict[str, Any],
         "waves": round(waves, 2), "bound": bound, "intensity": round(flops / nbytes, 1),
         "ridge": round(ridge, 1), "mma_kind": row["mma_kind"], "wide_mma": mma_ok,
         "in_flight_kb": round(in_flight / 1024, 1), "needed_kb": round(needed / 1024, 1),
-        "roof_us": round(roof_us, 2), "plan_bound_us": round(roof_us / busy, 2),
-        "model_fraction": round(BASE[bound] * grid_factor * factor, 2),
-        "model_us": round(roof_us / (BASE[bound] * grid_factor * factor), 2),
+        "roof_us": round(roof_us, 2), "plan_bound_us": round(plan_us, 2),
+        "model_fraction": round(fraction, 2),
+        "model_us": round(roof_us / fraction, 2), "partials_share": round(partials, 3),
+        "work_is": "the kernel's own" if entry.work else "the whole call's",
         "problems": problems, "flags": flags,
     }  # fmt: skip
 
@@ -134,8 +148,11 @@ def plan_checks(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                                    entry.summary_dims)}  # fmt: skip
         if not mine:
             continue
-        work = bench_work(entry)
+        call = bench_work(entry)
         for arch_name in sorted(mine, key=lambda a: int(a[3:])):
             target = TARGETS[int(arch_name[3:])]
-            out.append(judge(entry, entry.plan(target), target, mine[arch_name], work))
+            work = entry.work(target) if entry.work else call
+            extra = 2 * max(0, work[1] - call[1]) if entry.role != "helper" else 0
+            share = extra / (call[1] + extra) if extra else 0.0
+            out.append(judge(entry, entry.plan(target), target, mine[arch_name], work, share))
     return out

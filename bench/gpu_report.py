@@ -72,6 +72,7 @@ LIMITS = {
     90: ArchLimits(90, "H100"),
     100: ArchLimits(100, "B200", tmem_cols_per_sm=512),
 }
+SMALL_SMEM_PER_BLOCK = 99 * 1024  # sm_86 / sm_89 (common.launch_plan.SMALL_SMEM, SMEM_SOURCES)
 LIMIT_SOURCES = (
     "CUDA C++ Programming Guide, 'Technical Specifications per Compute Capability' (compute "
     "capabilities 8.0, 9.0, 10.0): 64K 32-bit registers per SM, 255 per thread, 64 resident "
@@ -201,11 +202,16 @@ def row(task: Task, outcome: dict) -> dict[str, Any]:
         return {**base, "status": outcome["status"], "reason": outcome["reason"]}
     result, limits = outcome["result"], LIMITS[task.arch]
     problems = check(result, limits)
+    used, _ = smem_usage(result, limits)
+    fits = {f"sm_{task.arch}": [round(used / 1024, 1), limits.smem_per_block // 1024]}
+    if task.arch == 80:  # sm_86 / sm_89 run the sm_80 binary's tiles: 99 KB a block
+        fits["sm_86/89"] = [round(used / 1024, 1), SMALL_SMEM_PER_BLOCK // 1024]
     keep = ("num_warps", "num_stages", "regs", "spill_stores", "spill_loads", "local",
             "smem_static", "smem_dynamic", "tmem", "dots", "mma", "loads", "key")  # fmt: skip
     return {**base, "status": "ok", **{k: result[k] for k in keep},
             "mma_kind": mma_kind(result["mma"]), "load_style": load_style(result["loads"]),
-            "occupancy": occupancy(result, limits), "problems": problems}  # fmt: skip
+            "occupancy": occupancy(result, limits), "smem_fits": fits,
+            "problems": problems}  # fmt: skip
 
 
 def sort_key(r: dict) -> tuple:
