@@ -28,7 +28,8 @@ from common import launch_plan as lp
 from common.launch_plan import Plan, Target
 from common.triton_env import LOG2E, dot_precision, dot_tile
 
-ARCHS = (80, 90, 100)  # sm_80 (A100), sm_90 (H100), sm_100 (B200)
+ARCHS = (80, 86, 90, 100)  # sm_80 (A100), sm_86 (RTX 30, 99 KB a block), sm_90 (H100), sm_100
+SMALL_ARCHS = (86,)  # compiled in bf16 at the entry's summary head dim only
 DTYPES = ("bf16", "fp16")
 HEAD_DIMS = (64, 128)
 TORCH_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}

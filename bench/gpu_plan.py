@@ -150,6 +150,8 @@ def plan_checks(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         call = bench_work(entry)
         for arch_name in sorted(mine, key=lambda a: int(a[3:])):
+            if int(arch_name[3:]) not in TARGETS:  # sm_86: compiled for its shared memory only
+                continue
             target = TARGETS[int(arch_name[3:])]
             work = entry.work(target) if entry.work else call
             extra = 2 * max(0, work[1] - call[1]) if entry.role != "helper" else 0

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from bench.gpu_compile import DEFAULT_CACHE, SCHEMA, Task, run_tasks
-from bench.gpu_kernels import ARCHS, GPU_KERNELS, GpuKernel
+from bench.gpu_kernels import ARCHS, GPU_KERNELS, SMALL_ARCHS, GpuKernel
 from bench.gpu_plan import MODEL_ASSUMPTIONS, plan_checks
 from bench.gpu_render import write_report
 from common.launch_plan import TARGET_SOURCES
@@ -69,15 +69,17 @@ class ArchLimits:
 LIMITS = {
     80: ArchLimits(80, "A100", smem_per_sm=164 * 1024, smem_per_block=163 * 1024,
                    reserved_in_cubin=False),
+    86: ArchLimits(86, "RTX 30 / laptop (sm_86; sm_89 has the same shared memory)",
+                   max_warps_per_sm=48, max_blocks_per_sm=16, smem_per_sm=100 * 1024,
+                   smem_per_block=99 * 1024, reserved_in_cubin=False),
     90: ArchLimits(90, "H100"),
     100: ArchLimits(100, "B200", tmem_cols_per_sm=512),
 }
-SMALL_SMEM_PER_BLOCK = 99 * 1024  # sm_86 / sm_89 (common.launch_plan.SMALL_SMEM, SMEM_SOURCES)
 LIMIT_SOURCES = (
     "CUDA C++ Programming Guide, 'Technical Specifications per Compute Capability' (compute "
-    "capabilities 8.0, 9.0, 10.0): 64K 32-bit registers per SM, 255 per thread, 64 resident "
-    "warps and 32 resident blocks per SM; shared memory per SM / per block 164 / 163 KB (8.0), "
-    "228 / 227 KB (9.0, 10.0).",
+    "capabilities 8.0, 8.6, 9.0, 10.0): 64K 32-bit registers per SM, 255 per thread, 64 "
+    "resident warps and 32 resident blocks per SM (8.6: 48 and 16); shared memory per SM / per "
+    "block 164 / 163 KB (8.0), 100 / 99 KB (8.6, 8.9), 228 / 227 KB (9.0, 10.0).",
     "NVIDIA Ampere, Hopper and Blackwell Tuning Guides, 'Occupancy' and 'Unified Shared "
     "Memory/L1/Texture Cache': the same figures, and 1 KB of shared memory reserved by the "
     "system for each resident block.",
@@ -181,6 +183,9 @@ def make_tasks(args: argparse.Namespace) -> list[Task]:
         for dtype in entry.dtypes:
             for d in entry.head_dims:
                 for arch in args.arch:
+                    small = arch in SMALL_ARCHS
+                    if small and (dtype != entry.dtypes[0] or d != entry.summary_dims):
+                        continue
                     if args.dtype and dtype not in args.dtype:
                         continue
                     if args.head_dim and d not in args.head_dim:
@@ -204,8 +209,6 @@ def row(task: Task, outcome: dict) -> dict[str, Any]:
     problems = check(result, limits)
     used, _ = smem_usage(result, limits)
     fits = {f"sm_{task.arch}": [round(used / 1024, 1), limits.smem_per_block // 1024]}
-    if task.arch == 80:  # sm_86 / sm_89 run the sm_80 binary's tiles: 99 KB a block
-        fits["sm_86/89"] = [round(used / 1024, 1), SMALL_SMEM_PER_BLOCK // 1024]
     keep = ("num_warps", "num_stages", "regs", "spill_stores", "spill_loads", "local",
             "smem_static", "smem_dynamic", "tmem", "dots", "mma", "loads", "key")  # fmt: skip
     return {**base, "status": "ok", **{k: result[k] for k in keep},
