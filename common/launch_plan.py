@@ -465,9 +465,10 @@ def _prefill_ctas(
     elem: int = 2,
 ) -> tuple[list[tuple[float, float]], int]:
     """``([(bytes, FLOPs) per busy CTA], idle CTAs)`` of lab 03's grid for one KV head:
-    ``ceil(q_len x group / block_m)`` tiles per sequence, tile j attending keys up to
-    ``n - q + (j + 1) x BLOCK_Q`` (bottom-right causal); K/V bytes shared by a sequence's
-    tiles through L2 (counted once), the grid's ``+ B`` slack CTAs idle."""
+    ``ceil(q_len x group / block_m)`` tiles per sequence, tile j computing all ``block_m``
+    rows (padded rows too: one decode token in a 128-row tile costs 128 rows of MMA) against
+    keys up to ``n - q + (j + 1) x BLOCK_Q`` (bottom-right causal); K/V bytes shared by a
+    sequence's tiles through L2 (counted once), the grid's ``+ B`` slack CTAs idle."""
     d = _pow2_at_least(head_dim)
     block_q = max(1, block_m // group)
     out, busy = [], 0
@@ -476,10 +477,9 @@ def _prefill_ctas(
         busy += tiles
         for j in range(tiles):
             first, last = j * block_q, min(q, (j + 1) * block_q)
-            keys = sum(n - q + i + 1 for i in range(first, last)) if last - first < 64 else (
-                (last - first) * (n - q) + (first + last + 1) * (last - first) // 2)
-            flops = 2 * 2 * d * group * keys
-            kv = n * 2 * d * elem / tiles
+            keys = n - q + last  # the tile computes every row, padded ones too, to its last key
+            flops = 2 * 2 * d * block_m * keys
+            kv = keys * 2 * d * elem / tiles
             out.append((kv + 2 * (last - first) * group * d * elem, flops))
     slack = sum(q_lens) // block_q + len(q_lens) - busy
     return out, max(0, slack)
@@ -501,7 +501,9 @@ def _prefill_cost(q_lens: Sequence[int], kv_lens: Sequence[int], num_kv_heads: i
     kernel = total / sms
     for i in range(0, len(times), sms):  # wave by wave: the i-th largest CTAs
         kernel = max(kernel, (i // sms + 1) * times[i])
-    flops = sum(f for _, f in ctas) * num_kv_heads
+    d = _pow2_at_least(head_dim)
+    pairs = sum(q * (n - q) + q * (q + 1) // 2 for q, n in zip(q_lens, kv_lens))
+    flops = 4 * d * group * pairs * num_kv_heads  # the minimum: real rows, causal pairs
     moved = sum(b for b, _ in ctas) * num_kv_heads
     return {"kernel_us": round(kernel, 2), "plan_us": round(kernel, 2),
             "roof_us": round(max(moved / (bw * sms), flops / (peak * sms)), 2),

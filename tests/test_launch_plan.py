@@ -141,6 +141,7 @@ def test_one_128k_sequence_beside_three_1k_gets_balanced_chunks():
     assert chunk % 16 == 0 and chunk >= lp.MIN_SPLIT_KEYS
     busy = plan.model["busy_ctas"]
     assert busy >= SM90.sms, f"{busy} CTAs with keys: SMs idle"
+    assert plan.model["roof_us"] < 170, "priced as four 128k sequences: kv_lens ignored"
     within(plan)
     old = lp.split_cost(lens, 8, 9, lp._gqa_decode_work(4, 128, 128),
                         lp.FOOTPRINTS["split_partition"], SM90, chunk=14592)
