@@ -96,7 +96,13 @@ def judge(entry: GpuKernel, plan: Plan, target: Target, row: dict[str, Any],
         wanted = plan.notes.get("wanted_splits", 1)
         if wanted > 1 and plan.splits == 1:
             text += f" (the plan wants {wanted} KV splits; this kernel does not split)"
-        (problems if entry.role == "main" and wanted == 1 else flags).append(text)
+        model = plan.model
+        priced = (bool(model.get("roof_us")) and model.get("ctas") == ctas
+                  and model["plan_us"] <= 1.15 * model["roof_us"])  # fmt: skip
+        if priced:  # the cost model saw the idle SMs and found no split that gains
+            text += (f" (modelled {model['plan_us']:g} µs against a {model['roof_us']:g} µs "
+                     "roof: no split gains)")
+        (problems if entry.role == "main" and wanted == 1 and not priced else flags).append(text)
     if bound == "memory" and in_flight < needed:
         flags.append(f"{in_flight // 1024} KB in flight per SM < {needed / 1024:.1f} KB "
                      "(Little's law)")  # fmt: skip

@@ -387,13 +387,13 @@ def smem_kb(family: str, tiles: dict[str, int], stages: int, head_dim: int,
     ``captured_outputs/gpu-report.json``)."""
     d = _pow2_at_least(head_dim)
     dv = _pow2_at_least(head_dim_v or head_dim)
-    if family == "mla":  # q tile [block_h, d_c + rope] + stages x latent rows
-        row = d + 64
-        return (tiles["block_h"] * row + stages * tiles["block_n"] * row) * 2 / 1024 + 1
+    if family == "mla":  # q tile [block_h, d_c + rope] + 2 or more latent tiles (compiled:
+        row = d + 64  # 104 KB at 64 heads, 16 keys, 1 stage)
+        return (tiles["block_h"] * row + max(2, stages) * tiles["block_n"] * row) * 2 / 1024 + 1
     rows = tiles.get("block_m", 16)
     keys = tiles.get("block_n", 16)
     if family == "backward":  # K, V resident; Q and dO tiles pipelined; lse and Delta
-        return (2 * keys * d + stages * rows * (d + dv)) * 2 / 1024 + 2
+        return (2 * keys * d + max(2, stages) * rows * (d + dv)) * 2 / 1024 + 2
     return (rows * d + stages * keys * (d + dv)) * 2 / 1024 + 1
 
 
@@ -408,6 +408,8 @@ def fit_smem(plan: Plan, family: str, head_dim: int, target: Target) -> Plan:
             stages -= 1
         elif tiles.get("block_n", 16) > 16:
             tiles["block_n"] //= 2
+        elif tiles.get("block_h", 16) > 16:  # MLA: fewer heads per tile, more tiles
+            tiles["block_h"] //= 2
         else:
             break
     if (tiles, stages) == (plan.tiles, plan.num_stages):
@@ -432,8 +434,8 @@ def flash_forward(head_dim: int, target: Target) -> Plan:
         plan = Plan({"block_m": 128, "block_n": 64}, 8, 2, why="128-row tiles (wgmma)")
     elif d <= 128:
         plan = Plan({"block_m": 128, "block_n": 64}, 8, 3, why="128-row tiles (wgmma)")
-    else:
-        plan = Plan({"block_m": 64, "block_n": 64}, 4, 2, why="d > 128: 64-row tiles fit")
+    else:  # 4 warps spill a 64 x 256 fp32 accumulator (make gpu-report): 8 share it
+        plan = Plan({"block_m": 64, "block_n": 64}, 8, 2, why="d > 128: 64-row tiles fit")
     return fit_smem(plan, "forward", head_dim, target)
 
 
@@ -447,9 +449,11 @@ def flash_backward(head_dim: int, target: Target) -> Plan:
     if d <= 128:
         plan = Plan({"block_m": 64, "block_n": 64}, 8, 2 if d <= 64 else 3,
                     why="64 x 64: five live tiles fit the registers")  # fmt: skip
-    else:
-        plan = Plan({"block_m": 32, "block_n": 32}, 4, 1, why="d > 128: small tiles")
-    return fit_smem(plan, "backward", head_dim, target)
+    else:  # dK and dV [32, 256] fp32 spill with 4 warps (make gpu-report): 8 hold them
+        plan = Plan({"block_m": 32, "block_n": 32}, 8, 1, why="d > 128: small tiles")
+    fitted = fit_smem(plan, "backward", head_dim, target)
+    # cut to fit (sm_86 / sm_89): 1 stage, since 2 spill 8 B in dQ at d = 128 (make gpu-report)
+    return replace(fitted, num_stages=1) if fitted.num_stages < plan.num_stages else fitted
 
 
 def _prefill_tiles(block_m: int, head_dim: int) -> dict[str, int]:
@@ -557,7 +561,8 @@ def varlen_prefill(
                                                         block_m, target)  # fmt: skip
     tiles = _prefill_tiles(block_m, head_dim)
     grid = (num_tokens // (block_m // group) + num_seqs, num_kv_heads)
-    plan = Plan(tiles, **prefill_launch(block_m, tiles["block_n"], head_dim), grid=grid,
+    plan = Plan(tiles, **prefill_launch(block_m, tiles["block_n"], head_dim, target.arch),
+                grid=grid,
                 why=why, notes=notes, model=model)  # fmt: skip
     return fit_smem(plan, "prefill", head_dim, target)
 
@@ -576,11 +581,16 @@ def _prefill_wanted_splits(q_lens: Sequence[int], kv_lens: Sequence[int], num_kv
     return max(1, min(wanted, longest // MIN_SPLIT_KEYS))
 
 
-def prefill_launch(block_m: int, block_n: int, head_dim: int) -> dict[str, int]:
+def prefill_launch(block_m: int, block_n: int, head_dim: int, arch: int = 90) -> dict[str, int]:
     """Lab 03's ``num_warps`` / ``num_stages`` for a ``block_m x block_n`` tile: 8 warps from
-    64 x 64 elements (4 run out of registers at d = 128: K/V are gathered through per-key
-    pointers), else 4; 3 stages."""
-    return {"num_warps": 8 if block_m * block_n >= 64 * 64 else 4, "num_stages": 3}
+    64 x 64 elements or above d = 128 (4 run out of registers at d = 128 with 64 x 64, and
+    at d = 256 with 64 x 32 except on sm_100: K/V are gathered through per-key pointers),
+    else 4; 3 stages."""
+    # d = 256 (64 x 32 tiles): 4 warps spill on sm_80 / 86 / 90, 8 spill on sm_100 (both
+    # compiled by make gpu-report), so 8 warps except on sm_100
+    big_d = _pow2_at_least(head_dim) > 128 and arch < 100
+    wide = block_m * block_n >= 64 * 64 or big_d
+    return {"num_warps": 8 if wide else 4, "num_stages": 3}
 
 
 def paged_decode(batch: int, num_kv_heads: int, group: int, head_dim: int, target: Target) -> Plan:
@@ -665,6 +675,7 @@ def mla_decode(batch: int, num_heads: int, kv_lora_rank: int, max_seq_len: int,
                     grid=(batch, math.ceil(num_heads / 64), 1), why="interpreter")  # fmt: skip
     plan = fit_smem(Plan({"block_h": block_h, "block_n": 32}, 8, 2), "mla", kv_lora_rank,
                     target)  # fmt: skip
+    block_h = plan.tiles["block_h"]
     tiles_h = math.ceil(num_heads / block_h)
     row = (kv_lora_rank + rope_dim) * 2
     work = KeyWork(key_bytes=row / tiles_h, key_flops=2 * (2 * kv_lora_rank + rope_dim) * block_h,
