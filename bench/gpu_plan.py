@@ -27,7 +27,7 @@ import math
 from typing import Any
 
 from bench.gpu_kernels import GPU_KERNELS, GpuKernel
-from common.launch_plan import TARGETS, Plan, Target
+from common.launch_plan import MIN_GAIN, TARGETS, Plan, Target
 
 MODEL_ASSUMPTIONS = (
     "BASE: memory-bound kernels reach at most 0.88 of HBM bandwidth (FlashInfer's long-context "
@@ -97,11 +97,10 @@ def judge(entry: GpuKernel, plan: Plan, target: Target, row: dict[str, Any],
         if wanted > 1 and plan.splits == 1:
             text += f" (the plan wants {wanted} KV splits; this kernel does not split)"
         model = plan.model
-        priced = (bool(model.get("roof_us")) and model.get("ctas") == ctas
-                  and model["plan_us"] <= 1.15 * model["roof_us"])  # fmt: skip
-        if priced:  # the cost model saw the idle SMs and found no split that gains
+        priced = bool(model.get("roof_us")) and model.get("ctas") == ctas
+        if priced:  # the cost model priced this grid, idle SMs included: no split gains
             text += (f" (modelled {model['plan_us']:g} µs against a {model['roof_us']:g} µs "
-                     "roof: no split gains)")
+                     f"roof; no split gains {100 * MIN_GAIN:g} %)")
         (problems if entry.role == "main" and wanted == 1 and not priced else flags).append(text)
     if bound == "memory" and in_flight < needed:
         flags.append(f"{in_flight // 1024} KB in flight per SM < {needed / 1024:.1f} KB "
