@@ -1,7 +1,9 @@
 """``python -m bench.gpu_report`` (``make gpu-report``): GPU evidence without a GPU.
 
 Compiles every kernel of ``bench/gpu_kernels.py`` at each config its launcher uses on a GPU,
-for sm_80, sm_90 and sm_100, bf16 and fp16, head dims 64 and 128, on this CPU (Triton ships
+for sm_80, sm_90 and sm_100, bf16 and fp16, head dims 64 and 128 (and each main kernel at
+d = 256, bf16), plus sm_86 (99 KB of shared memory a block: the plan ``plan_target`` gives
+such a GPU) in bf16 at the bench head dim, on this CPU (Triton ships
 ptxas and cuobjdump), and reports per kernel x config x arch: registers per thread, spills,
 shared memory, theoretical occupancy, the tensor-core instructions each ``tl.dot`` became
 and how global memory is loaded; plus, per kernel, the H100 lower bound of its time at the
