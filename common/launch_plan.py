@@ -66,6 +66,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+from common.gpus import LIMITS
+
 
 @dataclass(frozen=True)
 class Target:
@@ -90,15 +92,20 @@ class Target:
 
 
 INTERPRETER = Target("CPU interpreter", 0, 1)
+
+
+def _limits(arch: int) -> tuple[int, int, int]:
+    """``(smem KB an SM, smem KB a block, resident warps)`` of ``common.gpus.LIMITS``."""
+    lim = LIMITS[arch]
+    return lim.smem_per_sm // 1024, lim.smem_per_block // 1024, lim.max_warps_per_sm
+
+
 # Datasheet bandwidth and dense bf16 throughput (NVIDIA A100, H100 SXM, B200 datasheets);
-# the latency is an assumption (see TARGET_SOURCES); shared memory from SMEM_SOURCES.
-A100 = Target("A100 SXM 80GB", 80, 108, 2.039, 312.0, 600.0, 164, 163)
-H100 = Target("H100 SXM", 90, 132, 3.35, 989.0, 600.0)
-B200 = Target("B200", 100, 148, 8.0, 2250.0, 600.0)
+# the latency is an assumption (see TARGET_SOURCES); shared memory from common/gpus.py.
+A100 = Target("A100 SXM 80GB", 80, 108, 2.039, 312.0, 600.0, *_limits(80))
+H100 = Target("H100 SXM", 90, 132, 3.35, 989.0, 600.0, *_limits(90))
+B200 = Target("B200", 100, 148, 8.0, 2250.0, 600.0, *_limits(100))
 TARGETS = {0: INTERPRETER, 80: A100, 90: H100, 100: B200}
-# sm_86 / sm_89 (GA10x, AD10x: RTX 30 / 40 cards and laptops): 100 KB of shared memory an SM,
-# 99 KB a block, 48 resident warps.
-SMALL_SMEM = {86: (100, 99, 48), 87: (164, 163, 48), 89: (100, 99, 48)}
 TARGET_SOURCES = (
     "SM counts, HBM bandwidth and dense BF16 tensor throughput: NVIDIA's A100 (80 GB SXM: 108 "
     "SMs, 2,039 GB/s, 312 TFLOP/s), H100 SXM (132 SMs, 3.35 TB/s, 989 TFLOP/s) and B200 (148 "
@@ -108,16 +115,6 @@ TARGET_SOURCES = (
     "Cheese, 'Nvidia's H100: Funny L2, and Tons of Bandwidth', 2023; loaded latency is "
     "higher). Little's law: bytes in flight = bandwidth x latency.",
 )
-SMEM_SOURCES = (
-    "CUDA C++ Programming Guide, 'Technical Specifications per Compute Capability' and "
-    "'Shared Memory' (compute capability 8.x): the shared-memory carve-out can be 0-164 KB "
-    "an SM on 8.0 and 0-100 KB on 8.6 / 8.9; a block may use 1 KB less (163 / 99 KB), the "
-    "1 KB being reserved for the system; 9.0 and 10.0: 228 KB an SM, 227 KB a block.",
-    "NVIDIA Ampere and Hopper Tuning Guides (docs.nvidia.com/cuda/ampere-tuning-guide, "
-    "hopper-tuning-guide), 'Unified Shared Memory/L1/Texture Cache': the same figures; "
-    "48 resident warps an SM on 8.6 / 8.9, 64 on 8.0 / 9.0 / 10.0.",
-)
-
 MIN_SPLIT_KEYS = 256  # the shortest KV chunk a split may have (FlashInfer: 128 tokens)
 MIN_GAIN = 0.05  # split only when the model says the call gets at least 5 % faster
 PREFILL_CTAS_PER_SM = 2  # FlashInfer's PrefillPlan assumes 2 (its decode plan asks the API)
@@ -693,13 +690,13 @@ def mla_decode(batch: int, num_heads: int, kv_lora_rank: int, max_seq_len: int,
 def target_for(arch: int, sms: int | None = None) -> Target:
     """The target of a compute capability (x 10) and, if known, its real SM count: the
     table's numbers for its family (sm_8x: A100, sm_9x: H100, sm_10x+: B200), with the
-    shared memory and resident warps of sm_86 / sm_87 / sm_89 (``SMALL_SMEM``)."""
+    shared memory and resident warps of sm_86 / sm_89 (``common.gpus.LIMITS[86]``)."""
     if arch == 0:
         return INTERPRETER
     base = A100 if arch < 90 else H100 if arch < 100 else B200
-    per_sm, per_block, warps = SMALL_SMEM.get(arch, (base.smem_per_sm_kb,
-                                                     base.smem_per_block_kb,
-                                                     base.max_warps_per_sm))  # fmt: skip
+    small = 86 if arch in (86, 89) else None  # sm_89 shares sm_86's shared memory and warps
+    per_sm, per_block, warps = _limits(small) if small else (
+        base.smem_per_sm_kb, base.smem_per_block_kb, base.max_warps_per_sm)
     same = sms in (None, base.sms) and arch == base.arch
     return Target(base.name if same else f"sm_{arch}, {sms or base.sms} SMs", arch,
                   sms or base.sms, base.hbm_tbps, base.tensor_tflops, base.hbm_latency_ns,
