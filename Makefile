@@ -45,7 +45,7 @@ help::
 	@echo "make grade LAB=00    grade your starter.py (LAB_IMPL=starter); omit LAB for all labs"
 	@echo "make test-lab LAB=00 run one lab's tests ($(TEST_IMPL).py)"
 	@echo "make bench           benchmark the Triton kernels (interpreter mode without CUDA)"
-	@echo "make gpu-report      compile the kernels for sm_80/90/100 on the CPU: regs, spills, smem, MMAs"
+	@echo "make gpu-report      compile the kernels for sm_80/86/90/100 on the CPU: regs, spills, smem, MMAs"
 	@echo "make lint            ruff"
 	@echo "make vllm-check      lab-02 ($(TEST_IMPL).py) against the real vLLM 0.33.0 (own .venv-vllm)"
 	@echo "make check-setup     resolve the pins for Linux/macOS/Windows x Python 3.10-3.13 (PyPI, minutes)"
@@ -138,7 +138,7 @@ bench: $(DEPS)
 	$(PY) -m bench --impl $(TEST_IMPL) $(BENCH_ARGS)
 
 gpu-report: $(DEPS)
-	@echo ">> compiling the lab kernels for sm_80, sm_90, sm_100 (compiled, not run; cached in build/gpu-report/)"
+	@echo ">> compiling the lab kernels for sm_80, sm_86, sm_90, sm_100 (compiled, not run; cached in build/gpu-report/)"
 	$(PY) -m bench.gpu_report
 	@echo ">> checking every kernel on sm_90 from the warm cache (the slow test of tests/test_gpu_report.py)"
 	$(PY) -m pytest -q -m gpu_report tests/test_gpu_report.py
