@@ -905,6 +905,23 @@ def test_rope_scores_depend_only_on_the_distance_m_minus_n(half, m, n, shift, in
     )
 
 
+@pytest.mark.points(1)
+def test_zero_sizes_give_empty_arrays_not_errors():
+    """The contract allows 0 queries, keys, positions and sequence lengths (``minimum=0``)."""
+    cases = {
+        "causal_mask(0, 3)": (lambda: impl.causal_mask(0, 3), (0, 3)),
+        "causal_mask(2, 0)": (lambda: impl.causal_mask(2, 0), (2, 0)),
+        "key_padding_mask([0, 0], 0)": (lambda: impl.key_padding_mask(np.array([0, 0]), 0),
+                                        (2, 0)),
+        "sinusoidal_positions(0, 4)": (lambda: impl.sinusoidal_positions(0, 4), (0, 4)),
+        "apply_rope(x [2, 0, 4], positions [])": (
+            lambda: impl.apply_rope(np.zeros((2, 0, 4)), np.arange(0)), (2, 0, 4)),
+    }  # fmt: skip
+    for what, (call, shape) in cases.items():
+        got = np.asarray(call())
+        assert got.shape == shape, f"{what} has shape {got.shape}, expected {shape} (empty)"
+
+
 # ---- 7. bad input is a ValueError that names the argument ---------------------------------
 
 _q, _k, _v = normal(1, 1, 2, 3, 4), normal(2, 1, 2, 5, 4), normal(3, 1, 2, 5, 2)

@@ -943,6 +943,20 @@ NO_KEYS = {  # function -> its call on Lk = 0 keys (every row attends nothing: 0
 
 
 @pytest.mark.points(1)
+def test_zero_tokens_give_empty_masks_and_no_bytes():
+    """``n = 0`` is allowed (``non_negative_int``): every mask is ``[0, 0]``, no bytes."""
+    masks = {
+        "strided_mask(0, 2)": lambda: impl.strided_mask(0, 2),
+        "fixed_mask(0, 2)": lambda: impl.fixed_mask(0, 2),
+        "window_global_mask(0, 1)": lambda: impl.window_global_mask(0, 1),
+        "bigbird_mask(0, 1, [], 2)": lambda: impl.bigbird_mask(0, 1, [], 2),
+    }
+    for what, call in masks.items():
+        assert_mask(call(), np.zeros((0, 0), dtype=bool), what)
+    assert impl.score_matrix_bytes(0) == 0, "score_matrix_bytes(0) must be 0"
+
+
+@pytest.mark.points(1)
 @pytest.mark.parametrize("name", list(NO_KEYS))
 def test_no_keys_at_all_gives_zeros_and_minus_inf(name):
     q, k, v = random_qkv(61, 3, 0, 4, 2)
