@@ -168,6 +168,44 @@ def paged_decode(heads: int, kv_heads: int) -> LaunchFn:
     return launch
 
 
+# ---- lab-12: paged decode over an fp8 (e4m3) cache, b64 ctx4k page 16 (no bench entry) --------
+
+
+def paged_decode_fp8(heads: int, kv_heads: int, per_token_head: bool) -> LaunchFn:
+    """``paged_decode_fp8_triton``: q ``[64, H, d]`` in the report's dtype, uint8 caches
+    ``[64*256, 16, KVH, d]``, float32 scales (one each, or ``[64*256, 16, KVH]``), tables
+    ``[64, 256]``; tiles ``provided.gpu_tiles(...)`` (>= 32 keys a tile)."""
+
+    def launch(lab: Lab, dtype: str, d: int) -> Launch:
+        provided = _need(lab)
+        batch, blocks, page = 64, 256, 16
+        cache = strides(batch * blocks, page, kv_heads, d)
+        scales = strides(batch * blocks, page, kv_heads) if per_token_head else (0, 0, 0)
+        group = heads // kv_heads
+        tiles = provided.gpu_tiles(batch, kv_heads, group, d)
+        args = {
+            "q_ptr": Ptr(dtype), "k_cache_ptr": Ptr("u8"), "v_cache_ptr": Ptr("u8"),
+            "k_scale_ptr": Ptr("fp32"), "v_scale_ptr": Ptr("fp32"),
+            "block_tables_ptr": Ptr("i32"), "seq_lens_ptr": Ptr("i32"), "out_ptr": Ptr(dtype),
+            "lse_ptr": Ptr("fp32"), "qk_scale": LOG2E / d**0.5,
+            "stride_q_seq": heads * d, "stride_q_head": d,
+            "stride_k_block": cache[0], "stride_k_slot": cache[1], "stride_k_head": cache[2],
+            "stride_v_block": cache[0], "stride_v_slot": cache[1], "stride_v_head": cache[2],
+            "stride_ks_block": scales[0], "stride_ks_slot": scales[1],
+            "stride_ks_head": scales[2], "stride_vs_block": scales[0],
+            "stride_vs_slot": scales[1], "stride_vs_head": scales[2],
+            "stride_table_seq": blocks,
+            "stride_o_seq": heads * d, "stride_o_head": d, "stride_lse_seq": heads,
+            "GROUP": group, "GROUP_PAD": dot_tile(group), "HEAD_DIM": d,
+            "HEAD_DIM_PAD": dot_tile(d), "BLOCK_SIZE": page,
+            "BLOCK_N": tiles["block_n"], "PER_TOKEN_HEAD": per_token_head,
+            "DOT_PRECISION": _precision(dtype),
+        }  # fmt: skip
+        return Launch(args, {"num_warps": tiles["num_warps"], "num_stages": tiles["num_stages"]})
+
+    return launch
+
+
 # ---- lab-03: varlen causal prefill over a paged cache, 8 x 2k (bench "varlen") -----------
 
 
@@ -516,6 +554,7 @@ LAB04 = "lab-04-flash-decoding-partitions"
 LAB05 = "lab-05-flash-attention-backward"
 LAB06 = "lab-06-mla-window-sinks"
 LAB09 = "lab-09-triton-primer"
+LAB12 = "lab-12-fp8-kv-and-cascade"
 WIDE = {"dtypes": ("bf16",), "head_dims": (128,)}  # extra configs: the bench dtype and d only
 
 GPU_KERNELS: tuple[GpuKernel, ...] = (
@@ -568,3 +607,12 @@ PRIMER_CONFIGS = {"_add_vectors_kernel": "n 2^24", "_softmax_rows_kernel": "4096
                   "_matmul_kernel": "4096 x 4096 x d", "_online_softmax_kernel": "4096 x 4096 @ V"}
 GPU_KERNELS += tuple(GpuKernel(LAB09, k, c, primer(k), dtypes=("fp16",), head_dims=(128,))
                      for k, c in PRIMER_CONFIGS.items())  # fmt: skip
+
+# lab-12's fp8-cache decode: per-tensor and per-token-head scales (no bench entry, no plan
+# judged: the launch plan's stage bytes are bf16's)
+GPU_KERNELS += (
+    GpuKernel(LAB12, "_paged_decode_fp8_kernel", "gqa32/8 per-tensor",
+              paged_decode_fp8(32, 8, False)),
+    GpuKernel(LAB12, "_paged_decode_fp8_kernel", "gqa32/8 per-token-head",
+              paged_decode_fp8(32, 8, True), **WIDE),
+)

@@ -33,6 +33,7 @@ import sys
 from bench.gpu_compile import Task, run_tasks
 from bench.gpu_kernels import GPU_KERNELS
 from common.loader import lab_impl
+from labs import manifest
 
 ARCH = 90
 LABS = pathlib.Path(__file__).resolve().parent.parent / "labs"
@@ -40,10 +41,11 @@ LABS = pathlib.Path(__file__).resolve().parent.parent / "labs"
 # [B, H, L, d] tensors (labs 00, 05), lab 03's varlen [T, H, d] queries and outputs (a
 # 1M-token batch x 32 heads x 128 dims); a decode step's [B, H, d] q / out stay far below.
 BIG = re.compile(r"cache|^(Q|K|V|O|DO|DQ|DK|DV|Out)$")
-BIG_IN_LAB = {"lab-03-causal-prefill-attention": re.compile(r"^(q_ptr|out_ptr)$")}
-# The primer's puzzles index tensors of at most 2^24 elements (bench/gpu_kernels.py):
-# 32-bit offsets are right there, so its kernels are not held to the 64-bit rule.
-SMALL_TENSOR_LABS = {"lab-09-triton-primer"}
+# A lab's own big pointers and its exemption: its lab.toml's [compile] (labs/manifest.py),
+# e.g. lab 03's varlen q/out; the primer's puzzles index tensors of at most 2^24 elements,
+# so 32-bit offsets are right there and its kernels are not held to the 64-bit rule.
+BIG_IN_LAB = {e.folder: re.compile(e.big_pointers) for e in manifest.labs() if e.big_pointers}
+SMALL_TENSOR_LABS = {e.folder for e in manifest.labs() if e.small_tensors}
 
 
 def lab_tasks(

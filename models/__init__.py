@@ -1,0 +1,1 @@
+"""The course's trained model(s) and the script that trains them (``make model``)."""
