@@ -1,6 +1,6 @@
 # The Makefile is the interface: every target works on a fresh clone and says what it does.
 SHELL := /bin/bash
-# Supported Pythons: 3.10-3.13 (the pins in requirements-cpu.txt have wheels for exactly
+# Supported Pythons: 3.10-3.13 (the pins in every requirements-*.txt have wheels for exactly
 # these). Default: python3 if it is one of them, else the newest python3.1x on PATH.
 SUPPORTED_PY := import sys; sys.exit(not (3, 10) <= sys.version_info[:2] <= (3, 13))
 FIND_PYTHON = $(firstword $(foreach p,python3 python3.13 python3.12 python3.11 python3.10,$(if $(shell command -v $(p) >/dev/null 2>&1 && $(p) -c '$(SUPPORTED_PY)' >/dev/null 2>&1 && echo y),$(p))) python3)
@@ -152,11 +152,12 @@ vllm-check: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check .
 
-# Resolve requirements-cpu.txt against PyPI for every supported laptop and Python (network,
-# a few minutes), then run the suite with triton unimportable (what a Mac or Windows laptop
+# Resolve every requirements file the Makefile installs (cpu, book, check: together, as they
+# share .venv) against PyPI for every supported laptop and Python (network, a few minutes;
+# tools/check_setup.py's REQUIREMENTS_FILES, which a test keeps complete), then run the suite with triton unimportable (what a Mac or Windows laptop
 # runs).
 check-setup: $(DEPS) $(CHECK_DEPS)
-	@echo ">> resolving the pins for Linux x86-64/aarch64, macOS arm64, Windows x Python 3.10-3.13"
+	@echo ">> resolving requirements-{cpu,book,check}.txt for Linux x86-64/aarch64, macOS arm64, Windows x Python 3.10-3.13"
 	CHECK_SETUP=1 LAB_IMPL=$(TEST_IMPL) $(PY) -m pytest -q -p no:cacheprovider -m setup \
 	  tests/test_setup.py tests/test_setup_no_triton.py
 
