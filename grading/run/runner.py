@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from grading.plugin.compile_check import COMPILE_LIMIT
 from grading.plugin.time_limits import hard_stop_grace
 from grading.run.discovery import GRADED_PATTERNS, PROJECT_ROOT
 from grading.sandbox.host import (
@@ -186,7 +187,22 @@ def timeout_allowance(events: list[dict], test_timeout: float) -> float:
     )
     hard = min(MAX_EXTENDING_TIMEOUTS, sum(1 for e in events if e.get("event") == "timeout"))
     soft = min(soft, MAX_EXTENDING_TIMEOUTS - hard)  # bounded: see MAX_EXTENDING_TIMEOUTS
-    return soft * per_test + hard * (per_test + RESTART_ALLOWANCE)
+    return soft * per_test + hard * (per_test + RESTART_ALLOWANCE) + compile_allowance(events)
+
+
+def compile_allowance(events: list[dict]) -> float:
+    """Seconds the lab's compile step took (or, while it runs, has taken so far), at most
+    ``COMPILE_LIMIT``: it runs before the tests and is not the tests' time."""
+    seconds, started = 0.0, None
+    for e in events:
+        if e.get("event") == "compile_start":
+            started = e.get("at")
+        elif e.get("event") == "compile":
+            seconds += float(e.get("seconds") or 0.0)
+            started = None
+    if isinstance(started, int | float):
+        seconds += max(time.monotonic() - started, 0.0)
+    return min(seconds, COMPILE_LIMIT + 60.0)
 
 
 def _wait(proc: subprocess.Popen, log: Path, limit: float, opts: Options) -> tuple[bool, float]:

@@ -19,6 +19,7 @@ import pkgutil
 import resource
 import signal
 import sys
+from typing import Any
 
 from grading.sandbox.host import FILE_SIZE_LIMIT
 from grading.sandbox.zygote_client import PREIMPORTABLE
@@ -134,6 +135,86 @@ def _kept_under_temp(scratch: str) -> list[str]:
     return outer
 
 
+_MS_NOSUID, _MS_NODEV, _MS_RDONLY, _MS_REMOUNT = 0x2, 0x4, 0x1, 0x20
+
+
+def python_paths() -> list[str]:
+    """The folders the sandbox's Python needs (the interpreter, its standard library, the
+    venv and its packages), each as written and resolved."""
+    packages = [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
+    dirs = [sys.base_prefix, sys.base_exec_prefix, sys.prefix, sys.exec_prefix, *packages,
+            os.path.dirname(sys.executable), os.path.dirname(os.path.realpath(sys.executable))]
+    return sorted({q for p in dirs if os.path.isdir(p) for q in (p, os.path.realpath(p))})
+
+
+def _closed_ancestor(path: str) -> str | None:
+    """The outermost folder on ``path`` that other users may not pass through (no o+x,
+    e.g. ``/root``, a ``mktemp -d``), or None."""
+    current = "/"
+    for part in path.strip("/").split("/"):
+        current = os.path.join(current, part)
+        try:
+            if not os.stat(current).st_mode & 0o001:
+                return current
+        except OSError:
+            return None
+    return None
+
+
+def expose_python() -> bool:
+    """Linux, as root, before the user switch: in a mount namespace of this process's own,
+    every folder on the way to the interpreter, its standard library and the venv that the
+    sandbox uid could not pass (``/root`` of a pyenv Python, a 0700 checkout) is covered by
+    an empty tmpfs, and only those Python folders are mounted back, read-only, at their own
+    paths: the sandbox can run Python (a fresh interpreter too) and sees nothing else of
+    the folder. False, with nothing changed, where the platform does not allow it."""
+    if not sys.platform.startswith("linux"):
+        return False
+    closed: dict[str, list[str]] = {}
+    for path in python_paths():
+        top = _closed_ancestor(os.path.realpath(path))
+        if top is not None and top != os.path.realpath(path):
+            closed.setdefault(top, []).append(os.path.realpath(path))
+    if not closed:
+        return True
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.unshare(_CLONE_NEWNS) != 0 or libc.mount(
+                b"none", b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    for top, paths in closed.items():
+        _cover(libc, top, paths)
+    return True
+
+
+def _cover(libc: Any, top: str, paths: list[str]) -> None:
+    """An empty tmpfs over ``top``, and ``paths`` (folders inside it) bound back read-only."""
+    keep = [p for p in sorted(set(paths))
+            if not any(p.startswith(o + os.sep) for o in paths if o != p)]
+    fds = []
+    try:
+        fds = [os.open(p, os.O_RDONLY | os.O_DIRECTORY) for p in keep]
+        if libc.mount(b"tmpfs", top.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV,
+                      b"mode=0755,size=1m") != 0:
+            return
+        for path, fd in zip(keep, fds):
+            os.makedirs(path, exist_ok=True)
+            target = path.encode()
+            if libc.mount(f"/proc/self/fd/{fd}".encode(), target, None,
+                          _MS_BIND | _MS_REC, None) == 0:
+                libc.mount(None, target, None,
+                           _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID, None)
+    except OSError:
+        return
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 def _undo(libc: object, bound: list[bytes]) -> bool:
     for target in reversed(bound):
         libc.umount2(target, _MNT_DETACH)  # type: ignore[attr-defined]
@@ -173,6 +254,7 @@ def enter_sandbox(fds: dict[int, int], uid: int | None, gid: int | None, cwd: st
     os.closerange(max(fds) + 1, os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 65536)
     if uid is not None:
         private_temp(os.environ.get("TMPDIR"))
+        expose_python()
     no_new_privileges()
     drop_privileges(uid, gid)
     limit_resources(uid is not None)

@@ -322,6 +322,19 @@ def run_worker(request: dict[str, Any], fds: list[int]) -> int:
     return 0
 
 
+def run_program(request: dict[str, Any], fds: list[int]) -> int:
+    """A trusted program of the grader (``python -m grading.sandbox.compiler``) run as a fresh
+    interpreter inside the sandbox: it enters it, then ``exec`` s ``request["argv"]`` (after
+    ``sys.executable``) with ``request["env"]``. Nothing it does reaches the trusted side but
+    what it writes to its standard output, which the trusted side reads as plain data."""
+    stdin, stdout, stderr = fds
+    enter_sandbox({0: stdin, 1: stdout, 2: stderr}, request.get("uid"), request.get("gid"),
+                  request["cwd"])
+    argv = [sys.executable, *request["argv"]]
+    os.execve(sys.executable, argv, dict(request["env"]))
+    return 70  # pragma: no cover - execve does not return
+
+
 def run_script(request: dict[str, Any], fds: list[int]) -> int:
     stdin, stdout, stderr = fds
     enter_sandbox({0: stdin, 1: stdout, 2: stderr}, request.get("uid"), request.get("gid"),

@@ -35,7 +35,7 @@ from typing import Any
 
 from grading.sandbox import frames, host
 from grading.sandbox.confine import preimport, readable_by
-from grading.sandbox.worker import run_script, run_worker
+from grading.sandbox.worker import run_program, run_script, run_worker
 from grading.sandbox.zygote_client import lab_imports
 
 
@@ -110,7 +110,7 @@ class Zygote:
             return
         request = json.loads(data)
         op, rid = request["op"], request.get("id")
-        if op in ("worker", "script"):
+        if op in ("worker", "script", "program"):
             self.reply(conn, {"id": rid, "pid": self.fork(request, fds, conn)})
         elif op == "wait":
             pid = request["pid"]
@@ -153,7 +153,8 @@ class Zygote:
             code = 70
             try:
                 request = dict(request, uid=uid, gid=gid)
-                code = (run_worker if request["op"] == "worker" else run_script)(request, fds)
+                run = {"worker": run_worker, "script": run_script, "program": run_program}
+                code = run[request["op"]](request, fds)
             except SystemExit as exc:
                 code = exc.code if isinstance(exc.code, int) else 1
             except BaseException:  # noqa: BLE001
