@@ -29,6 +29,7 @@ from grading.plugin.remote import (
     SELF,
     GradingError,
     MethodReply,
+    NoKernel,
     RemoteClass,
     RemoteFunction,
     RemoteMethod,
@@ -40,7 +41,7 @@ from grading.plugin.remote import (
     describe_exit,
     plain_result,
 )
-from grading.plugin.sandboxes import current_deadline, replace_sandbox
+from grading.plugin.sandboxes import LIMITS, current_deadline, replace_sandbox
 from grading.sandbox import frames, wire
 from grading.sandbox.lab_sandbox import LabSandbox
 
@@ -97,6 +98,46 @@ def _copy_into(dst: Any, src: Any) -> None:
             and src.dtype.kind in NUMERIC_KINDS):  # never an object array: no graded code
         if dst.flags.writeable:
             np.copyto(dst, src, casting="unsafe")
+
+
+# ---- a Triton test needs the graded file's kernel ------------------------------------------
+
+WRITTEN = 0.99  # the share of each output tensor the file's own kernels must have stored
+
+
+def require_kernel(info: Any, what: str, impl: str) -> None:
+    """In a Triton test, a call that returned (or wrote into) tensors must have launched a
+    kernel of the graded file, and that kernel's stores must have written each of them
+    (``info``: the worker's record, :func:`grading.sandbox.launches.report`); else
+    :class:`NoKernel`, which no test can catch. None (no interpreter: a GPU) checks nothing."""
+    __tracebackhide__ = True
+    if info is None:
+        return
+    try:
+        kernels = [(str(k[0])[:100], k[1] is True) for k in info["kernels"][:64]]
+        written = [(str(w[0]), float(w[1])) for w in info["written"][:32]]
+        empty = info.get("empty") is True
+    except (TypeError, KeyError, IndexError, ValueError, AttributeError):
+        raise NoKernel(f"{what}: the worker's record of its kernel launches is malformed"
+                       ) from None
+    if not written or empty:
+        return  # no tensor came back (numpy code, a bad input refused), or an empty input
+    own = sorted({k for k, mine in kernels if mine})
+    if not own:
+        others = sorted({k for k, _ in kernels})
+        raise NoKernel(
+            f"{what} returned tensors without launching a Triton kernel of {impl}.py"
+            + (f" (it launched only {', '.join(others)})" if others else "")
+            + ": a Triton test grades the kernel, and a result computed another way (torch, "
+            "numpy) earns nothing here") from None
+    returned = [share for kind, share in written if kind == "ret"]
+    args = [share for kind, share in written if kind == "arg"]
+    short = [s for s in returned[:1] + args if s < WRITTEN]
+    if short:
+        raise NoKernel(
+            f"{what}: only {short[0]:.0%} of an output of the call was stored by "
+            f"{', '.join(own)}: the result must come from the kernel's own tl.store, not "
+            "from torch around it") from None
 
 
 # ---- client ------------------------------------------------------------------------------
@@ -240,7 +281,11 @@ class Client:
             frames.send_frame(self.proc.sock, payload)
         except OSError:
             self._crashed(what)
-        reply = self._receive(deadline, what)
+        return self._answer(self._receive(deadline, what), op, args, kwargs, what, measured)
+
+    def _answer(self, reply: tuple, op: str, args: tuple, kwargs: dict, what: str,
+                measured: Any) -> Any:
+        __tracebackhide__ = True
         kind = reply[0]
         if kind == "error":
             raise build_exception(reply[1], what, self.handle) from None
@@ -250,6 +295,8 @@ class Client:
             return SELF
         apply_changes(args, kwargs, reply[2])
         result = plain_result(reply[1], what)
+        if op == "call" and LIMITS.get("needs_kernel") and len(reply) > 3:
+            require_kernel(reply[3], what, self.impl)
         return result if measured is None else (result, measured.peak())
 
     def _receive(self, deadline: float, what: str, importing: bool = False) -> tuple:

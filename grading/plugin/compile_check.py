@@ -41,6 +41,8 @@ import sys
 import time
 from typing import Any
 
+from grading.sandbox.lab_sandbox import PROGRAM_REPLY_LIMIT
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 LABS = ROOT / "labs"
 ARCH = 90
@@ -110,14 +112,16 @@ NOT_WRITTEN = "not written yet: nothing to compile (the starter's TODO)"
 def problems(task: dict[str, Any], outcome: dict[str, Any], lab: str) -> list[str]:
     """What is wrong with one compile of ``lab``, in words (empty: nothing)."""
     name, arch = task["kernel"], task["arch"]
+    if task.get("launched"):  # the launcher's own launch, recorded at a tiny size
+        name = f"{name} (as {task['launcher']} launched it, {task['dtype']})"
     if outcome["status"] == "skip":
         return [f"{name}: not compiled: {outcome['reason']}"]
     if outcome["status"] != "ok":
         reason = outcome["reason"]
         if "static_assert" in reason and "TODO" in reason:
             return [f"{name}: {NOT_WRITTEN}"]
-        return [f"{name} ({task['dtype']}, d={task['head_dim']}) does not compile for "
-                f"sm_{arch}: {reason[-1500:]}"]  # fmt: skip
+        where = "" if task.get("launched") else f" ({task['dtype']}, d={task['head_dim']})"
+        return [f"{name}{where} does not compile for sm_{arch}: {reason[-1500:]}"]
     r, found = outcome["result"], []
     if not any(r["loads"].values()):
         return [f"{name}: the compiled kernel reads no global memory: it is not written yet"]
@@ -134,7 +138,7 @@ def problems(task: dict[str, Any], outcome: dict[str, Any], lab: str) -> list[st
             found.append(f"{name}: {r['dots']} tl.dot but no tensor-core MMA in the SASS")
     smem, limit = r["smem_static"] + r["smem_dynamic"], SMEM_LIMITS.get(arch)
     if limit is not None and smem > limit:
-        found.append(f"{name} ({task['dtype']}, d={task['head_dim']}): {smem // 1024} KB of "
+        found.append(f"{name}: {smem // 1024} KB of "
                      f"shared memory per block, over sm_{arch}'s {limit // 1024} KB: smaller "
                      "tiles or fewer pipeline stages (num_stages)")  # fmt: skip
     rules = rules_of(lab)
@@ -188,6 +192,47 @@ def plain_outcome(value: Any) -> dict[str, Any]:
     return {"status": "ok", "result": result}
 
 
+def _text(value: Any, size: int = 1000) -> str | None:
+    return None if value is None else str(value)[:size]
+
+
+def plain_launch(value: Any) -> dict[str, Any]:
+    """One launch the sandbox recorded (which launcher, which kernel, in which dtype, whether
+    the kernel is the lab's own, the compile of it), as checked plain data."""
+    if type(value) is not dict:
+        raise ValueError("not a recorded launch")
+    dtype = value.get("dtype")
+    if dtype not in ("fp32", "fp16", None):
+        raise ValueError("a launch in an unknown dtype")
+    out = {"launcher": _text(value.get("launcher"), 100),
+           "kernel": _text(value.get("kernel"), 100), "dtype": dtype,
+           "own": value.get("own") is True, "error": _text(value.get("error"))}
+    if value.get("outcome") is not None:
+        out["outcome"] = plain_outcome(value["outcome"])
+    return out
+
+
+def launch_problems(lab: str, launches: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """Per kernel of ``lab``: what is wrong with the compiles of what its launchers launched
+    (float32: TF32 dots, offsets, shared memory; float16: it compiles, offsets), and a kernel
+    that no launcher launched although every launcher returned (it computed without it)."""
+    found: dict[str, list[str]] = {}
+    returned = {x["launcher"] for x in launches if x["kernel"] is None and x["error"] is None}
+    failed = any(x["error"] for x in launches)
+    for name in kernels_of(lab):
+        mine = [x for x in launches if x["kernel"] == name and x["own"]]
+        for x in mine:
+            if "outcome" in x:
+                task = {"kernel": name, "dtype": x["dtype"], "head_dim": 0, "arch": ARCH,
+                        "check": x["dtype"], "launched": True, "launcher": x["launcher"]}
+                found.setdefault(name, []).extend(problems(task, x["outcome"], lab))
+        if returned and not mine and not failed:
+            found.setdefault(name, []).append(
+                f"{name}: never launched by the lab's launchers ({', '.join(sorted(returned))}), "
+                "which returned: their results were computed without this kernel")
+    return found
+
+
 # ---- compiling: in the lab's sandbox under the grader ---------------------------------------
 
 
@@ -212,19 +257,21 @@ def source_key(lab_dir: pathlib.Path, impl: str, tasks: list[dict[str, Any]]) ->
     return h.hexdigest()[:32]
 
 
-def _cached(key: str) -> list[dict[str, Any]] | None:
+def _cached(key: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]] | None:
     try:
         data = json.loads((CACHE_DIR / f"{key}.json").read_text(encoding="utf-8"))
-        return [plain_outcome(o) for o in data]
-    except (OSError, ValueError, TypeError, RecursionError):
+        return ([plain_outcome(o) for o in data["outcomes"]],
+                [plain_launch(x) for x in data["launches"]])
+    except (OSError, ValueError, TypeError, KeyError, RecursionError):
         return None
 
 
-def _store(key: str, outcomes: list[dict[str, Any]]) -> None:
+def _store(key: str, compiled: tuple[list[dict[str, Any]], list[dict[str, Any]]]) -> None:
     try:
         CACHE_DIR.mkdir(parents=True, exist_ok=True)
         tmp = CACHE_DIR / f".{key}.json.tmp"
-        tmp.write_text(json.dumps(outcomes), encoding="utf-8")
+        tmp.write_text(json.dumps({"outcomes": compiled[0], "launches": compiled[1]}),
+                       encoding="utf-8")
         tmp.replace(CACHE_DIR / f"{key}.json")
     except OSError:
         pass  # a read-only checkout compiles again next time
@@ -237,8 +284,36 @@ def _failed(tasks: list[dict[str, Any]], reason: str) -> list[dict[str, Any]]:
     return [{"status": "error", "reason": reason} for _ in tasks]
 
 
+Compiled = tuple[list[dict[str, Any]], list[dict[str, Any]]]  # (outcomes, launches)
+
+
+def _request(lab_dir: pathlib.Path, labs_root: pathlib.Path, impl: str,
+             tasks: list[dict[str, Any]]) -> bytes:
+    return json.dumps({"labs_root": str(labs_root), "lab": lab_dir.name, "impl": impl,
+                       "arch": ARCH,
+                       "tasks": [{k: t[k] for k in ("entry", "dtype", "head_dim", "arch")}
+                                 for t in tasks]}).encode()  # fmt: skip
+
+
+def parse_reply(out: bytes, code: int | None, log: str, tasks: list[dict[str, Any]]
+                ) -> Compiled:
+    """The compiler's reply (at most ``PROGRAM_REPLY_LIMIT`` bytes of JSON) as checked plain
+    data; every task an error saying why when it is not a valid reply."""
+    try:
+        reply = json.loads(out)
+        outcomes = [plain_outcome(o) for o in reply["outcomes"]]
+        launches = [plain_launch(x) for x in reply["launches"][:256]]
+        if len(outcomes) != len(tasks):
+            raise ValueError("one outcome per task expected")
+    except (ValueError, TypeError, KeyError, RecursionError):
+        what = (f"did not finish within {COMPILE_LIMIT:g} s" if code is None
+                else f"exited with code {code} without a valid reply")
+        return _failed(tasks, f"the compile step {what}: {log[-1500:]}"), []
+    return outcomes, launches
+
+
 def sandboxed_outcomes(lab_dir: pathlib.Path, impl: str, tasks: list[dict[str, Any]]
-                       ) -> list[dict[str, Any]]:
+                       ) -> Compiled:
     """``tasks`` compiled in ``lab_dir``'s sandbox (:mod:`grading.sandbox.compiler`)."""
     from grading.plugin.sandboxes import sandbox_for
     from grading.sandbox.host import SandboxError
@@ -246,40 +321,29 @@ def sandboxed_outcomes(lab_dir: pathlib.Path, impl: str, tasks: list[dict[str, A
     try:
         box = sandbox_for(lab_dir, impl)
     except (SandboxError, OSError) as exc:
-        return _failed(tasks, f"the sandbox did not start: {exc}")
-    request = {"labs_root": str(box.scratch / "labs"), "impl": impl,
-               "tasks": [{k: t[k] for k in ("entry", "dtype", "head_dim", "arch")}
-                         for t in tasks]}  # fmt: skip
+        return _failed(tasks, f"the sandbox did not start: {exc}"), []
     code, out, log = box.run_program(["-m", "grading.sandbox.compiler"],
-                                     json.dumps(request).encode(),
+                                     _request(lab_dir, box.scratch / "labs", impl, tasks),
                                      time.monotonic() + COMPILE_LIMIT,
                                      env={"TRITON_INTERPRET": "0"})
-    try:
-        reply = json.loads(out)
-        outcomes = [plain_outcome(o) for o in reply["outcomes"]]
-        if len(outcomes) != len(tasks):
-            raise ValueError("one outcome per task expected")
-    except (ValueError, TypeError, KeyError, RecursionError):
-        what = (f"did not finish within {COMPILE_LIMIT:g} s" if code is None
-                else f"exited with code {code} without a valid reply")
-        return _failed(tasks, f"the compile step {what}: {log[-1500:]}")
-    return outcomes
+    return parse_reply(out, code, log, tasks)
 
 
 def local_outcomes(lab_dir: pathlib.Path, impl: str, tasks: list[dict[str, Any]]
-                   ) -> list[dict[str, Any]]:
-    """``tasks`` compiled in worker processes of this machine's user (a plain pytest run)."""
-    from bench.gpu_compile import Task, run_tasks
+                   ) -> Compiled:
+    """``tasks`` compiled by the same program as this machine's user (a plain pytest run)."""
+    import os
+    import subprocess
 
-    jobs = [Task(t["entry"], t["dtype"], t["head_dim"], t["arch"], impl, str(lab_dir.parent))
-            for t in tasks]
-    outcomes = []
-    for raw in run_tasks(jobs, workers=2):
-        try:
-            outcomes.append(plain_outcome(raw))
-        except ValueError as exc:
-            outcomes.append({"status": "error", "reason": f"malformed outcome: {exc}"})
-    return outcomes
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(ROOT))
+    try:
+        proc = subprocess.run([sys.executable, "-m", "grading.sandbox.compiler"], cwd=ROOT,
+                              input=_request(lab_dir, lab_dir.parent, impl, tasks),
+                              capture_output=True, env=env, timeout=COMPILE_LIMIT, check=False)
+    except subprocess.TimeoutExpired:
+        return parse_reply(b"", None, "", tasks)
+    log = proc.stderr.decode("utf-8", "replace")
+    return parse_reply(proc.stdout[:PROGRAM_REPLY_LIMIT], proc.returncode, log, tasks)
 
 
 def sandboxed() -> bool:
@@ -289,34 +353,38 @@ def sandboxed() -> bool:
 
 
 @functools.cache
-def outcomes_of(lab_dir: pathlib.Path, impl: str) -> tuple[list[dict], list[dict], float]:
-    """``(tasks, outcomes, seconds)`` of ``lab_dir``'s compile: cached by :func:`source_key`
-    (on disk) and per process."""
+def outcomes_of(lab_dir: pathlib.Path, impl: str
+                ) -> tuple[list[dict], list[dict], list[dict], float]:
+    """``(tasks, outcomes, launches, seconds)`` of ``lab_dir``'s compile: cached by
+    :func:`source_key` (on disk) and per process."""
     tasks = lab_tasks(lab_dir.name)
     if not tasks:
-        return tasks, [], 0.0
+        return tasks, [], [], 0.0
     key = source_key(lab_dir, impl, tasks)
     hit = _cached(key)
-    if hit is not None and len(hit) == len(tasks):
-        return tasks, hit, 0.0
+    if hit is not None and len(hit[0]) == len(tasks):
+        return tasks, hit[0], hit[1], 0.0
     start = time.monotonic()
     run = sandboxed_outcomes if sandboxed() else local_outcomes
-    outcomes = run(lab_dir, impl, tasks)
+    outcomes, launches = run(lab_dir, impl, tasks)
     if not any(o["status"] == "error" and o["reason"].startswith(_NOT_THE_CODE)
                for o in outcomes):  # the step itself failed: try again next time
-        _store(key, outcomes)
-    return tasks, outcomes, time.monotonic() - start
+        _store(key, (outcomes, launches))
+    return tasks, outcomes, launches, time.monotonic() - start
 
 
 def check_kernels(lab: str, impl: str, labs_root: str = str(LABS)) -> dict[str, list[str]]:
     """Every kernel of ``lab`` compiled at once; the problems per kernel name."""
-    tasks, outcomes, _ = outcomes_of(pathlib.Path(labs_root).resolve() / lab, impl)
+    tasks, outcomes, launches, _ = outcomes_of(pathlib.Path(labs_root).resolve() / lab, impl)
     found: dict[str, list[str]] = {}
     for task, outcome in zip(tasks, outcomes):
         name = task["kernel"]
         if outcome["status"] != "ok" and found.get(name):
             continue  # a kernel that does not compile is reported once
         found.setdefault(name, []).extend(problems(task, outcome, lab))
+    for name, texts in launch_problems(lab, launches).items():
+        if not any(NOT_WRITTEN in t for t in found.get(name, [])):
+            found.setdefault(name, []).extend(texts)
     return {name: list(dict.fromkeys(f)) for name, f in found.items()}
 
 
@@ -333,7 +401,7 @@ def precompile(items: list[Any], impl: str) -> None:
         if not lab_tasks(lab_dir.name):
             continue
         emit_event("compile_start", lab=lab_dir.name, at=time.monotonic())
-        _, _, seconds = outcomes_of(lab_dir, impl)
+        seconds = outcomes_of(lab_dir, impl)[-1]
         emit_event("compile", lab=lab_dir.name, seconds=round(seconds, 2))
 
 

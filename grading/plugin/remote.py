@@ -66,7 +66,11 @@ class WorkerError(GradingError):
     """The call could not be made or its result not received."""
 
 
-for _cls in (GradingError, WorkerTimeout, WorkerCrashed, WorkerError):
+class NoKernel(GradingError):
+    """A Triton test's launcher returned tensors that no kernel of the graded file wrote."""
+
+
+for _cls in (GradingError, WorkerTimeout, WorkerCrashed, WorkerError, NoKernel):
     _cls.__module__ = "builtins"  # reports read "WorkerTimeout: ...", not a module path
 
 

@@ -34,7 +34,7 @@ DEFAULT_IMPORT_LIMIT = 60.0
 
 # set by the plugin: the running test's deadline and limit, the import and per-test limits
 LIMITS: dict[str, Any] = {"deadline": None, "test_limit": None, "import": None,
-                          "per_test": None}
+                          "per_test": None, "needs_kernel": False}
 
 
 def env_float(name: str, default: float) -> float:

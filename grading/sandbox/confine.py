@@ -221,6 +221,59 @@ def _undo(libc: object, bound: list[bytes]) -> bool:
     return False
 
 
+_CLONE_NEWNET, _CLONE_NEWIPC = 0x40000000, 0x08000000
+_SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
+
+
+def share_nothing() -> dict[str, bool]:
+    """Linux, as root, before the user switch: this process (and what it starts) gets a
+    network namespace of its own (no network at all; a loopback of its own, up, so that a
+    lab's own ranks can still talk over it; abstract Unix sockets of other namespaces are
+    out of reach), an IPC namespace of its own (System V shared memory, semaphores, message
+    queues), an empty ``/dev/shm`` of its own (a tmpfs in its mount namespace), and a
+    ``/proc`` that shows a sandbox uid only its own processes (``hidepid=invisible``; each
+    sandboxed process has a uid of its own). What the platform refuses is left as it was;
+    the result says what was done."""
+    done = {"network": False, "ipc": False, "shm": False, "proc": False}
+    if not sys.platform.startswith("linux"):
+        return done
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return done
+    done["network"] = libc.unshare(_CLONE_NEWNET) == 0
+    if done["network"]:
+        _loopback_up()
+    done["ipc"] = libc.unshare(_CLONE_NEWIPC) == 0
+    if libc.unshare(_CLONE_NEWNS) == 0 and libc.mount(
+            b"none", b"/", None, _MS_REC | _MS_PRIVATE, None) == 0:
+        if os.path.isdir("/dev/shm"):
+            done["shm"] = libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", _MS_NOSUID | _MS_NODEV,
+                                     b"mode=1777,size=1g") == 0
+        for options in (b"hidepid=invisible", b"hidepid=2"):
+            if libc.mount(b"proc", b"/proc", b"proc", _MS_NOSUID | _MS_NODEV | 0x8,
+                          options) == 0:  # 0x8: MS_NOEXEC
+                done["proc"] = True
+                break
+    return done
+
+
+def _loopback_up() -> None:
+    import fcntl
+    import socket
+    import struct
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            flags = struct.unpack("16sH", fcntl.ioctl(s, _SIOCGIFFLAGS,
+                                                      struct.pack("16sH", b"lo", 0)))[1]
+            fcntl.ioctl(s, _SIOCSIFFLAGS, struct.pack("16sH", b"lo", flags | _IFF_UP))
+    except OSError:
+        pass
+
+
 def limit_resources(switched: bool) -> None:
     limits = [(resource.RLIMIT_CORE, 0), (resource.RLIMIT_FSIZE, FILE_SIZE_LIMIT)]
     if switched:  # counts the uid's processes: only meaningful for a uid of its own
@@ -255,6 +308,7 @@ def enter_sandbox(fds: dict[int, int], uid: int | None, gid: int | None, cwd: st
     if uid is not None:
         private_temp(os.environ.get("TMPDIR"))
         expose_python()
+        share_nothing()
     no_new_privileges()
     drop_privileges(uid, gid)
     limit_resources(uid is not None)

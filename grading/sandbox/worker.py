@@ -29,7 +29,7 @@ import types
 from pathlib import Path
 from typing import Any
 
-from grading.sandbox import frames, wire
+from grading.sandbox import frames, launches, wire
 from grading.sandbox.confine import enter_sandbox
 
 # ---- worker wire -------------------------------------------------------------------------
@@ -210,6 +210,7 @@ class Worker:
     def start(self) -> None:
         from common.loader import load_lab_module
 
+        launches.install(str(self.lab_dir / f"{self.impl}.py"))
         try:
             self.module = load_lab_module(self.lab_dir, self.impl)
         except BaseException as exc:  # noqa: BLE001 - a submission that cannot be imported
@@ -254,13 +255,16 @@ class Worker:
                 "ok", result, [])
         fn = obj if op == "call" else getattr(obj, name)
         snaps = snapshot(args, kwargs)
-        if instrument:
-            from common.testing import INSTRUMENTS
+        before = launches.tensors_before(args, kwargs)
+        with launches.recording() as record:
+            if instrument:
+                from common.testing import INSTRUMENTS
 
-            result = INSTRUMENTS[instrument](fn, *args, **kwargs)
-        else:
-            result = fn(*args, **kwargs)
-        return ("ok", result, changed(snaps))
+                result = INSTRUMENTS[instrument](fn, *args, **kwargs)
+            else:
+                result = fn(*args, **kwargs)
+        return ("ok", result, changed(snaps),
+                launches.report(record, result, before, args, kwargs))
 
 
 def signature_info(fn: Any) -> list | None:

@@ -105,7 +105,8 @@ def _chown_tree(path: Path, gid: int, dir_mode: int, file_mode: int) -> None:
 SANDBOX_CODE = ("common", "grading/sandbox")
 # ... and the GPU report's compiler, which the sandboxed compile step runs
 # (:mod:`grading.sandbox.compiler`): trusted code, run there because it imports the graded file.
-COMPILE_CODE = ("bench/__init__.py", "bench/gpu_compile.py", "bench/gpu_kernels.py")
+COMPILE_CODE = ("bench/__init__.py", "bench/gpu_compile.py", "bench/gpu_kernels.py",
+                "bench/kernels.py", "bench/workloads.py", "bench/shapes.py", "bench/counts.py")
 # ... less the float64 reference the tests compare with: graded code cannot import it,
 # unless its lab's given provided.py imports it (lab-02 measures SDPA against it).
 HIDDEN_FROM_SANDBOX = ("reference.py",)
