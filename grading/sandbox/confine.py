@@ -94,6 +94,7 @@ def private_temp(tmp: str | None) -> bool:
     fds: list[int] = []
     bound: list[bytes] = []
     keep_paths = _kept_under_temp(scratch)
+    links = _links_under_temp()
     try:  # descriptors opened in the new namespace: mount sources that the binds cannot hide
         fds = [os.open(tmp, os.O_RDONLY | os.O_DIRECTORY)]
         fds += [os.open(path, os.O_RDONLY | os.O_DIRECTORY) for path in keep_paths]
@@ -112,6 +113,7 @@ def private_temp(tmp: str | None) -> bool:
             if libc.mount(source, path.encode(), None, _MS_BIND, None) != 0:
                 raise OSError(f"cannot mount {path} back")
             bound.insert(0, path.encode())
+        _make_links(links)  # a .venv symlink in a /tmp checkout: made again
         return os.path.isdir(tmp) or _undo(libc, bound)
     except OSError:
         return _undo(libc, bound)
@@ -172,6 +174,8 @@ def expose_python() -> bool:
         return False
     closed: dict[str, list[str]] = {}
     for path in python_paths():
+        if any(os.path.realpath(path).startswith(d + os.sep) for d in PRIVATE_TEMP_DIRS):
+            continue  # the lab's own /tmp (its group's): private_temp mounted these back
         top = _closed_ancestor(os.path.realpath(path))
         if top is not None and top != os.path.realpath(path):
             closed.setdefault(top, []).append(os.path.realpath(path))
@@ -213,6 +217,31 @@ def _cover(libc: Any, top: str, paths: list[str]) -> None:
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def _links_under_temp() -> list[tuple[str, str]]:
+    """``(path, target)`` of each symlink inside a private temp dir on the way to the Python
+    folders as written (``/tmp/clone/.venv -> /tmp/venvs/course``): the folders behind them
+    are mounted back, and the links must be there too, or the paths Python was started with
+    lead nowhere."""
+    packages = [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
+    found: dict[str, str] = {}
+    for path in (sys.prefix, sys.exec_prefix, os.path.dirname(sys.executable), *packages):
+        current = "/"
+        for part in path.strip("/").split("/"):
+            current = os.path.join(current, part)
+            if os.path.islink(current):
+                if any(current.startswith(d + os.sep) for d in PRIVATE_TEMP_DIRS):
+                    found[current] = os.readlink(current)
+                current = os.path.realpath(current)
+    return sorted(found.items())
+
+
+def _make_links(links: list[tuple[str, str]]) -> None:
+    for link, target in links:
+        if not os.path.lexists(link):
+            os.makedirs(os.path.dirname(link), exist_ok=True)
+            os.symlink(target, link)
 
 
 def _undo(libc: object, bound: list[bytes]) -> bool:
