@@ -38,6 +38,7 @@ def readable_by(uid: int | None, gid: int | None) -> bool:
     if pid == 0:  # pragma: no cover - in the child
         code = 1
         try:
+            expose_python()  # as a sandboxed process does before it switches
             drop_privileges(uid, gid)
             os.listdir(os.path.dirname(os.__file__))
             code = 0
@@ -168,17 +169,22 @@ def expose_python() -> bool:
     every folder on the way to the interpreter, its standard library and the venv that the
     sandbox uid could not pass (``/root`` of a pyenv Python, a 0700 checkout) is covered by
     an empty tmpfs, and only those Python folders are mounted back, read-only, at their own
-    paths: the sandbox can run Python (a fresh interpreter too) and sees nothing else of
-    the folder. False, with nothing changed, where the platform does not allow it."""
+    paths (and the symlinks on the way, such as a checkout's ``.venv``, made again): the
+    sandbox can run Python (a fresh interpreter too) and sees nothing else of the folder.
+    False, with nothing changed, where the platform does not allow it."""
     if not sys.platform.startswith("linux"):
         return False
     closed: dict[str, list[str]] = {}
     for path in python_paths():
-        if any(os.path.realpath(path).startswith(d + os.sep) for d in PRIVATE_TEMP_DIRS):
-            continue  # the lab's own /tmp (its group's): private_temp mounted these back
-        top = _closed_ancestor(os.path.realpath(path))
-        if top is not None and top != os.path.realpath(path):
-            closed.setdefault(top, []).append(os.path.realpath(path))
+        real = os.path.realpath(path)
+        for name in (real, path):
+            if any(name.startswith(d + os.sep) for d in PRIVATE_TEMP_DIRS):
+                continue  # the lab's own /tmp (its group's): private_temp mounted it back
+            top = _closed_ancestor(name)
+            if top is not None and top != name:
+                closed.setdefault(top, [])
+                if name == real:
+                    closed[top].append(real)
     if not closed:
         return True
     try:
@@ -190,8 +196,13 @@ def expose_python() -> bool:
             return False
     except (OSError, AttributeError):
         return False
-    for top, paths in closed.items():
+    links = _links_under(tuple(closed))
+    for top, paths in sorted(closed.items()):
         _cover(libc, top, paths)
+    try:
+        _make_links(links)
+    except OSError:
+        pass
     return True
 
 
@@ -220,9 +231,13 @@ def _cover(libc: Any, top: str, paths: list[str]) -> None:
 
 
 def _links_under_temp() -> list[tuple[str, str]]:
-    """``(path, target)`` of each symlink inside a private temp dir on the way to the Python
-    folders as written (``/tmp/clone/.venv -> /tmp/venvs/course``): the folders behind them
-    are mounted back, and the links must be there too, or the paths Python was started with
+    return _links_under(PRIVATE_TEMP_DIRS)
+
+
+def _links_under(roots: tuple[str, ...]) -> list[tuple[str, str]]:
+    """``(path, target)`` of each symlink inside ``roots`` on the way to the Python folders
+    as written (``/tmp/clone/.venv -> /tmp/venvs/course``): the folders behind them are
+    mounted back, and the links must be there too, or the paths Python was started with
     lead nowhere."""
     packages = [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
     found: dict[str, str] = {}
@@ -231,7 +246,7 @@ def _links_under_temp() -> list[tuple[str, str]]:
         for part in path.strip("/").split("/"):
             current = os.path.join(current, part)
             if os.path.islink(current):
-                if any(current.startswith(d + os.sep) for d in PRIVATE_TEMP_DIRS):
+                if any(current.startswith(d + os.sep) for d in roots):
                     found[current] = os.readlink(current)
                 current = os.path.realpath(current)
     return sorted(found.items())
