@@ -9,6 +9,8 @@ The **zygote** runs in a scratch copy of one lab (the student's file, the lab's 
 - ``worker``: fork a **worker** that drops to the sandbox uid (when there is one), imports the
   graded module (``starter.py``) and answers calls over the socket it was given;
 - ``script``: fork a lab script (``LabScript``: lab-04's torch.distributed ring) the same way;
+- ``program``: fork a child that enters the sandbox and ``exec`` s a fresh interpreter on one
+  of the grader's programs (the compile step, :mod:`grading.sandbox.compiler`);
 - ``kill``: end a worker or script and everything it started; ``wait``: its exit status.
 
 Forking from a warm zygote makes a restart after a crash cost milliseconds, not the few
