@@ -1,5 +1,5 @@
-"""Labs share nothing: what a sandboxed worker can reach, probed by a planted submission
-(not graded).
+"""Labs share nothing, and memory cannot be hidden: what a sandboxed worker can reach, and
+what a forked child's memory counts, probed by planted submissions (not graded).
 
 A lab of a small copy of the course whose ``starter.py`` has a ``probe()``; its test calls
 it and reports what it saw. Meanwhile this test process (standing in for another lab, or
@@ -90,6 +90,51 @@ def test_probe():
 '''
 
 
+MEMORY = """
+import os
+import time
+
+
+def honest(n):
+    \"\"\"Holds n MiB, touched.\"\"\"
+    data = b"x" * (n << 20)
+    return len(data) >> 20
+
+
+def forked(n):
+    \"\"\"Holds n MiB in a forked child, which the call waits for.\"\"\"
+    pid = os.fork()
+    if pid == 0:
+        data = b"x" * (n << 20)
+        time.sleep(0.5)
+        os._exit(len(data) & 1)
+    os.waitpid(pid, 0)
+    return n
+"""
+MEMORY_TESTS = """
+import json
+
+import pytest
+
+from common import load_impl
+from common.testing import peak_memory
+
+impl = load_impl(__file__)
+
+
+@pytest.mark.points(1)
+def test_peaks():
+    peaks = {name: peak_memory(getattr(impl, name), 64)[1] for name in ("honest", "forked")}
+    pytest.fail("PEAKS " + json.dumps(peaks))
+"""
+
+
+def _report(results: dict, marker: str, test: str) -> dict:
+    [found] = [t for t in results["tests"] if t["name"].endswith(test)]
+    assert marker + " " in found["output"], found["output"]
+    return json.loads(found["output"].split(marker + " ", 1)[1].splitlines()[0])
+
+
 @pytest.fixture(scope="module")
 def probed(tmp_path_factory) -> dict:
     if choose_mode()[0].uids is None:
@@ -105,6 +150,10 @@ def probed(tmp_path_factory) -> dict:
                         ignore=shutil.ignore_patterns("__pycache__"))
     lab = root / "labs" / "lab-00-probe"
     lab.mkdir(parents=True)
+    memory = root / "labs" / "lab-01-memory"
+    memory.mkdir(parents=True)
+    (memory / "starter.py").write_text(MEMORY)
+    (memory / "test_lab.py").write_text(MEMORY_TESTS)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as abstract, socket.socket() as tcp:
         abstract.bind("\0" + ABSTRACT)
         abstract.listen(1)
@@ -125,9 +174,9 @@ def probed(tmp_path_factory) -> dict:
         finally:
             shm.unlink()
     results = json.loads((root / "results.json").read_text())
-    [test] = results["tests"]
-    assert "PROBE " in test["output"], (test["output"], proc.stdout[-3000:])
-    return json.loads(test["output"].split("PROBE ", 1)[1].splitlines()[0])
+    assert len(results["tests"]) == 2, proc.stdout[-3000:]
+    return {**_report(results, "PROBE", "test_probe"),
+            "peaks": _report(results, "PEAKS", "test_peaks")}
 
 
 @pytest.mark.slow
@@ -144,3 +193,12 @@ def test_a_worker_has_a_dev_shm_and_a_proc_of_its_own(probed):
     assert probed["own_shm"] == "reached"
     assert not probed["sees_pid"], "the worker sees the grader's processes in /proc"
     assert probed["pids"] < 5, probed["pids"]
+
+
+@pytest.mark.slow
+def test_memory_a_forked_child_holds_is_counted(probed):
+    """The fork attack: the work done in a forked child (which exits before the call
+    returns) shows in the peak as the work done in the worker does."""
+    honest, forked = probed["peaks"]["honest"], probed["peaks"]["forked"]
+    assert honest >= 48 << 20, probed["peaks"]
+    assert forked >= 48 << 20, f"the forked child's 64 MiB went unseen: {probed['peaks']}"

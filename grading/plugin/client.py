@@ -19,6 +19,7 @@ import os
 import pickle
 import re
 import signal
+import threading
 import time
 import weakref
 from pathlib import Path
@@ -151,32 +152,75 @@ MAX_TIMEOUTS = 2
 class ResidentPeak:
     """The growth of another process's resident memory high-water mark, measured from
     outside it (Linux): ``start(pid)`` resets the mark (``/proc/<pid>/clear_refs`` <- "5")
-    and notes the resident size; ``peak()`` is ``VmHWM`` minus that, in bytes. The grader
-    measures a sandboxed worker's call with it, where the graded code cannot replace the
-    instrument; ``None`` where ``/proc`` does not allow it (then the worker measures)."""
+    and notes the resident size; ``peak()`` is ``VmHWM`` minus that, in bytes, plus the
+    most private memory the other processes of the worker's uid (its forks, however
+    detached) held at once meanwhile, sampled from their ``smaps_rollup`` every
+    :data:`SAMPLE_SECONDS` by a thread of this process (a fork that does the work cannot
+    hide it). The grader measures a sandboxed worker's call with it, where the graded code
+    cannot replace the instrument; ``None`` where ``/proc`` does not allow it (then the
+    worker measures)."""
 
-    def __init__(self, pid: int, base: int) -> None:
-        self.pid, self.base = pid, base
+    SAMPLE_SECONDS = 0.01
+
+    def __init__(self, pid: int, base: int, uid: int | None) -> None:
+        self.pid, self.base, self.uid = pid, base, uid
+        self.others = 0
+        self.stop = threading.Event()
+        self.thread: threading.Thread | None = None
+        if uid is not None and uid != 0:  # a uid of its own: the user switch
+            self.thread = threading.Thread(target=self._sample, daemon=True)
+            self.thread.start()
 
     @staticmethod
     def _status(pid: int, key: str) -> int:
         with open(f"/proc/{pid}/status", encoding="ascii") as f:
             for line in f:
                 if line.startswith(key + ":"):
-                    return int(line.split()[1]) * 1024
+                    return int(line.split()[1]) * (1 if key == "Uid" else 1024)
         raise OSError(f"no {key} in /proc/{pid}/status")
+
+    @staticmethod
+    def _private(pid: int) -> int:
+        total = 0
+        with open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as f:
+            for line in f:
+                if line.startswith(("Private_Clean:", "Private_Dirty:", "Swap:")):
+                    total += int(line.split()[1]) * 1024
+        return total
+
+    def _sample(self) -> None:
+        while not self.stop.wait(self.SAMPLE_SECONDS):
+            held = 0
+            for entry in os.scandir("/proc"):
+                if not entry.name.isdigit() or int(entry.name) == self.pid:
+                    continue
+                try:
+                    if entry.stat(follow_symlinks=False).st_uid == self.uid:
+                        held += self._private(int(entry.name))
+                except (OSError, ValueError):
+                    continue  # it exited while we looked
+            self.others = max(self.others, held)
 
     @classmethod
     def start(cls, pid: int) -> ResidentPeak | None:
         try:
             with open(f"/proc/{pid}/clear_refs", "w", encoding="ascii") as f:
                 f.write("5")
-            return cls(pid, cls._status(pid, "VmRSS"))
+            uid = os.stat(f"/proc/{pid}").st_uid
+            return cls(pid, cls._status(pid, "VmRSS"), uid)
         except (OSError, ValueError):
             return None
 
+    def close(self) -> None:
+        """Stop sampling (idempotent)."""
+        if self.thread is not None:
+            self.stop.set()
+            self.thread.join()
+            self.thread = None
+
     def peak(self) -> int:
-        return max(self._status(self.pid, "VmHWM") - self.base, 0)
+        self.close()
+        return max(self._status(self.pid, "VmHWM") - self.base, 0) + self.others
 
 
 def _peak_from_outside(instrument: str | None, pid: int) -> tuple[Any, str | None]:
@@ -281,7 +325,12 @@ class Client:
             frames.send_frame(self.proc.sock, payload)
         except OSError:
             self._crashed(what)
-        return self._answer(self._receive(deadline, what), op, args, kwargs, what, measured)
+        try:
+            return self._answer(self._receive(deadline, what), op, args, kwargs, what,
+                                measured)
+        finally:
+            if measured is not None:
+                measured.close()
 
     def _answer(self, reply: tuple, op: str, args: tuple, kwargs: dict, what: str,
                 measured: Any) -> Any:
