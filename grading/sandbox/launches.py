@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,21 +25,23 @@ class _Record:
         self.kernels: list[tuple[str, bool]] = []
         self.stored: list[Any] = []  # numpy arrays of addresses stored by the file's kernels
         self.own = False
+        self.unknown = False  # Triton was imported during the call: launches went unseen
 
 
 def install(lab_file: str) -> bool:
-    """Wrap the interpreter's launch and masked store (once per worker); False where there is
-    no Triton interpreter (nothing is recorded then)."""
+    """Wrap the interpreter's launch and masked store (once per worker, once Triton is
+    imported: never importing it here, which costs seconds); False where there is no Triton
+    interpreter yet."""
+    _STATE["file"] = os.path.realpath(lab_file)
     if _STATE["installed"]:
         return True
-    if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+    if os.environ.get("TRITON_INTERPRET", "0") in ("", "0") or "triton" not in sys.modules:
         return False
     try:
         import numpy as np
         from triton.runtime import interpreter
     except ImportError:
         return False
-    _STATE["file"] = os.path.realpath(lab_file)
     executor, builder = interpreter.GridExecutor, interpreter.InterpreterBuilder
     original_call, original_store = executor.__call__, builder.create_masked_store
 
@@ -70,9 +73,19 @@ def install(lab_file: str) -> bool:
 
 @contextlib.contextmanager
 def recording() -> Iterator[_Record | None]:
-    """Record the launches of the block (None where nothing can be recorded)."""
+    """Record the launches of the block (None where nothing can be recorded: no
+    interpreter, or Triton first imported during the block)."""
+    interpreted = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    if not _STATE["installed"] and _STATE["file"] is not None:
+        install(_STATE["file"])
     if not _STATE["installed"]:
-        yield None
+        if not interpreted:
+            yield None
+            return
+        record = _Record()  # no Triton imported: no kernel can run, unless it is imported now
+        yield record
+        if "triton" in sys.modules:
+            record.unknown = True
         return
     record, outer = _Record(), _STATE["active"]
     _STATE["active"] = record
@@ -104,6 +117,8 @@ def _changed_mask(after: Any, before: Any) -> Any:
 
 def tensors_before(args: tuple, kwargs: dict) -> dict[int, tuple[Any, Any]]:
     """A copy of each tensor argument before the call (to see which elements it changed)."""
+    if not _STATE["installed"] and _STATE["file"] is not None:
+        install(_STATE["file"])
     if not _STATE["installed"]:
         return {}
     out = {}
@@ -117,8 +132,9 @@ LARGEST = 1 << 22  # elements: larger outputs are not checked (interpreter tests
 
 
 def _leaves(value: Any, depth: int = 0) -> list[Any]:
-    import torch
-
+    torch = sys.modules.get("torch")  # never imported here: no torch, no tensor
+    if torch is None:
+        return []
     if type(value) in (torch.Tensor, torch.nn.Parameter):
         return [value]
     if depth >= 4:
@@ -136,15 +152,19 @@ def report(record: _Record | None, result: Any, before: dict[int, tuple[Any, Any
     any empty tensor argument}``: per tensor the call returned, the share of its elements
     the graded file's kernels stored; per tensor argument it changed, the share of the
     changed elements they stored. None when nothing was recorded."""
-    if record is None:
+    if record is None or record.unknown:
         return None
+    inputs = _leaves((args, kwargs))
+    outputs = _leaves(result)
+    if not inputs and not outputs:
+        return {"kernels": [list(k) for k in record.kernels[:64]], "written": [],
+                "empty": False}
     import numpy as np
 
     stored = np.unique(np.concatenate(record.stored)) if record.stored else np.zeros(0, np.uint64)
-    inputs = _leaves((args, kwargs))
     written: list[list[Any]] = []
     try:
-        for t in _leaves(result)[:16]:
+        for t in outputs[:16]:
             if any(t is i for i in inputs) or t.numel() == 0 or t.numel() > LARGEST:
                 continue
             written.append(["ret", round(float(np.isin(_addresses(t), stored).mean()), 4)])
