@@ -86,8 +86,11 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtestloop(session: pytest.Session):
-    """A lab's kernels are compiled once, before its first test (not on a test's clock)."""
-    if COMPILE_CHECKS and not session.config.option.collectonly and session.items:
+    """A lab's kernels are compiled once, before its first test (not on a test's clock);
+    a run that stops at its first failure (``-x``: make mutants) compiles only if it gets to
+    a compile test."""
+    if COMPILE_CHECKS and not session.config.option.collectonly and session.items and (
+            not session.config.option.maxfail or os.environ.get("COURSE_SANDBOX")):
         from grading.plugin.compile_check import precompile
 
         precompile(session.items, lab_impl())
