@@ -148,10 +148,11 @@ def _leaves(value: Any, depth: int = 0) -> list[Any]:
 
 def report(record: _Record | None, result: Any, before: dict[int, tuple[Any, Any]],
            args: tuple, kwargs: dict) -> dict[str, Any] | None:
-    """``{"kernels": [[name, own], ...], "written": [["ret" | "arg", share], ...], "empty":
-    any empty tensor argument}``: per tensor the call returned, the share of its elements
-    the graded file's kernels stored; per tensor argument it changed, the share of the
-    changed elements they stored. None when nothing was recorded."""
+    """``{"kernels": [[name, own], ...], "written": [["ret" | "arg", share, elements], ...],
+    "stored": elements the file's kernels stored, "empty": any empty tensor argument}``: per
+    tensor the call returned, the share of its elements the graded file's kernels stored;
+    per tensor argument it changed, the share of the changed elements they stored. None when
+    nothing was recorded."""
     if record is None or record.unknown:
         return None
     inputs = _leaves((args, kwargs))
@@ -167,13 +168,14 @@ def report(record: _Record | None, result: Any, before: dict[int, tuple[Any, Any
         for t in outputs[:16]:
             if any(t is i for i in inputs) or t.numel() == 0 or t.numel() > LARGEST:
                 continue
-            written.append(["ret", round(float(np.isin(_addresses(t), stored).mean()), 4)])
+            share = float(np.isin(_addresses(t), stored).mean())
+            written.append(["ret", round(share, 4), int(t.numel())])
         for leaf, old in before.values():
             mask = _changed_mask(leaf, old)
             if mask.any():
                 hit = np.isin(_addresses(leaf)[mask], stored).mean()
-                written.append(["arg", round(float(hit), 4)])
+                written.append(["arg", round(float(hit), 4), int(mask.sum())])
     except Exception:  # noqa: BLE001 - a tensor it cannot describe counts as unwritten
-        written.append(["arg", 0.0])
+        written.append(["arg", 0.0, 0])
     return {"kernels": [list(k) for k in record.kernels[:64]], "written": written[:32],
-            "empty": any(i.numel() == 0 for i in inputs)}
+            "stored": int(stored.size), "empty": any(i.numel() == 0 for i in inputs)}
