@@ -33,12 +33,15 @@ CHECK_DEPS := $(if $(DEPS),$(CHECK_STAMP))
 
 # The instructor's tree tests the solutions; a student copy (no solution.py) tests the starters.
 TEST_IMPL := $(if $(wildcard labs/*/solution.py),solution,starter)
+# The labs `make trace` runs on a starter: their lab.toml says trace = "starter" (labs/manifest.py).
+TRACE_LABS = $(sort $(foreach f,$(shell grep -lE '^trace *= *"starter"' labs/*/lab.toml 2>/dev/null),$(word 2,$(subst -, ,$(f)))))
 
 help::
 	@echo "make setup           create .venv with the pinned packages (first time: a few minutes)"
 	@echo "                     on Linux without a GPU: make setup TORCH_INDEX=https://download.pytorch.org/whl/cpu"
-	@echo "make test            run the whole CPU suite ($(TEST_IMPL).py of every lab): what CI runs"
-	@echo "make test-slow       run only the slow tests (end-to-end grading, every kernel compiled for sm_90)"
+	@echo "make test            run the CPU suite ($(TEST_IMPL).py of every lab), slow tests left out"
+	@echo "make test-slow       run only the slow tests (end-to-end grading, the book in a browser, every"
+	@echo "                     kernel compiled for sm_90); CI (.ci/run) runs make test, then this"
 	@echo "make grade LAB=00    grade your starter.py (LAB_IMPL=starter); omit LAB for all labs"
 	@echo "make test-lab LAB=00 run one lab's tests ($(TEST_IMPL).py)"
 	@echo "make bench           benchmark the Triton kernels (interpreter mode without CUDA)"
@@ -48,7 +51,7 @@ help::
 	@echo "make check-setup     resolve the pins for Linux/macOS/Windows x Python 3.10-3.13 (PyPI, minutes)"
 	@echo "make test-no-triton  the suite as a Mac or Windows laptop runs it (triton unimportable)"
 	@echo "make book            build the web book with its visualisations into build/book/"
-	@echo "make trace LAB=00    run your starter.py on a visualisation's inputs (labs 00, 01, 04, 07, 08, 10)"
+	@echo "make trace LAB=00    run your starter.py on a visualisation's inputs (labs $(TRACE_LABS))"
 
 # One stamp per requirements file: a second `make test` installs nothing.
 # --only-binary: every pin has a wheel for every supported laptop (make check-setup), so
@@ -88,18 +91,18 @@ book: $(DEPS) $(BOOK_DEPS)
 
 # Your starter.py on a visualisation's inputs, beside the reference (book/README.md).
 trace: $(DEPS)
-	@test -n "$(LAB)" || { echo "usage: make trace LAB=00 (labs 00, 01, 04, 07, 08, 10)"; exit 2; }
+	@test -n "$(LAB)" || { echo "usage: make trace LAB=00 (labs $(TRACE_LABS))"; exit 2; }
 	@echo ">> running your starter.py (lab $(LAB)) on the visualisation's inputs"
 	LAB_IMPL=starter $(PY) -m book.traces --impl starter --lab $(LAB)
 
-# The slow end-to-end grading tests too (plain pytest deselects every `slow` test through
-# pyproject's addopts), but not the compile-every-kernel check of make gpu-report.
+# Every test but the `slow` ones (whole-pipeline runs: `make test-slow`) and the kernel
+# compiles of make gpu-report.
 test: $(DEPS) $(BOOK_DEPS)
-	@echo ">> running the CPU suite (LAB_IMPL=$(TEST_IMPL)), slow grading tests included"
-	LAB_IMPL=$(TEST_IMPL) $(PY) -m pytest -q -m "not gpu_report and not gpu_compile"
+	@echo ">> running the CPU suite (LAB_IMPL=$(TEST_IMPL)); the slow tests: make test-slow"
+	LAB_IMPL=$(TEST_IMPL) $(PY) -m pytest -q -m "not slow and not gpu_report and not gpu_compile"
 
-# The `slow` tests, which `make test` leaves out (pyproject's addopts: -m "not slow").
-test-slow: $(DEPS)
+# The `slow` tests, which `make test` leaves out (as plain pytest does: pyproject's addopts).
+test-slow: $(DEPS) $(BOOK_DEPS)
 	@echo ">> running the slow tests (LAB_IMPL=$(TEST_IMPL))"
 	LAB_IMPL=$(TEST_IMPL) $(PY) -m pytest -q -m "slow or gpu_compile"
 

@@ -28,13 +28,14 @@ import pathlib
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 from bench.gpu_compile import DEFAULT_CACHE, SCHEMA, Task, run_tasks
 from bench.gpu_kernels import ARCHS, GPU_KERNELS, GpuKernel
 from bench.gpu_plan import MODEL_ASSUMPTIONS, plan_checks
 from bench.gpu_render import write_report
+from common.gpus import LIMIT_SOURCES, LIMITS, ArchLimits
 from common.launch_plan import TARGET_SOURCES
 from common.loader import default_impl
 
@@ -44,50 +45,7 @@ NOT_RUN = "compiled, not run: no GPU was used"
 GATE_ARCH = 90  # the arch the CPU suite checks (tests/test_gpu_report.py)
 
 
-# ---- each arch's limits ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ArchLimits:
-    """Per-SM limits of one compute capability (sources: ``LIMIT_SOURCES``)."""
-
-    arch: int
-    part: str
-    regs_per_sm: int = 65536
-    max_regs_per_thread: int = 255
-    max_warps_per_sm: int = 64
-    max_blocks_per_sm: int = 32
-    smem_per_sm: int = 228 * 1024
-    smem_per_block: int = 227 * 1024  # the most a block may opt in to (static + dynamic)
-    reserved_smem_per_block: int = 1024  # taken by the system from every resident block
-    reserved_in_cubin: bool = True  # ptxas puts that 1 KB in the cubin's static smem (sm_90+)
-    tmem_cols_per_sm: int = 0  # tensor memory (sm_100): 512 columns x 128 lanes x 32 bit
-    reg_unit: int = 256  # registers are allocated per warp in units of 256
-    smem_unit: int = 128  # shared memory is allocated in units of 128 bytes
-
-
-LIMITS = {
-    80: ArchLimits(80, "A100", smem_per_sm=164 * 1024, smem_per_block=163 * 1024,
-                   reserved_in_cubin=False),
-    90: ArchLimits(90, "H100"),
-    100: ArchLimits(100, "B200", tmem_cols_per_sm=512),
-}
-LIMIT_SOURCES = (
-    "CUDA C++ Programming Guide, 'Technical Specifications per Compute Capability' (compute "
-    "capabilities 8.0, 9.0, 10.0): 64K 32-bit registers per SM, 255 per thread, 64 resident "
-    "warps and 32 resident blocks per SM; shared memory per SM / per block 164 / 163 KB (8.0), "
-    "228 / 227 KB (9.0, 10.0).",
-    "NVIDIA Ampere, Hopper and Blackwell Tuning Guides, 'Occupancy' and 'Unified Shared "
-    "Memory/L1/Texture Cache': the same figures, and 1 KB of shared memory reserved by the "
-    "system for each resident block.",
-    "CUDA Occupancy Calculator / Nsight Compute 'launch statistics': registers allocated per "
-    "warp in units of 256, shared memory in units of 128 bytes.",
-    "PTX ISA, 'Tensor Memory' (tcgen05, sm_100a): 128 lanes x 512 columns of 32-bit cells "
-    "per SM, allocated by columns; Triton's metadata gives a kernel's columns (tmem_size).",
-    "The cubins themselves: for sm_90 and sm_100 ptxas gives every kernel a 1 KB static "
-    "shared section (.nv.shared.<kernel>, with .nv.shared.reserved.0) and starts the dynamic "
-    "window at 0x400: the reserved 1 KB, counted once; for sm_80 the static section is empty.",
-)
+# ---- each arch's limits: common/gpus.py ------------------------------------------------
 
 
 def smem_usage(result: dict, limits: ArchLimits) -> tuple[int, int]:

@@ -5,7 +5,7 @@ calling convention (a Workload class from bench.workloads) and three shape lists
 (the shapes that matter: short and long context, batch 1 and 64, MHA and GQA 32/8, d=128,
 bf16), ``quick`` (names from ``gpu``: the target shapes, plus short-context decode) and
 ``tiny`` (a few programs, float32, for the Triton interpreter). The targets are the course's
-performance targets (README, "Benchmarks"), set against the published figures cited there.
+performance targets (bench/README.md), set against the published figures cited there.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from bench.workloads import (
     Workload,
 )
 
-# ---- targets (README.md, "Benchmarks": the course's performance targets) -----------------
+# ---- targets (bench/README.md: the course's performance targets) --------------------------
 DECODE_TARGET = Target(
     "kv_GBps", 2500, "paged decode >= 2.5 TB/s of K/V bytes at long context (course target)"
 )

@@ -32,29 +32,14 @@ import re
 import shutil
 
 from book.traces import main as traces_main
+from labs import manifest
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 BOOK = REPO / "book"
 SRC = REPO / "build" / "book-src"
-# The learner path of the top README; labs not listed follow in folder order.
-LAB_ORDER = ("08", "10", "09", "00", "01", "03", "04", "02", "05", "06", "07")
-VISUALISATIONS = (  # (page file in book/pages/, title)
-    ("flash-attention-tiling.md", "FlashAttention tiling"),
-    ("paged-attention-blocks.md", "PagedAttention blocks"),
-    ("kv-cache-evolution.md", "KV cache: MHA to MLA"),
-    ("split-kv-merge.md", "Split-KV merge"),
-    ("ring-attention-rotation.md", "Ring attention"),
-    ("gpu-memory-hierarchy.md", "GPU memory hierarchy"),
-    ("sliding-window-receptive-field.md", "Sliding-window receptive field"),
-    ("attention-scoring-functions.md", "Attention scoring functions"),
-    ("attention-bahdanau-alignment.md", "Bahdanau alignment"),
-    ("attention-multihead-self.md", "Multi-head self-attention"),
-    ("fa1-vs-fa2-parallelism.md", "FlashAttention-1 vs -2 parallelism"),
-    ("attention-pattern-zoo.md", "Attention pattern zoo"),
-    ("attention-complexity-scaling.md", "Attention complexity scaling"),
-    ("lsh-attention-bucketing.md", "LSH attention bucketing"),
-)
-TRACE_LABS = ("00", "01", "04", "07", "08", "10")
+# The labs, their order (the learner path) and their visualisations: labs/manifest.py.
+VISUALISATIONS = tuple((f"{page.name}.md", page.title) for page, _ in manifest.pages())
+TRACE_LABS = tuple(sorted(e.number for e in manifest.traced("starter")))
 LINK = re.compile(r"(!?)\[((?:[^\[\]]|\[[^\]]*\])*)\]\(([^()\s]+(?:\([^()]*\))?[^()\s]*)"
                   r"(\s+\"[^\"]*\")?\)")
 REF_DEF = re.compile(r"^(\s{0,3}\[[^\]]+\]:\s*)(\S+)(.*)$", re.M)
@@ -192,8 +177,10 @@ def install_starter_traces(traces: pathlib.Path, source: pathlib.Path | None = N
 
 
 def _lab_key(readme: pathlib.Path) -> tuple[int, str]:
-    num = readme.parent.name.removeprefix("lab-")[:2]
-    return (LAB_ORDER.index(num) if num in LAB_ORDER else len(LAB_ORDER), readme.parent.name)
+    """Learner-path order (labs/manifest.py); a folder not in it follows in name order."""
+    order = [e.folder for e in manifest.labs()]
+    name = readme.parent.name
+    return (order.index(name) if name in order else len(order), name)
 
 
 def write_config(src: pathlib.Path, out: pathlib.Path, labs: list[str]) -> pathlib.Path:

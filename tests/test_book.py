@@ -28,13 +28,11 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 SHOTS = ROOT / "build" / "book-screenshots"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
-VIZ = ("flash-attention-tiling", "paged-attention-blocks", "kv-cache-evolution", "split-kv-merge",
-       "ring-attention-rotation", "gpu-memory-hierarchy", "sliding-window-receptive-field",
-       "attention-scoring-functions", "attention-bahdanau-alignment", "attention-multihead-self",
-       "fa1-vs-fa2-parallelism", "attention-pattern-zoo", "lsh-attention-bucketing",
-       "attention-complexity-scaling")
 PAGE_BUDGET = 200 * 1024  # bytes, gzipped
 pytestmark = pytest.mark.timeout(600)  # the first test may apt-get install chromium
+# The built site in Chromium: a whole-pipeline check (MkDocs, then a browser), run by
+# `make test-slow`; the traces and link rewriting are checked by `make test` below.
+BROWSER = pytest.mark.slow
 ACC_LINE = "            acc = alpha[:, None] * acc + p @ v[k0:k1]"
 SCALE_LINE = "    scaled = raw / math.sqrt(d)"  # lab 08: a starter that divides by d instead
 KPM_LINE = "    return ~key_padding_mask[:, None, None, :]"  # and reads the padding mask backwards
@@ -45,6 +43,10 @@ sys.path.insert(0, str(ROOT))
 from book.build import main as build_main  # noqa: E402
 from book.traces import main as traces_main  # noqa: E402
 from book.traces import read_script  # noqa: E402
+from labs import manifest  # noqa: E402
+
+VIZ = tuple(page.name for page, _ in manifest.pages())  # every visualisation of the book
+STARTER_TRACES = sorted(e.number for e in manifest.traced("starter"))  # make trace's labs
 
 
 def chromium_path() -> str | None:
@@ -164,6 +166,7 @@ def open_page(browser, book):
         p.close()
 
 
+@BROWSER
 def test_the_book_holds_every_lab_the_glossary_search_and_the_visualisations(book):
     assert (book / "index.html").is_file()
     for readme in (ROOT / "labs").glob("*/README.md"):
@@ -180,6 +183,7 @@ def test_the_book_holds_every_lab_the_glossary_search_and_the_visualisations(boo
         assert "<abbr title=" in lesson.read_text(), "glossary terms need hover definitions"
 
 
+@BROWSER
 @pytest.mark.parametrize("rel", [f"viz/{n}.html" for n in VIZ] + [
     "index.html", "viz/index.html", "labs/lab-00-online-softmax/index.html", "GLOSSARY.html"])
 def test_every_page_loads_with_no_console_error_and_no_network(open_page, rel):
@@ -217,6 +221,7 @@ def test_every_page_loads_with_no_console_error_and_no_network(open_page, rel):
         assert p.page.evaluate(wraps) == "wrap"
 
 
+@BROWSER
 def test_flash_attention_steps_show_lab_00s_numbers(open_page):
     ref = reference("00")
     p = open_page("viz/flash-attention-tiling.html")
@@ -267,6 +272,7 @@ def first_step_whose_max_grew(ref: dict) -> tuple[int, int]:
     raise AssertionError("the inputs never raise a row's max: the trace shows no rescale")
 
 
+@BROWSER
 def test_a_starter_that_does_not_rescale_acc_differs_at_the_tile_where_the_max_grew(open_page):
     if not (ROOT / "labs" / "lab-00-online-softmax" / "solution.py").is_file():
         pytest.skip("the wrong starter is planted in a copy of solution.py (instructor's tree)")
@@ -285,6 +291,7 @@ def test_a_starter_that_does_not_rescale_acc_differs_at_the_tile_where_the_max_g
     p.page.locator("#fa-viz").screenshot(path=str(shot))
 
 
+@BROWSER
 def test_split_kv_merge_orders_show_lab_04s_states_and_one_answer(open_page):
     ref = reference("04")
     p = open_page("viz/split-kv-merge.html")
@@ -299,6 +306,7 @@ def test_split_kv_merge_orders_show_lab_04s_states_and_one_answer(open_page):
         assert p.value(f"#split-lse-{name}") == order["lse"]
 
 
+@BROWSER
 def test_paged_blocks_show_lab_07s_tables_and_lab_01s_slots(open_page):
     ref, ref01 = reference("07"), reference("01")
     p = open_page("viz/paged-attention-blocks.html")
@@ -320,6 +328,7 @@ def test_paged_blocks_show_lab_07s_tables_and_lab_01s_slots(open_page):
     assert p.value("#stream-used-contiguous") == ref["contiguous"]["used"][1]
 
 
+@BROWSER
 def test_kv_cache_presets_show_lab_06s_bytes_per_token(open_page):
     ref = reference("06")
     p = open_page("viz/kv-cache-evolution.html")
@@ -331,6 +340,7 @@ def test_kv_cache_presets_show_lab_06s_bytes_per_token(open_page):
     assert "65,536 tokens" in p.page.inner_text("#kv-context-label")
 
 
+@BROWSER
 def test_reduced_motion_turns_the_transitions_off(open_page):
     p = open_page("viz/flash-attention-tiling.html", reduced_motion="reduce")
     assert "reduced-motion" in p.page.get_attribute("#fa-viz", "class")
@@ -340,6 +350,7 @@ def test_reduced_motion_turns_the_transitions_off(open_page):
     assert duration == "0s"
 
 
+@BROWSER
 def test_ring_attention_steps_show_lab_04s_ring_step_states(open_page):
     ref = reference("ring")
     p = open_page("viz/ring-attention-rotation.html")
@@ -355,6 +366,7 @@ def test_ring_attention_steps_show_lab_04s_ring_step_states(open_page):
         assert (dash is not None) == d["masked"], "a masked shard is drawn dashed"
 
 
+@BROWSER
 def test_sliding_window_reach_is_lab_06s_window_composed(open_page):
     ref = reference("window")
     p = open_page("viz/sliding-window-receptive-field.html")
@@ -368,6 +380,7 @@ def test_sliding_window_reach_is_lab_06s_window_composed(open_page):
     assert len(field) == ref["inputs"]["layers"] * (w - 1) + 1
 
 
+@BROWSER
 def test_memory_hierarchy_shows_lab_00s_score_matrix_bytes(open_page):
     ref = reference("memory")
     p = open_page("viz/gpu-memory-hierarchy.html")
@@ -377,6 +390,7 @@ def test_memory_hierarchy_shows_lab_00s_score_matrix_bytes(open_page):
     assert "Sources:" in p.page.inner_text("#memory-viz")
 
 
+@BROWSER
 def test_scoring_functions_show_lab_08s_scale_experiment_at_each_d_k(open_page):
     ref = reference("08")
     p = open_page("viz/attention-scoring-functions.html")
@@ -398,6 +412,7 @@ def test_scoring_functions_show_lab_08s_scale_experiment_at_each_d_k(open_page):
     assert last["entropy_unscaled"] < 1 < last["entropy_scaled"], "the lesson the slider shows"
 
 
+@BROWSER
 def test_a_scale_experiment_that_divides_by_d_differs_from_d_k_2_on(open_page):
     if not (ROOT / "labs" / "lab-08-attention-from-scratch" / "solution.py").is_file():
         pytest.skip("the wrong starter is planted in a copy of solution.py (instructor's tree)")
@@ -412,6 +427,7 @@ def test_a_scale_experiment_that_divides_by_d_differs_from_d_k_2_on(open_page):
     assert p.page.get_attribute("#scoring-viz", "data-d") == "2"
 
 
+@BROWSER
 def test_bahdanau_steps_show_lab_08s_additive_weights_and_context(open_page):
     ref = reference("bahdanau")
     p = open_page("viz/attention-bahdanau-alignment.html")
@@ -432,6 +448,7 @@ def test_bahdanau_steps_show_lab_08s_additive_weights_and_context(open_page):
     assert p.step("bahdanau-viz") == ref["inputs"]["target"] - 1
 
 
+@BROWSER
 def test_multihead_maps_are_lab_08s_heads_and_masks(open_page):
     ref = reference("08")["multihead"]
     p = open_page("viz/attention-multihead-self.html")
@@ -468,6 +485,7 @@ def test_multihead_maps_are_lab_08s_heads_and_masks(open_page):
         assert p.page.input_value("#mh-head") == "0"
 
 
+@BROWSER
 def test_fa1_vs_fa2_programs_come_from_lab_00s_launch_grid(open_page):
     ref = reference("fagrid")
     sys.path.insert(0, str(ROOT))
@@ -501,6 +519,7 @@ def test_fa1_vs_fa2_programs_come_from_lab_00s_launch_grid(open_page):
             assert last[(w["bh"], w["qt"])]["m"] == w["m"]
 
 
+@BROWSER
 def test_pattern_zoo_shows_lab_10s_masks_and_their_errors(open_page):
     ref = reference("10")["zoo"]
     p = open_page("viz/attention-pattern-zoo.html")
@@ -527,6 +546,7 @@ def test_pattern_zoo_shows_lab_10s_masks_and_their_errors(open_page):
         assert p.page.locator("#zoo-viz rect[data-yours]").count() > 0
 
 
+@BROWSER
 def test_lsh_buckets_and_mass_are_lab_10s(open_page):
     ref = reference("10")["lsh"]
     p = open_page("viz/lsh-attention-bucketing.html")
@@ -550,6 +570,7 @@ def test_lsh_buckets_and_mass_are_lab_10s(open_page):
     assert masses == sorted(masses), "more rounds never lose keys"
 
 
+@BROWSER
 def test_complexity_scaling_shows_lab_10s_costs_and_errors_at_each_n(open_page):
     ref = reference("complexity")
     sizes = ref["inputs"]["sizes"]
@@ -570,6 +591,7 @@ def test_complexity_scaling_shows_lab_10s_costs_and_errors_at_each_n(open_page):
     assert exact["flops"][-1] / exact["flops"][0] == (sizes[-1] / sizes[0]) ** 2
 
 
+@BROWSER
 def test_search_works_from_the_file_system(open_page):
     p = open_page("index.html")
     p.page.fill("input.md-search__input", "running max")
@@ -657,7 +679,7 @@ def test_make_trace_finds_the_first_step_a_planted_mistake_changes(tmp_path, lab
 
 @pytest.mark.skipif(not list(ROOT.glob("labs/*/solution.py")),
                     reason="a student copy: its starters are the student's, not untouched ones")
-@pytest.mark.parametrize("lab", ["00", "01", "04", "07", "08", "10"])
+@pytest.mark.parametrize("lab", STARTER_TRACES)
 def test_an_untouched_starter_is_traced_with_its_todo(tmp_path, lab):
     assert traces_main(["--impl", "starter", "--lab", lab, "--out", str(tmp_path)]) == 0
     trace = read_script(tmp_path / f"lab{lab}-starter.js")

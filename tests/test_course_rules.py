@@ -135,13 +135,50 @@ def test_starter_and_solution_expose_the_same_public_names_and_signatures(lab):
     assert not differ, f"{lab.name}: (starter, solution) signatures differ: {differ}"
 
 
+# What grading an untouched starter reads, besides its own lab folder (a lab's pass is kept
+# in CACHE under the hash of these, the lab's files and the versions of the stack).
+SHARED_INPUTS = ("common/*.py", "grading/plugin/*.py", "conftest.py", "pyproject.toml",
+                 "requirements-cpu.txt")
+STACK = ("numpy", "torch", "triton", "pytest", "hypothesis")
+CACHE = ROOT / "build" / "test-cache" / "untouched-starter"
+
+
+def untouched_starter_inputs(lab: pathlib.Path) -> str:
+    """sha256 of what grading ``lab``'s untouched starter reads: the lab's files (not its
+    solution, figures or README), the shared code above, and Python's and the stack's
+    versions."""
+    import hashlib
+    from importlib import metadata
+
+    digest = hashlib.sha256()
+    files = [p for p in sorted(lab.rglob("*")) if p.is_file() and "__pycache__" not in p.parts
+             and p.name != "solution.py" and p.suffix not in (".md", ".png")]
+    files += [p for pattern in SHARED_INPUTS for p in sorted(ROOT.glob(pattern))]
+    for path in files:
+        digest.update(path.relative_to(ROOT).as_posix().encode() + b"\0" + path.read_bytes())
+    for name in STACK:
+        try:
+            digest.update(f"{name}=={metadata.version(name)}".encode())
+        except metadata.PackageNotFoundError:
+            digest.update(f"{name} absent".encode())
+    digest.update(sys.version.encode())
+    return digest.hexdigest()
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # every lab's tests in one process: minutes on a loaded machine
 @pytest.mark.skipif(not list(ROOT.glob("labs/*/solution.py")),
                     reason="a student copy: its starters are the student's, not untouched ones")
 def test_an_untouched_starter_earns_no_points(tmp_path):
     """A test that an untouched starter passes grades given code, not the student's: it must
-    be worth points(0). Runs every lab's tests on the starters in one pytest process."""
+    be worth points(0). Runs the tests of every lab whose inputs changed since its last pass
+    (``untouched_starter_inputs``, kept in ``build/test-cache/``; a fresh clone runs all) on
+    the starters, in one pytest process."""
+    hashes = {lab: untouched_starter_inputs(lab) for lab in LABS}
+    stale = [lab for lab in LABS if not (CACHE / f"{lab.name}.json").is_file() or json.loads(
+        (CACHE / f"{lab.name}.json").read_text()).get("inputs") != hashes[lab]]
+    if not stale:
+        return  # every lab passed with exactly these inputs
     log = tmp_path / "points.jsonl"
     env = dict(os.environ, LAB_IMPL="starter")
     subprocess.run(
@@ -149,7 +186,7 @@ def test_an_untouched_starter_earns_no_points(tmp_path):
          "grading.plugin.points", f"--points-log={log}", "--points-fast-hypothesis",
          # gpu_compile: compiling every starter kernel for sm_90 takes minutes; an untouched
          # starter kernel stops at its tl.static_assert there too (grading/plugin/compile_check.py)
-         "-m", "not gpu and not gpu_compile", *[str(lab) for lab in LABS]],
+         "-m", "not gpu and not gpu_compile", *[str(lab) for lab in stale]],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     events = [json.loads(line) for line in log.read_text().splitlines()]
@@ -158,6 +195,11 @@ def test_an_untouched_starter_earns_no_points(tmp_path):
     free = [f"{e['nodeid']} ({points.get(e['nodeid'])} points)" for e in events
             if e["event"] == "result" and e["outcome"] == "passed" and points.get(e["nodeid"])]
     assert points, "no test was collected"
+    for lab in stale:
+        collected = any(n.startswith(f"labs/{lab.name}/") for n in points)
+        if collected and not any(f.startswith(f"labs/{lab.name}/") for f in free):
+            CACHE.mkdir(parents=True, exist_ok=True)
+            (CACHE / f"{lab.name}.json").write_text(json.dumps({"inputs": hashes[lab]}))
     assert not free, ("an untouched starter passes these graded tests (mark them points(0), or "
                       "make them exercise the student's code):\n  " + "\n  ".join(free))
 

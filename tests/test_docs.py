@@ -2,7 +2,7 @@
 
 - every glossary term a README uses is linked to ``GLOSSARY.md`` at least once, and every
   link to ``GLOSSARY.md#slug`` names a heading that exists;
-- every lab README follows the template stated in the top README ("Conventions every lab
+- every lab README follows the template stated in CONTRIBUTING.md ("Conventions every lab
   shares"): the lesson headings in order, a figure, a Misconceptions table whose tests
   exist, a reading list with arXiv ids, then ``## Reference``; the lesson part stays short;
 - every ``figures.py`` saves its PNGs without the matplotlib version in them, so
@@ -14,6 +14,7 @@ How a term is matched is written in ``tools/glossary.py`` (``python -m tools.glo
 
 from __future__ import annotations
 
+import os
 import pathlib
 import re
 
@@ -33,7 +34,12 @@ from tools.glossary import (
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 LAB_READMES = sorted((ROOT / "labs").glob("lab-*/README.md"))
-READMES = [ROOT / "README.md", *LAB_READMES]
+# The top README (the student's door) and the pages that hold what it used to: platforms and
+# commands, the developers' guide, the grading manual and the benchmarks.
+TOP_PAGES = [ROOT / "PLATFORMS.md", ROOT / "CONTRIBUTING.md", ROOT / "grading" / "README.md",
+             ROOT / "bench" / "README.md"]
+READMES = [ROOT / "README.md", *TOP_PAGES, *LAB_READMES]
+TOP_README_WORDS = 1500  # words of the top README, HTML comments excluded
 
 # The lab README template: these level-2 headings, in this order (other level-2 headings
 # may sit between them). A heading matches when it equals the name or starts with the name
@@ -59,7 +65,7 @@ def test_every_glossary_term_a_readme_uses_is_linked(readme):
         for slug, (words, line) in term_uses(readme.read_text(encoding="utf-8")).items()
         if slug not in linked
     ]
-    where = "GLOSSARY.md" if readme.parent == ROOT else "../../GLOSSARY.md"
+    where = pathlib.Path(os.path.relpath(GLOSSARY, readme.parent)).as_posix()
     assert not unlinked, (
         f"{readme.relative_to(ROOT)} uses glossary terms it never links; link each once, "
         f"on first use, as [term]({where}#slug):\n  " + "\n  ".join(unlinked)
@@ -231,3 +237,24 @@ def test_run_it_opens_with_the_same_two_commands(readme):
     assert commands[:2] == want, f"{lab}: Run it opens with {commands[:2]}"
     plain = [c for c in commands if "-m pytest" in c and not c.startswith("LAB_IMPL=starter ")]
     assert not plain, f"{lab}: pytest lines that do not say which file they grade: {plain}"
+
+
+def test_the_top_readme_is_the_students_door():
+    """What the course teaches, the two commands, the learner path, how a lab works and where
+    to go next, in at most TOP_README_WORDS words; the rest lives in the pages it links."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    words = len(COMMENT.sub(" ", text).split())
+    assert words <= TOP_README_WORDS, (
+        f"README.md has {words} words (at most {TOP_README_WORDS}): move platform detail to "
+        "PLATFORMS.md, conventions to CONTRIBUTING.md, grading to grading/README.md")
+    headings = [h for _, h in level2_headings(text)]
+    start = "Student copy" if headings and headings[0].startswith("Student copy") else (
+        "Quick start")  # a student copy's README opens with its own section (make release)
+    for name in (start, "What this course teaches", "The learner path", "How a lab works",
+                 "Where to go next"):
+        assert any(_is(h, name) or h.startswith(name) for h in headings), (
+            f"README.md lacks ## {name}")
+    assert "make grade" in text and "make test" in text, "README.md: the two commands"
+    for page in TOP_PAGES:
+        link = pathlib.Path(os.path.relpath(page, ROOT)).as_posix()
+        assert f"]({link}" in text, f"README.md's Where to go next does not link {link}"

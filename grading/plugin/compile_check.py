@@ -59,20 +59,26 @@ CACHE_DIR = ROOT / "build" / "grade-compile"
 SMEM_LIMITS = {80: 164 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 228 * 1024, 100: 228 * 1024}
 
 # Pointers that address more than 2^31 elements at production sizes: KV caches, dense
-# [B, H, L, d] tensors (labs 00, 05), lab 03's varlen [T, H, d] queries and outputs (a
-# 1M-token batch x 32 heads x 128 dims); a decode step's [B, H, d] q / out stay far below.
-# The primer's puzzles index tensors of at most 2^24 elements: 32-bit offsets are right there.
+# [B, H, L, d] tensors (labs 00, 05); a lab adds its own (lab 03's varlen [T, H, d] queries
+# and outputs) or is exempt (the primer's puzzles index tensors of at most 2^24 elements) in
+# its lab.toml's [compile] (labs/manifest.py): the per-lab rules live there, read here.
 DEFAULT_BIG = r"cache|^(Q|K|V|O|DO|DQ|DK|DV|Out)$"
 COMPILE_RULES: dict[str, dict[str, Any]] = {
     "default": {"big": DEFAULT_BIG, "wide_offsets": True},
-    "lab-03-causal-prefill-attention": {"big": DEFAULT_BIG + r"|^(q_ptr|out_ptr)$"},
-    "lab-09-triton-primer": {"wide_offsets": False},
 }
 
 
 def rules_of(lab: str) -> dict[str, Any]:
-    """The compile rules of ``lab``: the defaults, with the lab's own entry on top."""
-    return COMPILE_RULES["default"] | COMPILE_RULES.get(lab, {})
+    """The compile rules of ``lab``: the defaults, with its manifest entry's on top."""
+    from labs import manifest
+
+    rules = dict(COMPILE_RULES["default"]) | COMPILE_RULES.get(lab, {})
+    entry = next((e for e in manifest.labs() if e.folder == lab), None)
+    if entry is not None and entry.big_pointers:
+        rules["big"] = f"{rules['big']}|{entry.big_pointers}"
+    if entry is not None and entry.small_tensors:
+        rules["wide_offsets"] = False
+    return rules
 
 
 def _entries() -> tuple[Any, ...]:

@@ -77,7 +77,7 @@ This copy has everything except the solutions. In every lab you complete `starte
    CUDA build (about 2.8 GB with its CUDA libraries). No GPU is needed: Triton kernels run
    on the CPU through Triton's interpreter. triton publishes Linux wheels only: on a Mac or
    Windows the numpy half of every lab runs and the Triton tests are reported "not run"
-   (see "Which laptop?" below for WSL2 and the dev container).
+   (see "Which laptop?" in PLATFORMS.md for WSL2 and the dev container).
 2. **Work on a lab:** edit `labs/<lab>/starter.py` and run its tests, stopping at the first
    failure:
 
