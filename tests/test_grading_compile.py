@@ -85,6 +85,8 @@ def _copy(tmp: Path, name: str, starter: str) -> Path:
                         ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(ROOT / "labs" / LAB, root / "labs" / LAB,
                     ignore=shutil.ignore_patterns("__pycache__", "figures"))
+    for path in (ROOT / "labs").glob("*.py"):  # the lab manifest (its [compile] rules)
+        shutil.copy2(path, root / "labs" / path.name)
     (root / "labs" / LAB / "starter.py").write_text(starter.replace("{ROOT}", str(root)))
     return root
 
