@@ -127,11 +127,12 @@ test-slow: $(DEPS) $(BOOK_DEPS)
 test-lab: $(DEPS)
 	LAB_IMPL=$(TEST_IMPL) $(PY) -m pytest -q $$(ls -d labs/lab-$(LAB)* | head -n1)
 
-# The grader, then the graded kernels compiled for sm_90 on the CPU (bench/student_compile.py):
-# a kernel the interpreter runs but no GPU compiler accepts fails here with ptxas' message.
+# The grader: each lab's kernels are compiled for sm_90 on the CPU once, in its sandbox, before
+# its tests (grading/plugin/compile_check.py): a kernel the interpreter runs but no GPU compiler
+# accepts fails its compile test with ptxas' message.
 grade: $(DEPS)
-	@echo ">> grading LAB_IMPL=$(LAB_IMPL) $(if $(LAB),lab $(LAB),all labs), then compiling its kernels for sm_90"
-	LAB_IMPL=$(LAB_IMPL) $(PY) -m bench.student_compile --grade $(if $(LAB),--lab $(LAB))
+	@echo ">> grading LAB_IMPL=$(LAB_IMPL) $(if $(LAB),lab $(LAB),all labs) (its kernels compiled for sm_90 first)"
+	LAB_IMPL=$(LAB_IMPL) $(PY) -m grading $(if $(LAB),--lab $(LAB))
 
 bench: $(DEPS)
 	@echo ">> benchmarking the lab kernels"
