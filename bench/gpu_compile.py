@@ -199,14 +199,23 @@ def cache_key(fn: Any, spec: Spec, arch: int) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:24]
 
 
-def launch_spec(entry: GpuKernel, lab: Lab, fn: Any, dtype: str, head_dim: int) -> Spec:
+def launch_spec(entry: GpuKernel, lab: Lab, fn: Any, dtype: str, head_dim: int,
+                arch: int | None = None) -> Spec:  # fmt: skip
     """The entry's launch, specialised; a launch function that fails on this tree (a constant
-    it reads is missing: another version of the lab) is ``SkipEntry`` with its error."""
+    it reads is missing: another version of the lab) is ``SkipEntry`` with its error.
+    ``arch``: the tiles the labs' ``gpu_tiles`` plan for that arch (``triton_env.PLAN_TARGET``,
+    what ``plan_target()`` gives a launcher on such a GPU)."""
+    from common import launch_plan, triton_env
+
+    previous = triton_env.PLAN_TARGET
+    triton_env.PLAN_TARGET = None if arch is None else launch_plan.target_for(arch)
     try:
         launch = entry.launch(lab, dtype, head_dim)
     except (AttributeError, KeyError, LookupError, TypeError) as exc:
         raise SkipEntry(f"the entry's launch arguments do not fit this tree's version of the lab "
                         f"({type(exc).__name__}: {exc})") from None  # fmt: skip
+    finally:
+        triton_env.PLAN_TARGET = previous
     return specialize(fn, launch)
 
 
@@ -420,7 +429,7 @@ def task_key(task: Task) -> dict:
     try:
         lab = _lab(task.labs_root, entry.lab, task.impl)
         fn = kernel_of(lab, entry.lab, entry.kernel)
-        spec = launch_spec(entry, lab, fn, task.dtype, task.head_dim)
+        spec = launch_spec(entry, lab, fn, task.dtype, task.head_dim, task.arch)
     except SkipEntry as exc:
         return {"status": "skip", "reason": str(exc)}
     return {"status": "ok", "key": cache_key(fn, spec, task.arch)}
@@ -443,7 +452,7 @@ def run_task(task: Task) -> dict:
     try:
         lab = _lab(task.labs_root, entry.lab, task.impl)
         fn = kernel_of(lab, entry.lab, entry.kernel)
-        spec = launch_spec(entry, lab, fn, task.dtype, task.head_dim)
+        spec = launch_spec(entry, lab, fn, task.dtype, task.head_dim, task.arch)
     except SkipEntry as exc:
         return {"status": "skip", "reason": str(exc)}
     key = cache_key(fn, spec, task.arch)

@@ -633,7 +633,7 @@ class LabScript:
 
 # ---- compiled for a GPU: what the interpreter hides --------------------------------------
 #
-# The compile check lives with the GPU report (``bench/student_compile.py``). The course's
+# The compile check lives in the grader (``grading/plugin/compile_check.py``). The course's
 # ``conftest.py`` registers it here, so ``common/`` imports nothing above it; where nothing is
 # registered (a copy of the course without ``bench/``), no compile test is collected.
 COMPILE_CHECKS: dict[str, Callable[..., Any]] = {}

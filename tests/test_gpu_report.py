@@ -396,15 +396,21 @@ def test_the_compiled_ir_shows_tf32_dots_on_float32_and_32_bit_offset_chains():
 
 
 def test_student_compile_names_32_bit_offsets_into_a_cache_and_tf32_dots():
-    from bench.student_compile import problems
+    from grading.plugin.compile_check import plain_outcome, problems
 
-    index = _index("lab-04", "planned split")
     result = {"tf32_dots_on_f32": 2, "first_offsets": {"k_cache_ptr": ["i32"], "q_ptr": ["i32"]},
               "spill_stores": 0, "spill_loads": 0, "dots": 2, "mma": {"HMMA": 2}, "regs": 64,
-              "loads": {"LDG": 8}}
-    found = problems(Task(index, "fp32", 128, 90), "fp32", {"status": "ok", "result": result})
+              "loads": {"LDG": 8}, "smem_static": 0, "smem_dynamic": 40960}
+    lab = "lab-04-flash-decoding-partitions"
+    task = {"kernel": "_split_kv_partition_kernel", "dtype": "fp32", "head_dim": 128,
+            "arch": 90, "check": "fp32"}
+    found = problems(task, plain_outcome({"status": "ok", "result": result}), lab)
     assert any("TF32" in p for p in found) and any("k_cache_ptr" in p for p in found)
     assert not any("q_ptr" in p for p in found), "a decode step's q is small: not flagged"
-    error = problems(Task(index, "bf16", 128, 90), "bf16",
-                     {"status": "error", "reason": "CompilationError: NameError('LOG2E')"})
+    assert not any("shared memory" in p for p in found), "40 KB fits an H100"
+    big = dict(result, smem_dynamic=256 * 1024)  # d = 256 given the d = 128 tiles
+    assert any("256 KB of shared memory" in p for p in problems(
+        task, plain_outcome({"status": "ok", "result": big}), lab))
+    error = problems(dict(task, dtype="bf16", check="bf16"),
+                     {"status": "error", "reason": "CompilationError: NameError('LOG2E')"}, lab)
     assert error and "does not compile for sm_90" in error[0] and "LOG2E" in error[0]

