@@ -934,16 +934,16 @@ def rope_ref(x, positions, interleaved, base=10000.0, exponent=2.0):
     return np.concatenate([z.real, z.imag], axis=-1)
 
 
-def rope_signs_wrong(x, positions, interleaved):
+def rope_signs_wrong(x, positions, interleaved, base=10000.0):
     """{misconception: RoPE with a sign of its pair update wrong}: (a, b) becomes
     (a cos - b sin, a sin - b cos), a reflection, or the rotation the other way."""
     d = x.shape[-1]
     second = np.arange(1, d, 2) if interleaved else np.arange(d // 2, d)  # the b of each pair
-    cos = np.cos(np.asarray(positions)[:, None] * 10000.0 ** (-2 * np.arange(d // 2) / d))
-    reflected = rope_ref(x, positions, interleaved)
+    cos = np.cos(np.asarray(positions)[:, None] * base ** (-2 * np.arange(d // 2) / d))
+    reflected = rope_ref(x, positions, interleaved, base=base)
     reflected[..., second] -= 2 * x[..., second] * cos  # a sin + b cos -> a sin - b cos
     return {ROPE_NOT_A_ROTATION: reflected,
-            ROPE_BACKWARDS: rope_ref(x, -np.asarray(positions), interleaved)}  # fmt: skip
+            ROPE_BACKWARDS: rope_ref(x, -np.asarray(positions), interleaved, base=base)}
 
 
 BASE_IGNORED = "base= was ignored (10000 used): Llama 3's RoPE and encodings use base=500000"
@@ -967,7 +967,10 @@ def test_positions_use_their_base_keyword(interleaved):
                  rope_ref(x, pos, interleaved, base=base),
                  what=f"apply_rope(base={base:g}, interleaved={interleaved})",
                  atol=1e-10, rtol=1e-10,
-                 wrong_answers={BASE_IGNORED: rope_ref(x, pos, interleaved)})  # fmt: skip
+                 wrong_answers={BASE_IGNORED: rope_ref(x, pos, interleaved),
+                                ROPE_OTHER_PAIRS: rope_ref(x, pos, not interleaved, base=base),
+                                ROPE_THETA: rope_ref(x, pos, interleaved, base=base, exponent=1.0),
+                                **rope_signs_wrong(x, pos, interleaved, base)})  # fmt: skip
 
 
 @pytest.mark.points(2)
