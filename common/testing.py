@@ -461,6 +461,9 @@ class _Launch:
         self.seen: dict[tuple[int, ...], dict[str, set[int]]] = {}
         self.owner: dict[int, tuple[int, ...]] = {}
         self.races: list[tuple[str, str, tuple[int, ...], tuple[int, ...]]] = []
+        # loads of elements outside every tensor argument's view: (kernel, load site,
+        # element, program id, how many such elements that load read)
+        self.stray: list[tuple[str, str, str, tuple[int, ...], int]] = []
 
     def _split(self, addresses: np.ndarray) -> dict[str, np.ndarray]:
         out: dict[str, np.ndarray] = {}
@@ -485,10 +488,62 @@ class _Launch:
             return f"{name}[{', '.join(str(coords.get(d, 0)) for d in range(len(shape)))}]"
         return f"{name} (element {offset} from its start)"
 
-    def load(self, pid: tuple[int, ...], addresses: np.ndarray) -> None:
+    def _in_view(self, name: str, addresses: np.ndarray) -> np.ndarray:
+        """Which of ``addresses`` are elements of argument ``name``'s view (its shape and
+        strides from its data pointer), not merely bytes of its storage."""
+        start, size, shape, stride = self.views[name]
+        offset = addresses.astype(np.int64) - np.int64(start)
+        inside = (offset >= 0) & (offset % size == 0)
+        rest = offset // size
+        for dim in sorted(range(len(shape)), key=lambda d: -stride[d]):
+            if stride[dim] == 0:
+                continue
+            index = rest // stride[dim]
+            inside &= (index >= 0) & (index < shape[dim])
+            rest = rest - index * stride[dim]
+        return inside & (rest == 0)
+
+    def _index(self, name: str, address: int) -> str:
+        """``name[i, j, ...]`` of ``address`` along ``name``'s strides, even out of range
+        (``Q[0, 1, 37, 0]`` for row 37 of a 37-row view), or its element offset."""
+        start, size, shape, stride = self.views[name]
+        offset = (int(address) - start) // size
+        order = sorted((d for d in range(len(shape)) if stride[d]), key=lambda d: -stride[d])
+        if offset < 0 or (int(address) - start) % size or not order:
+            return f"{name} (element {offset} from its start)"
+        coords, rest = {}, offset
+        for d in order[:-1]:
+            coords[d], rest = divmod(rest, stride[d])
+        coords[order[-1]], rest = divmod(rest, stride[order[-1]])
+        if rest:
+            return f"{name} (element {offset} from its start)"
+        index = ", ".join(str(coords.get(d, 0)) for d in range(len(shape)))
+        return f"{name}[{index}] (shape {list(shape)})"
+
+    def _describe(self, address: int) -> str:
+        """Where an address outside every view lies: which argument's memory, or nearest."""
+        for i, name in enumerate(self.names):
+            if self.bases[i] <= address < self.ends[i]:
+                return f"{self._index(name, address)}, outside the view {name} was given"
+        if not self.names:
+            return f"address {address:#x}, outside every tensor argument"
+        gaps = [min(abs(int(address) - int(b)), abs(int(address) - int(e)))
+                for b, e in zip(self.bases, self.ends)]
+        i = int(np.argmin(gaps))
+        where = "before the start" if address < self.bases[i] else "past the end"
+        return f"{self._index(self.names[i], address)}, {where} of its memory"
+
+    def load(self, pid: tuple[int, ...], addresses: np.ndarray,
+             site: Callable[[], str] = lambda: "") -> None:
         program = self.seen.setdefault(pid, {})
+        viewed = np.zeros(addresses.shape, dtype=bool)
         for name, hit in self._split(addresses).items():
             program.setdefault(name, set()).update(int(a) for a in hit)
+            viewed |= self._in_view(name, addresses)
+        if not viewed.all() and len(self.stray) < 8:
+            outside = addresses[~viewed]
+            self.stray.append((self.kernel, site(), self._describe(int(outside[0])), pid,
+                               int(np.unique(outside).size)))
 
     def store(self, pid: tuple[int, ...], addresses: np.ndarray) -> None:
         for name, hit in self._split(addresses).items():
@@ -502,7 +557,23 @@ class _Launch:
         for program in self.seen.values():
             for name, addresses in program.items():
                 loads[name] = loads.get(name, 0) + len(addresses)
-        return {"kernel": self.kernel, "loads": loads, "races": list(self.races)}
+        return {"kernel": self.kernel, "loads": loads, "races": list(self.races),
+                "stray_loads": list(self.stray)}
+
+
+def _load_site() -> str:
+    """``file:line: source`` of the ``tl.load`` the interpreter is running: the innermost
+    frame outside Triton and this module (the kernel's own line)."""
+    import linecache
+
+    frame = sys._getframe(1)
+    while frame is not None:
+        file = frame.f_code.co_filename
+        if f"{os.sep}triton{os.sep}" not in file and file != __file__:
+            line = linecache.getline(file, frame.f_lineno).strip()
+            return f"{Path(file).name}:{frame.f_lineno}: {line}"
+        frame = frame.f_back
+    return "(unknown line)"
 
 
 @contextlib.contextmanager
@@ -522,7 +593,7 @@ def _recording_interpreter() -> Iterator[list[_Launch]]:
 
     def load(self: Any, ptrs: Any, mask: Any, *rest: Any) -> Any:
         if launches:
-            launches[-1].load(tuple(self.grid_idx), addresses(ptrs, mask))
+            launches[-1].load(tuple(self.grid_idx), addresses(ptrs, mask), _load_site)
         return original_load(self, ptrs, mask, *rest)
 
     def store(self: Any, ptrs: Any, value: Any, mask: Any, *rest: Any) -> Any:
@@ -555,7 +626,11 @@ def kernel_memory(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[An
     counts once)}, "races": [(kernel, "out[3, 1, 0]", first program id, second program
     id), ...]}``: ``races`` lists elements that two different programs of the same launch
     stored to. The interpreter runs programs one after another, so such a race gives right
-    numbers here and wrong ones on a GPU, where the programs run at once.
+    numbers here and wrong ones on a GPU, where the programs run at once. ``"stray_loads":
+    [(kernel, "file:line: source" of the tl.load, "Q[0, 1, 37, 0], outside the view Q was
+    given", program id, elements), ...]`` lists loads (mask true) of elements that are in no
+    tensor argument's view: padding rows past a length, the NaN margin of a sliced view, bytes
+    past a tensor's memory (see ``assert_loads_in_bounds``).
     """
     remote = getattr(fn, "__instrumented_call__", None)
     if remote is not None:
@@ -578,6 +653,23 @@ def assert_no_races(reports: list[dict], what: str = "the kernel") -> None:
             "programs run at the same time and one overwrites the other; the interpreter, "
             "which runs them in order, hides it. Mask the store to the rows this program "
             "owns (padding rows of a tile belong to nobody)."
+        )
+
+
+def assert_loads_in_bounds(reports: list[dict], what: str = "the kernel") -> None:
+    """Fail, naming the kernel, the ``tl.load`` line, the element and the program id, if a
+    program loaded (mask true) an element outside every tensor argument's view (see
+    ``kernel_memory``): loads are held to the same bounds as stores."""
+    __tracebackhide__ = True
+    stray = [s for report in reports for s in report.get("stray_loads", [])]
+    if stray:
+        kernel, site, element, pid, count = stray[0]
+        raise AssertionError(
+            f"{what}: program {tuple(pid)} of {kernel} loads {element} ({count} element(s) "
+            f"outside the data in that load; {len(stray)} such load(s) seen) at {site}. A "
+            "load must be masked to the elements the contract names (rows < the length, "
+            "columns < the head dim): a GPU reads whatever lies there (or faults), and what "
+            "is never stored still costs bandwidth and can be NaN or Inf in a tl.dot"
         )
 
 

@@ -24,6 +24,7 @@ from common.testing import (
     TILE_SHAPES,
     BadInputs,
     assert_close,
+    assert_loads_in_bounds,
     assert_no_races,
     assert_peak_below,
     bad_input_test,
@@ -874,6 +875,7 @@ def test_triton_causal_kernel_never_loads_key_tiles_above_the_diagonal(tiles):
     assert_attention_close(out, want_out, what="causal out", atol=2e-5, rtol=2e-5)
     assert_attention_close(lse, want_lse, what="causal lse", atol=2e-5, rtol=2e-5)
     assert_no_races(reports, "flash_attention_triton")
+    assert_loads_in_bounds(reports, "flash_attention_triton")
     # query tile m needs keys 0 .. (m + 1) * block_m - 1: whole key tiles up to that bound
     needed = sum(min(-(-min((m + 1) * block_m, lq) // block_n) * block_n, lq)
                  for m in range(-(-lq // block_m)))  # fmt: skip

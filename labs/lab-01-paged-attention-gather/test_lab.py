@@ -36,6 +36,7 @@ from common.testing import (
     ODD_HEAD_DIMS,
     BadInputs,
     assert_close,
+    assert_loads_in_bounds,
     assert_no_races,
     bad_input_test,
     basic_value_test,
@@ -747,6 +748,7 @@ def test_triton_kernel_reads_transposed_and_sliced_views_through_their_strides(l
         assert_close(lse[b], want_lse, what=f"lse of sequence {b} ({layout} views)", **F32)
     if reports:  # on the interpreter: no two programs of the launch store one element
         assert_no_races(reports, "paged_decode_triton")
+        assert_loads_in_bounds(reports, "paged_decode_triton")
 
 
 @pytest.mark.triton

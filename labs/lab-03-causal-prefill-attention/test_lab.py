@@ -31,6 +31,7 @@ from common.testing import (
     ODD_HEAD_DIMS,
     TILE_SHAPES,
     assert_close,
+    assert_loads_in_bounds,
     assert_no_races,
     assert_value_error_names,
     bad_input_test,
@@ -987,6 +988,7 @@ def test_triton_gqa_tiles_store_only_their_own_rows_no_two_programs_write_one_el
                                     block_m=16, block_n=16, max_seq_len=batch.max_seq_len)
     check_prefill_kernel(result, batch, "Triton, 6 query heads on 2 KV heads, 16-row tiles")
     assert_no_races(reports, "varlen_prefill_triton")
+    assert_loads_in_bounds(reports, "varlen_prefill_triton")
 
 
 @pytest.mark.triton

@@ -30,6 +30,7 @@ from common.testing import (
     BadInputs,
     LabScript,
     assert_close,
+    assert_loads_in_bounds,
     assert_no_races,
     bad_input_test,
     called_on_copies,
@@ -910,6 +911,7 @@ def test_split_kv_decode_triton_reads_transposed_and_sliced_views_through_their_
     assert_close(out, want_out, what=f"{what}: out", atol=atol, rtol=rtol, nan_hint=nan_hint)
     assert_close(lse, want_lse, what=f"{what}: lse", atol=atol, rtol=rtol, nan_hint=nan_hint)
     assert_no_races(reports, "split_kv_decode_triton")
+    assert_loads_in_bounds(reports, "split_kv_decode_triton")
 
 
 @pytest.mark.triton
@@ -927,6 +929,7 @@ def test_merge_partitions_triton_reads_transposed_and_sliced_views(layout):
     assert_close(out, want_out, what=f"merge of {layout} views: out", atol=atol, rtol=rtol)
     assert_close(lse, want_lse, what=f"merge of {layout} views: lse", atol=atol, rtol=rtol)
     assert_no_races(reports, "merge_partitions_triton")
+    assert_loads_in_bounds(reports, "merge_partitions_triton")
 
 
 @pytest.mark.triton

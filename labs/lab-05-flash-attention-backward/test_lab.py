@@ -24,6 +24,7 @@ from common.testing import (
     ODD_HEAD_DIMS,
     BadInputs,
     assert_close,
+    assert_loads_in_bounds,
     assert_no_races,
     assert_peak_below,
     bad_input_test,
@@ -770,6 +771,7 @@ def test_triton_backward_programs_store_disjoint_gradients_no_atomics_needed():
     for name, g, w in zip(NAMES, got, want):
         assert_close(g, w, what=f"{name} (GQA 4q/2kv, causal, 16x32)", atol=atol, rtol=rtol)
     assert_no_races(reports, "flash_attention_backward_triton")
+    assert_loads_in_bounds(reports, "flash_attention_backward_triton")
 
 
 @pytest.mark.triton

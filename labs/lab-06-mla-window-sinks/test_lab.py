@@ -31,6 +31,7 @@ from common.testing import (
     ODD_HEAD_DIMS,
     BadInputs,
     assert_close,
+    assert_loads_in_bounds,
     assert_no_races,
     bad_input_test,
     basic_value_test,
@@ -657,6 +658,7 @@ def test_triton_window_sink_kernel_reads_transposed_and_sliced_views_through_the
     check_window_triton(out, lse, q, ks, vs, 6, sinks, F32, hint=(
         f"{layout} views: use every tensor's own strides, one per dim"))
     assert_no_races(reports, "paged_decode_window_sink_triton")
+    assert_loads_in_bounds(reports, "paged_decode_window_sink_triton")
 
 
 def mla_triton_case(rng, num_heads, d_c, d_rope, block_size, lens, dtype=np.float32):
@@ -749,6 +751,7 @@ def test_triton_mla_kernel_reads_transposed_and_sliced_views_through_their_strid
         f"{layout} views: the latent row of slot s of block b is at b * stride_block + "
         "s * stride_slot, whatever the layout"))
     assert_no_races(reports, "mla_decode_triton")
+    assert_loads_in_bounds(reports, "mla_decode_triton")
 
 
 @pytest.mark.triton
@@ -904,6 +907,7 @@ def test_triton_window_sink_split_reads_strided_views_and_no_two_programs_store_
                                  reports=reports, num_splits=3)
     check_window_triton(out, lse, q, ks, vs, None, sinks, F32, hint=SPLIT_HINT)
     assert_no_races(reports, "paged_decode_window_sink_triton with 3 splits")
+    assert_loads_in_bounds(reports, "paged_decode_window_sink_triton with 3 splits")
 
 
 @pytest.mark.triton
@@ -920,6 +924,7 @@ def test_triton_mla_kernel_split_over_the_keys_merges_to_the_reference(num_split
                               reports=reports, num_splits=num_splits)
     check_mla_triton(out, lse, q_latent, q_pe, rows, F32, hint=SPLIT_HINT)
     assert_no_races(reports, f"mla_decode_triton with {num_splits} splits")
+    assert_loads_in_bounds(reports, f"mla_decode_triton with {num_splits} splits")
 
 
 @pytest.mark.triton
