@@ -763,6 +763,28 @@ def test_triton_kernel_in_float16(causal):
 
 @pytest.mark.triton
 @pytest.mark.points(1)
+def test_triton_kernel_accumulates_float16_inputs_in_float32():
+    """float16 values of +-30 whose weighted sum cancels: the running acc reaches ~500 where
+    float16 steps by 0.25-0.5; a float32 accumulator keeps the small answer exact enough."""
+    import torch
+
+    from common.triton_env import DEVICE
+
+    q, k, v = torch_qkv(1, 1, 16, 64, 16, 16, torch.float16, DEVICE, seed=5)
+    q, v = q * 0.05, v * 0.1
+    v[:, :, :32] += 30.0
+    v[:, :, 32:] -= 30.0  # the first two key tiles push acc up, the last two bring it back
+    want_out, want_lse = reference_bhld(q, k, v, False)
+    out, lse = impl.flash_attention_triton(q, k, v, block_m=16, block_n=16)
+    atol, rtol = tolerance("float16")
+    assert_attention_close(out, want_out, what="float16 out", atol=atol, rtol=rtol, hint=(
+        "the running sums cancel: an accumulator (acc, or tl.dot's out_dtype) kept in float16 "
+        "rounds acc ~ 500 to 0.25-0.5 per tile. Accumulate in float32 (tl.zeros(..., "
+        "dtype=tl.float32), tl.dot's default out_dtype) and cast once at the store"))
+    assert_attention_close(lse, want_lse, what="float16 lse", atol=atol, rtol=rtol)
+
+@pytest.mark.triton
+@pytest.mark.points(1)
 @tile_shapes((16, 32), (32, 16))
 def test_triton_causal_never_reads_keys_past_the_last_query(tiles):
     import torch
@@ -847,6 +869,30 @@ def test_triton_kernel_reads_transposed_and_sliced_views_through_their_strides(l
         f"NaN from {layout} views: NaN sits between the rows of a sliced view, so the kernel "
         "stepped with a stride it assumed (contiguous [B, H, L, d]) instead of the tensor's "
         "own: pass q.stride(), k.stride(), v.stride() and use one stride per dim"))
+
+
+
+@pytest.mark.triton
+@pytest.mark.points(1)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_triton_kernel_loads_only_rows_inside_the_tensors(causal):
+    """Every element the kernel loads lies in q, k, v's views: no padded query row past Lq, no
+    key row past Lk, no head-dim pad column, even where nothing stored depends on it."""
+    import torch
+
+    from common.triton_env import DEVICE
+
+    interpreter_only()
+    q, k, v = torch_qkv(1, 2, 21, 19, 24, 24, torch.float32, DEVICE, seed=31)
+    want_out, want_lse = reference_bhld(q, k, v, causal)
+    q, k, v = (strided_view(t, "sliced") for t in (q, k, v))  # NaN around every row
+    (out, lse), reports = kernel_memory(
+        impl.flash_attention_triton, q, k, v, causal=causal, block_m=16, block_n=16
+    )
+    assert_attention_close(out, want_out, what="out", atol=2e-5, rtol=2e-5)
+    assert_attention_close(lse, want_lse, what="lse", atol=2e-5, rtol=2e-5)
+    assert_loads_in_bounds(reports, "flash_attention_triton (Lq = 21, Lk = 19, d = 24, "
+                                    "16x16 tiles)")
 
 
 def interpreter_only():
