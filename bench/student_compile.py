@@ -18,8 +18,11 @@ changed) at the lab's GPU tiles, and the compiled code is checked:
 * 64-bit offsets: in the Triton IR, every ``tt.addptr`` chain that starts at a pointer
   argument which can address more than 2^31 elements in production (a KV cache, a dense
   ``[B, H, L, d]`` tensor, lab 03's varlen ``[T, H, d]`` tensors: ``BIG``) adds at least one
-  ``i64`` offset. A chain of only ``i32`` offsets computes ``index * stride`` in 32 bits,
-  which wraps past 2^31 (a 1M-token cache at 8 KV heads x 128 dims already holds 2^30).
+  ``i64`` offset, and each ``index * stride`` product on it is computed in ``i64``
+  (``bench.gpu_compile.narrow_products``): one widened term does not save ``row *
+  stride_qm`` computed in 32 bits, which wraps past 2^31 (a 1M-token cache at 8 KV heads x
+  128 dims already holds 2^30). Exempt: a tile's reach (``tl.arange(0, BLOCK) * stride``)
+  and the head stride of a KV cache or a varlen ``[T, H, d]`` tensor (a head times ``d``).
 """
 
 from __future__ import annotations
@@ -41,6 +44,11 @@ LABS = pathlib.Path(__file__).resolve().parent.parent / "labs"
 # 1M-token batch x 32 heads x 128 dims); a decode step's [B, H, d] q / out stay far below.
 BIG = re.compile(r"cache|^(Q|K|V|O|DO|DQ|DK|DV|Out)$")
 BIG_IN_LAB = {"lab-03-causal-prefill-attention": re.compile(r"^(q_ptr|out_ptr)$")}
+# In a KV cache [blocks, block_size, kv_heads, d] and a varlen [T, H, d] tensor the head
+# stride is d: head * stride stays below 2^16 elements, so that one product may stay 32-bit.
+# A dense [B, H, L, d] tensor's head stride is L * d: there it may not.
+HEAD_STRIDE = re.compile(r"^stride_[a-z]*?_?h(ead)?$")
+DENSE = re.compile(r"^(Q|K|V|O|DO|DQ|DK|DV|Out)$")
 # The primer's puzzles index tensors of at most 2^24 elements (bench/gpu_kernels.py):
 # 32-bit offsets are right there, so its kernels are not held to the 64-bit rule.
 SMALL_TENSOR_LABS = {"lab-09-triton-primer"}
@@ -98,6 +106,17 @@ def problems(task: Task, check: str, outcome: dict) -> list[str]:
         found.append(f"{name}: 32-bit offsets into {', '.join(narrow)}: index * stride wraps "
                      "past 2^31 elements on a production-size tensor; widen the large index "
                      "with .to(tl.int64) before multiplying by its stride")  # fmt: skip
+    products = {} if lab in SMALL_TENSOR_LABS else (r.get("narrow_products") or {})
+    for arg, terms in products.items():
+        if arg in narrow or not (BIG.search(arg) or (lab_big and lab_big.search(arg))):
+            continue
+        terms = [t for t in terms if DENSE.match(arg) or not HEAD_STRIDE.match(t[0])]
+        if terms:
+            said = ", ".join(f"index * {stride} ({where})" for stride, where in terms)
+            found.append(f"{name}: {said} into {arg} computed in 32 bits: another 64-bit term "
+                         "of the address does not help, this product itself wraps past 2^31 "
+                         "elements on a production-size tensor; widen the index with "
+                         ".to(tl.int64) before multiplying by the stride")  # fmt: skip
     return found
 
 
