@@ -341,6 +341,31 @@ def test_scores_are_scaled_by_one_over_sqrt_d_by_default():
     assert_attention_close(out, reference(q, k, v, scale=0.3)[0], what="out with scale=0.3")
 
 
+SCALE_ZERO_AS_DEFAULT = (
+    "scale=0 was treated as 'use the default' (`scale or 1/sqrt(d)`): 0 is a scale (every "
+    "score 0, uniform weights); only None means the default (`if scale is None`)"
+)
+
+
+@pytest.mark.points(0.5)
+@pytest.mark.parametrize("scale", [0.0, 0.3, 2.5])
+def test_every_numpy_forward_takes_the_scale_keyword(scale):
+    q, k, v = random_qkv(6, 7, 11, 8, 5)
+    for causal in (False, True):
+        want_out, want_lse = reference(q, k, v, causal, scale=scale)
+        default_out, default_lse = reference(q, k, v, causal)
+        wrong = {SCALE_ZERO_AS_DEFAULT if scale == 0 else "scale= was ignored: 1/sqrt(d) used":
+                 default_out}  # fmt: skip
+        got = impl.naive_attention(q, k, v, scale=scale, causal=causal)
+        assert_attention_close(got, want_out, what=f"naive_attention(scale={scale}, "
+                               f"causal={causal})", wrong_answers=wrong)  # fmt: skip
+        out, lse = impl.flash_attention_forward(q, k, v, block_q=4, block_k=4, scale=scale,
+                                                causal=causal)  # fmt: skip
+        assert_attention_close(out, want_out, what=f"flash_attention_forward out (scale={scale}, "
+                               f"causal={causal})", wrong_answers=wrong)  # fmt: skip
+        assert_attention_close(lse, want_lse, what=f"flash_attention_forward lse (scale={scale})",
+                               wrong_answers={SCALE_ZERO_AS_DEFAULT: default_lse})  # fmt: skip
+
 @pytest.mark.points(1)
 @pytest.mark.parametrize("lq, lk", [(10, 10), (7, 12), (12, 7)])
 def test_causal_attends_the_diagonal(lq, lk):
@@ -733,6 +758,8 @@ def test_triton_kernel_takes_a_custom_scale():
 
     q, k, v = torch_qkv(1, 1, 19, 30, 16, 16, torch.float32, DEVICE, seed=5)
     check_forward_kernel(q, k, v, False, (16, 32), scale=0.3)
+    # 0 is a scale (uniform weights), not "use the default": only None means 1/sqrt(d)
+    check_forward_kernel(q, k, v, True, (16, 16), scale=0.0, what="scale=0.0, ")
 
 
 @pytest.mark.triton
