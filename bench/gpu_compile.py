@@ -371,6 +371,15 @@ class _IntFlow:
                 self._tile[v] = all(self.tile_constant(o) for o in d[1])
         return self._tile[v]
 
+    def constant(self, v: str) -> bool:
+        """Whether ``v`` is a constant (a constexpr such as HEAD_DIM), splatted or not."""
+        d = self.defs.get(v)
+        if d is None:
+            return False
+        if d[0] == "arith.constant":
+            return True
+        return d[0] in ("tt.splat", "tt.broadcast", "tt.expand_dims") and self.constant(d[1][0])
+
     def origin(self, v: str) -> str | None:
         """The pointer argument a pointer value was derived from, if any."""
         for _ in range(256):
@@ -400,15 +409,19 @@ class _IntFlow:
 
     def terms(self, v: str, found: list[list[str]], seen: set[str]) -> None:
         """Add to ``found`` every 32-bit product that is a term of the offset ``v`` (reached
-        through sums and casts, not through another product) with no tile-constant factor:
-        ``rows * HEAD_DIM`` is one; ``start_m * BLOCK_M`` inside ``rows`` is not a term."""
+        through sums and casts, not through another product) of two runtime values, or of a
+        tile of runtime rows and a constant: ``rows * HEAD_DIM`` (rows = pid * BLOCK_M +
+        tl.arange) is one; the scalar ``start_m * BLOCK_M`` (an index) is not."""
         d = self.defs.get(v)
         if v in seen or d is None or d[0] not in _INT_OPS | {"iter_arg"}:
             return
         seen.add(v)
         op, operands, typ, loc = d
         if op == "arith.muli":
-            if re.search(r"(^|x)i32>?$", typ) and not any(self.tile_constant(o) for o in operands):
+            runtime = [o for o in operands if not self.tile_constant(o)]
+            rows_times_constant = (typ.startswith("tensor<") and runtime
+                                   and any(self.constant(o) for o in operands))
+            if re.search(r"(^|x)i32>?$", typ) and (len(runtime) == 2 or rows_times_constant):
                 strides = frozenset().union(*(self.stride_args(o) for o in operands))
                 what = " * ".join(sorted(strides)) or "a value that is not a tile constant"
                 if [what, self.where(loc)] not in found:
