@@ -342,8 +342,9 @@ def test_scores_are_scaled_by_one_over_sqrt_d_by_default():
 
 
 SCALE_ZERO_AS_DEFAULT = (
-    "scale=0 was treated as 'use the default' (`scale or 1/sqrt(d)`): 0 is a scale (every "
-    "score 0, uniform weights); only None means the default (`if scale is None`)"
+    "scale=0 was not used, 1/sqrt(d) was: either the keyword is not passed on, or 0 was taken "
+    "for 'use the default' (`scale or 1/sqrt(d)`). 0 is a scale (every score 0, uniform "
+    "weights); only None means the default (`if scale is None`)"
 )
 
 

@@ -477,6 +477,39 @@ def test_query_head_h_reads_kv_head_h_div_group_size(which):
                  wrong_answers=head_mapping_mistakes(q[0], ks[0], vs[0]), **tol)
 
 
+SCALE_ZERO_AS_DEFAULT = (
+    "scale=0 was not used, 1/sqrt(d) was: either the keyword is not passed on, or 0 was taken "
+    "for 'use the default' (`scale or 1/sqrt(d)`). 0 is a scale (every score 0, uniform "
+    "weights); only None means the default (`if scale is None`)"
+)
+
+
+@pytest.mark.points(1)
+@pytest.mark.parametrize("scale", [0.0, 0.3])
+@pytest.mark.parametrize("which", IMPLS)
+def test_the_scale_keyword_reaches_every_decode_path(which, scale):
+    """``scale=`` of paged_decode_attention, its batch and the kernel; 0 is a real scale."""
+    rng = np.random.default_rng(7)
+    q, ks, vs = float32_case(rng.standard_normal((2, 4, 16)),
+                             *random_kv(rng, [11, 6], 2, 16))
+    paged = build_paged_kv(ks, vs, 4, rng=rng, padding="poisoned")
+    out, lse, tol = decode_with(which, q, paged, scale)
+    for b in range(2):
+        want_out, want_lse = reference_decode(q[b], ks[b], vs[b], scale=scale)
+        default_out, _ = reference_decode(q[b], ks[b], vs[b])
+        wrong = {SCALE_ZERO_AS_DEFAULT if scale == 0 else "scale= was ignored: 1/sqrt(d) used":
+                 default_out}  # fmt: skip
+        assert_close(out[b], want_out, what=f"{which} out of sequence {b} (scale={scale})",
+                     wrong_answers=wrong, **tol)
+        assert_close(lse[b], want_lse, what=f"{which} lse of sequence {b} (scale={scale})",
+                     **tol)
+        if which == "numpy":
+            one = impl.paged_decode_attention(q[b], paged.k_cache, paged.v_cache,
+                                              paged.block_tables[b], int(paged.seq_lens[b]),
+                                              scale=scale)  # fmt: skip
+            assert_close(one[0], want_out, what=f"paged_decode_attention(scale={scale}) out",
+                         wrong_answers=wrong, **tol)
+
 @pytest.mark.points(1)
 @pytest.mark.parametrize("head_dim", ODD_HEAD_DIMS)
 @pytest.mark.parametrize("which", IMPLS)
