@@ -341,6 +341,57 @@ def check_varlen(result, batch, label, atol=1e-12, rtol=1e-12, hint=""):
         )
 
 
+
+SCALE_ZERO_AS_DEFAULT = (
+    "scale=0 was not used, 1/sqrt(d) was: either the keyword is not passed on, or 0 was taken "
+    "for 'use the default' (`scale or 1/sqrt(d)`). 0 is a scale (every score 0, uniform "
+    "weights); only None means the default (`if scale is None`)"
+)
+SCALE_IGNORED = "scale= was not used: 1/sqrt(d) was (pass the keyword on to every call)"
+
+
+def scale_wrong(scale, default):
+    return {SCALE_ZERO_AS_DEFAULT if scale == 0 else SCALE_IGNORED: default}
+
+
+@pytest.mark.points(1)
+@pytest.mark.parametrize("scale", [0.0, 0.3])
+def test_the_scale_keyword_reaches_every_numpy_prefill_path(scale):
+    """``scale=`` of prefill_attention, chunked_prefill and varlen_prefill_attention; 0 is a
+    real scale (uniform weights), only None means 1/sqrt(d)."""
+    batch = make_batch(np.random.default_rng(21), [3, 0], [4, 5], (4, 2), 8, 4)
+    (q0, q1), (k0, k1), (v0, v1) = batch.qs, batch.ks, batch.vs
+    want, default = reference_attention(q0, k0, v0, scale=scale, mask=batch.masks()[0]), \
+        reference_attention(q0, k0, v0, mask=batch.masks()[0])  # fmt: skip
+    out, lse = impl.prefill_attention(q0, k0, v0, 3, scale=scale)
+    assert_close(out, want[0], what=f"prefill_attention out (scale={scale})",
+                 wrong_answers=scale_wrong(scale, default[0]))  # fmt: skip
+    assert_close(lse, want[1], what=f"prefill_attention lse (scale={scale})")
+    got = impl.chunked_prefill(q1, k1, v1, [2, 3], scale=scale)
+    whole = reference_attention(q1, k1, v1, scale=scale, mask=batch.masks()[1])[0]
+    assert_close(got, whole, what=f"chunked_prefill(chunks [2, 3], scale={scale})",
+                 wrong_answers=scale_wrong(scale, reference_attention(
+                     q1, k1, v1, mask=batch.masks()[1])[0]))  # fmt: skip
+    out, lse = impl.varlen_prefill_attention(*batch.args(), scale=scale)
+    want_out, want_lse = batch.expected(scale=scale)
+    assert_close(out, want_out, what=f"varlen_prefill_attention out (scale={scale})",
+                 wrong_answers=scale_wrong(scale, batch.expected()[0]))  # fmt: skip
+    assert_close(lse, want_lse, what=f"varlen_prefill_attention lse (scale={scale})")
+
+
+@pytest.mark.triton
+@pytest.mark.points(1)
+@pytest.mark.parametrize("scale", [0.0, 0.3])
+def test_the_triton_kernel_takes_the_scale_keyword(scale):
+    batch = make_batch(np.random.default_rng(22), [3, 0], [4, 5], (4, 2), 8, 4)
+    out, lse = impl.varlen_prefill_triton(*triton_batch(batch), scale=scale, block_n=16)
+    want_out, want_lse = batch.expected(scale=scale)
+    atol, rtol = tolerance("float32")
+    assert_close(out, want_out, what=f"varlen_prefill_triton out (scale={scale})", atol=atol,
+                 rtol=rtol, wrong_answers=scale_wrong(scale, batch.expected()[0]))  # fmt: skip
+    assert_close(lse, want_lse, what=f"varlen_prefill_triton lse (scale={scale})", atol=atol,
+                 rtol=rtol)  # fmt: skip
+
 # ---- prefill_attention ---------------------------------------------------------------------
 
 
