@@ -514,6 +514,38 @@ def test_a_sink_of_minus_infinity_is_no_sink_and_an_empty_context_gives_the_sink
                  hint="the denominator is exp(sink) alone, so lse = sink", **F64)
 
 
+
+SCALE_ZERO_AS_DEFAULT = (
+    "scale=0 was not used, 1/sqrt(d) was: either the keyword is not passed on, or 0 was taken "
+    "for 'use the default' (`scale or 1/sqrt(d)`). 0 is a scale (every score 0, uniform "
+    "weights); only None means the default (`if scale is None`)"
+)
+SCALE_IGNORED = "scale= was not used: 1/sqrt(d) was (pass the keyword on)"
+
+
+@pytest.mark.points(1)
+@pytest.mark.parametrize("scale", [0.0, 0.3])
+def test_window_and_sink_decode_take_the_scale_keyword(scale):
+    """``scale=`` of window_decode_attention and sink_decode_attention (with and without a
+    window): the scores are scaled, the sink logits are not."""
+    rng = np.random.default_rng(17)
+    (k,), (v,) = random_kv(rng, [13], 2, 8)
+    paged = build_paged_kv([k], [v], 4, rng=rng, padding="poisoned")
+    q, sinks = rng.standard_normal((4, 8)), np.array([0.5, -1.0, 2.0, -np.inf])
+    wrong_name = SCALE_ZERO_AS_DEFAULT if scale == 0 else SCALE_IGNORED
+    cases = [("window_decode_attention(window=5)", impl.window_decode_attention, (5,),
+              {"window": 5}),
+             ("sink_decode_attention", impl.sink_decode_attention, (sinks,), {"sinks": sinks}),
+             ("sink_decode_attention(window=5)", impl.sink_decode_attention, (sinks, 5),
+              {"sinks": sinks, "window": 5})]  # fmt: skip
+    for what, fn, args, ref in cases:
+        out, lse = run_decode(fn, q, paged, *args, scale=scale)
+        want_out, want_lse = reference_decode(q, k, v, scale=scale, **ref)
+        default_out, _ = reference_decode(q, k, v, **ref)
+        assert_close(out, want_out, what=f"{what} out (scale={scale})",
+                     wrong_answers={wrong_name: default_out}, **F64)  # fmt: skip
+        assert_close(lse, want_lse, what=f"{what} lse (scale={scale})", **F64)
+
 # ---- 5. Triton: window and sinks in lab 01's kernel -----------------------------------------
 
 
