@@ -752,6 +752,24 @@ MLA_TRITON_CASES = [
 ]
 
 
+
+@pytest.mark.triton
+@pytest.mark.points(1)
+@pytest.mark.parametrize("kernel", ["window_sink", "mla"])
+def test_triton_kernels_take_scale_zero_as_a_scale(kernel):
+    """scale=0.0 gives every key the same weight: it is not "use the default"."""
+    rng = np.random.default_rng(29)
+    hint = ("scale=0 was taken for 'use the default' (`scale or ...`): only None means "
+            "the default (`if scale is None`)")
+    if kernel == "mla":
+        q_latent, q_pe, rows, paged = mla_triton_case(rng, 4, 32, 16, 4, [13, 6])
+        out, lse = run_mla_triton(q_latent, q_pe, paged, 0.0, block_n=16)
+        check_mla_triton(out, lse, q_latent, q_pe, rows, F32, 0.0, hint=hint)
+        return
+    q, ks, vs, paged, sinks = window_triton_case(rng, 4, 2, 16, 4, [13, 6], 5, True)
+    out, lse = run_window_triton(q, paged, 5, sinks, 0.0, block_n=16)
+    check_window_triton(out, lse, q, ks, vs, 5, sinks, F32, 0.0, hint=hint)
+
 @pytest.mark.triton
 @pytest.mark.points(2)
 @pytest.mark.parametrize("num_heads, d_c, d_rope, block_size, lens, block_n, block_h",
