@@ -460,6 +460,45 @@ def test_9_online_softmax_with_every_score_far_below_zero():
 
 
 
+
+# ---- degenerate sizes: nothing to do is not an error; an empty sum is 0 -----------------------
+
+
+def degenerate_cases() -> dict:
+    """``{case: (launcher, inputs, outputs as (buffer, expected region), sizes)}``."""
+    x, a = poisoned(rand(60, 8)), poisoned(rand(61, 8, 8))
+    return {
+        "add_constant n=0": ("add_constant", (x,), [(sentinel(8), np.zeros(0))], (0, 1.0)),
+        "add_vectors n=0": ("add_vectors", (x, x), [(sentinel(8), np.zeros(0))], (0,)),
+        "transpose m=0": ("transpose", (a,), [(sentinel(8, 8), np.zeros((5, 0)))], (0, 5)),
+        "row_sum_max m=0": ("row_sum_max", (a,), [(sentinel(8), np.zeros(0)),
+                                                  (sentinel(8), np.zeros(0))], (0, 5)),
+        "softmax_rows n=0": ("softmax_rows", (a,), [(sentinel(8, 8), np.zeros((3, 0)))],
+                             (3, 0)),
+        "small_matmul k=0": ("small_matmul", (a, a), [(sentinel(8, 8), np.zeros((3, 5)))],
+                             (3, 5, 0)),
+        "outer_accumulate k=0": ("outer_accumulate", (a, a),
+                                 [(sentinel(8, 8), np.zeros((3, 5)))], (3, 5, 0)),
+        "matmul k=0": ("matmul", (a, a), [(sentinel(8, 8), np.zeros((3, 5)))], (3, 5, 0)),
+        "matmul m=0": ("matmul", (a, a), [(sentinel(8, 8), np.zeros((0, 5)))], (0, 5, 3)),
+        "online_softmax m=0": ("online_softmax", (a, a), [(sentinel(8, 8), np.zeros((0, 4))),
+                                                          (sentinel(8), np.zeros(0))],
+                               (0, 3, 4)),
+    }
+
+
+@pytest.mark.points(0.5)
+@pytest.mark.parametrize("case", list(degenerate_cases()))
+def test_degenerate_sizes_do_nothing_or_give_the_empty_sum(case):
+    """A zero size is a valid call: no element outside the (empty) region changes, no
+    error; a product over k = 0 is the empty sum, zeros (the accumulator is stored)."""
+    name, inputs, outputs, sizes = degenerate_cases()[case]
+    getattr(impl, name)(*inputs, *(buf for buf, _ in outputs), *sizes)
+    for i, (buf, want) in enumerate(outputs):
+        check_region(buf, want, f"{case}: output {i}", unwritten_hint=lambda _: (
+            "k = 0: a @ b over no columns is the empty sum, 0 (the launcher must still run "
+            "the kernel when m and n are non-zero: the accumulator starts at 0 and is stored)"))
+
 # ---- every load inside the data: what is loaded and never stored counts too --------------------
 
 
