@@ -186,6 +186,27 @@ def random_qkv(seed: int, lq: int, lk: int, d: int, dv: int, *,
             rng.standard_normal((lk, dv)))
 
 
+
+# float16 inputs, float32 accumulation: values whose running sum climbs to hundreds and comes
+# back near zero show an accumulator kept in float16 (steps of 0.25-0.5 up there).
+ACC_IN_FP16 = (
+    "the running sums cancel: an accumulator kept in float16 (acc rounded to the input dtype, "
+    "or tl.dot's out_dtype) rounds a sum near 500 to steps of 0.25-0.5. Accumulate in float32 "
+    "(tl.zeros(..., dtype=tl.float32)) and cast once, at the store"
+)
+
+
+def cancelling(x: np.ndarray, magnitude: float = 30.0, axis: int = 0) -> np.ndarray:
+    """``x`` plus ``+magnitude`` along the first half of ``axis`` and ``-magnitude`` along the
+    second, rounded to float16: summed in order over ``axis`` (a key loop), the running sum
+    climbs to ``magnitude * n / 2`` and returns near ``x``'s own sum."""
+    n = x.shape[axis]
+    sign = np.where(np.arange(n) < n // 2, magnitude, -magnitude)
+    shape = [1] * x.ndim
+    shape[axis] = n
+    return (x + sign.reshape(shape)).astype(np.float16).astype(np.float64)
+
+
 # ---- tile shapes: where BLOCK_M and BLOCK_N must not be mixed up ---------------------------
 
 # One square tile and both oblong ones: a loop bound that uses BLOCK_N where BLOCK_M belongs

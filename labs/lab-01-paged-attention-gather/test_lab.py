@@ -31,6 +31,7 @@ from common.paged import (
 )
 from common.reference import reference_decode
 from common.testing import (
+    ACC_IN_FP16,
     HEAD_RATIOS,
     LAYOUTS,
     ODD_HEAD_DIMS,
@@ -41,6 +42,7 @@ from common.testing import (
     bad_input_test,
     basic_value_test,
     called_on_copies,
+    cancelling,
     head_counts,
     host_syncs,
     kernel_memory,
@@ -782,6 +784,23 @@ def test_triton_kernel_reads_transposed_and_sliced_views_through_their_strides(l
     if reports:  # on the interpreter: no two programs of the launch store one element
         assert_no_races(reports, "paged_decode_triton")
         assert_loads_in_bounds(reports, "paged_decode_triton")
+
+
+@pytest.mark.triton
+@pytest.mark.points(1)
+def test_triton_kernel_accumulates_float16_in_float32():
+    """64 float16 positions of values +-30 (cancelling), near-uniform weights, 16-key tiles."""
+    rng = np.random.default_rng(14)
+    (k,), (v,) = random_kv(rng, [64], 1, 16)
+    q, ks, vs = float32_case(0.05 * rng.standard_normal((1, 4, 16)), [k],
+                             [cancelling(0.1 * v)], dtype=np.float16)  # fmt: skip
+    paged = build_paged_kv(ks, vs, 16, rng=rng, padding="poisoned")
+    out, lse = run_triton(q, paged, dtype=torch.float16, block_n=16)
+    want_out, want_lse = reference_decode(q[0], ks[0], vs[0])
+    atol, rtol = tolerance("float16")
+    assert_close(out[0], want_out, what="float16 out (cancelling values)", atol=atol, rtol=rtol,
+                 hint=ACC_IN_FP16)  # fmt: skip
+    assert_close(lse[0], want_lse, what="float16 lse", atol=atol, rtol=rtol)
 
 
 @pytest.mark.triton

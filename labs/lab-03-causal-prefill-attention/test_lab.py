@@ -25,6 +25,7 @@ from common import (
     reference_attention,
 )
 from common.testing import (
+    ACC_IN_FP16,
     HEAD_RATIOS,
     LAYOUTS,
     NAN_HINT,
@@ -37,6 +38,7 @@ from common.testing import (
     bad_input_test,
     basic_value_test,
     called_on_copies,
+    cancelling,
     examples,
     head_counts,
     host_syncs,
@@ -280,11 +282,12 @@ class Batch:
 
 def make_batch(
     rng, cached, new, heads=(4, 2), head_dim=8, block_size=8, padding="poisoned", *,
-    head_dim_v=None, shared_prefix=0, round_to=None,
+    head_dim_v=None, shared_prefix=0, round_to=None, cancel_values=False,
 ):  # fmt: skip
     """A batch with a poisoned paged cache. ``shared_prefix`` tokens open every sequence and
     their full blocks are shared (prefix caching); ``round_to`` rounds every input to a dtype
-    first, so a float16 kernel sees exactly what the float64 reference sees."""
+    first, so a float16 kernel sees exactly what the float64 reference sees; ``cancel_values``
+    makes values whose running sum over the keys cancels (``common.testing.cancelling``)."""
     num_heads, num_kv_heads = heads
     lens = [c + n for c, n in zip(cached, new)]
     if shared_prefix:
@@ -292,6 +295,8 @@ def make_batch(
     else:
         ks, vs = random_kv(rng, lens, num_kv_heads, head_dim, head_dim_v)
     qs = [rng.standard_normal((n, num_heads, head_dim)) for n in new]
+    if cancel_values:  # values of +-30 whose running sum cancels (float16 accumulation)
+        vs, qs = [cancelling(0.1 * v) for v in vs], [0.05 * q for q in qs]
     if round_to is not None:
         ks, vs, qs = ([x.astype(round_to).astype(np.float64) for x in xs] for xs in (ks, vs, qs))
     paged = build_paged_kv(
@@ -1065,6 +1070,21 @@ def test_triton_kernel_loads_keys_only_up_to_each_query_blocks_causal_bound(bloc
         "loop that runs to seq_len and hides the future with the mask gives the right numbers "
         "at up to twice the cost"
     )
+
+
+@pytest.mark.triton
+@pytest.mark.points(1)
+def test_triton_kernel_accumulates_float16_in_float32():
+    """A 64-token float16 prompt whose values (+-30) cancel over the keys, 16-key tiles."""
+    batch = make_batch(np.random.default_rng(16), [48], [16], (2, 1), 16, 16,
+                       round_to=np.float16, cancel_values=True)  # fmt: skip
+    out, lse = impl.varlen_prefill_triton(*triton_batch(batch, "float16"), block_m=16,
+                                          block_n=16)  # fmt: skip
+    want_out, want_lse = batch.expected()
+    atol, rtol = tolerance("float16")
+    assert_close(out, want_out, what="float16 out (cancelling values)", atol=atol, rtol=rtol,
+                 hint=ACC_IN_FP16)  # fmt: skip
+    assert_close(lse, want_lse, what="float16 lse", atol=atol, rtol=rtol)
 
 
 @pytest.mark.triton

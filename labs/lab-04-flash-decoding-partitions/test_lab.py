@@ -23,6 +23,7 @@ from common.loader import load_impl, load_lab_module
 from common.paged import build_paged_kv, random_kv, random_kv_shared_prefix
 from common.reference import kv_head_for, prefix_mask, reference_attention
 from common.testing import (
+    ACC_IN_FP16,
     HEAD_RATIOS,
     LAYOUTS,
     NAN_HINT,
@@ -35,6 +36,7 @@ from common.testing import (
     assert_value_error_names,
     bad_input_test,
     called_on_copies,
+    cancelling,
     head_counts,
     host_syncs,
     kernel_memory,
@@ -919,6 +921,24 @@ def test_merge_partitions_triton_merges_any_number_of_partitions_near_plus_or_mi
                  wrong_answers={"only the first 64 partitions were merged": first64})
     assert_close(lse, want_lse, what=f"{what}: lse", atol=atol, rtol=rtol, nan_hint=hint)
 
+
+
+@pytest.mark.triton
+@pytest.mark.points(1)
+def test_split_kv_decode_triton_accumulates_float16_in_float32():
+    """float16 values of +-30 (cancelling) over 64 positions, partitions of 32 in 16-key tiles:
+    each partition's acc must stay float32 until its partial is stored."""
+    rng = np.random.default_rng(15)
+    (k,), (v,) = random_kv(rng, [64], 1, 16)
+    q = (0.05 * rng.standard_normal((1, 2, 16))).astype(np.float16).astype(np.float64)
+    ks, vs = [k.astype(np.float16).astype(np.float64)], [cancelling(0.1 * v)]
+    paged = build_paged_kv(ks, vs, 16, rng=rng, padding="poisoned")
+    out, lse = run_split_kv(q, paged, torch.float16, partition_size=32, block_n=16)
+    want_out, want_lse = reference_batch(q, ks, vs)
+    atol, rtol = tolerance("float16")
+    assert_close(out, want_out, what="float16 out (cancelling values)", atol=atol, rtol=rtol,
+                 hint=ACC_IN_FP16)  # fmt: skip
+    assert_close(lse, want_lse, what="float16 lse", atol=atol, rtol=rtol)
 
 
 @pytest.mark.triton

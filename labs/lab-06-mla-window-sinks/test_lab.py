@@ -26,6 +26,7 @@ from common.loader import load_impl
 from common.paged import build_paged_kv, random_kv, random_paged_decode, zero_paged_decode_torch
 from common.reference import reference_decode
 from common.testing import (
+    ACC_IN_FP16,
     HEAD_RATIOS,
     LAYOUTS,
     ODD_HEAD_DIMS,
@@ -36,6 +37,7 @@ from common.testing import (
     bad_input_test,
     basic_value_test,
     called_on_copies,
+    cancelling,
     host_syncs,
     kernel_memory,
     peak_memory,
@@ -751,6 +753,23 @@ MLA_TRITON_CASES = [
     pytest.param(32, 32, 16, 48, [50], 16, 16, id="32-heads-two-tiles-block48"),
 ]
 
+
+
+@pytest.mark.triton
+@pytest.mark.points(1)
+def test_triton_window_sink_kernel_accumulates_float16_in_float32():
+    """float16 values of +-30 that cancel over a 64-token window, 16-key tiles, a sink."""
+    rng = np.random.default_rng(18)
+    (k,), (v,) = random_kv(rng, [70], 1, 16)
+    ks = [k.astype(np.float16).astype(np.float64)]
+    v[6:] = cancelling(0.1 * v[6:])  # the window: positions 6..69
+    vs = [v.astype(np.float16).astype(np.float64)]
+    paged = poison_before_windows(build_paged_kv(ks, vs, 16, rng=rng, padding="poisoned"), 64)
+    q = (0.05 * rng.standard_normal((1, 4, 16))).astype(np.float16).astype(np.float64)
+    sinks = np.array([0.5, -1.0, 2.0, 0.0])
+    out, lse = run_window_triton(q, paged, 64, sinks, dtype=torch.float16, block_n=16)
+    check_window_triton(out, lse, q, ks, vs, 64, sinks, dict(zip(("atol", "rtol"),
+                        tolerance("float16"))), hint=ACC_IN_FP16)  # fmt: skip
 
 
 @pytest.mark.triton
