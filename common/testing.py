@@ -186,9 +186,6 @@ def random_qkv(seed: int, lq: int, lk: int, d: int, dv: int, *,
             rng.standard_normal((lk, dv)))
 
 
-
-# float16 inputs, float32 accumulation: values whose running sum climbs to hundreds and comes
-# back near zero show an accumulator kept in float16 (steps of 0.25-0.5 up there).
 ACC_IN_FP16 = (
     "the running sums cancel: an accumulator kept in float16 (acc rounded to the input dtype, "
     "or tl.dot's out_dtype) rounds a sum near 500 to steps of 0.25-0.5. Accumulate in float32 "
@@ -197,9 +194,8 @@ ACC_IN_FP16 = (
 
 
 def cancelling(x: np.ndarray, magnitude: float = 30.0, axis: int = 0) -> np.ndarray:
-    """``x`` plus ``+magnitude`` along the first half of ``axis`` and ``-magnitude`` along the
-    second, rounded to float16: summed in order over ``axis`` (a key loop), the running sum
-    climbs to ``magnitude * n / 2`` and returns near ``x``'s own sum."""
+    """``x`` + ``magnitude`` on the first half of ``axis``, - on the second, in float16: its
+    running sum over ``axis`` (a key loop) climbs to hundreds, then cancels (``ACC_IN_FP16``)."""
     n = x.shape[axis]
     sign = np.where(np.arange(n) < n // 2, magnitude, -magnitude)
     shape = [1] * x.ndim
@@ -482,8 +478,6 @@ class _Launch:
         self.seen: dict[tuple[int, ...], dict[str, set[int]]] = {}
         self.owner: dict[int, tuple[int, ...]] = {}
         self.races: list[tuple[str, str, tuple[int, ...], tuple[int, ...]]] = []
-        # loads of elements outside every tensor argument's view: (kernel, load site,
-        # element, program id, how many such elements that load read)
         self.stray: list[tuple[str, str, str, tuple[int, ...], int]] = []
 
     def _split(self, addresses: np.ndarray) -> dict[str, np.ndarray]:
@@ -495,64 +489,38 @@ class _Launch:
         return out
 
     def element(self, name: str, address: int) -> str:
-        """``name[i, j, ...]`` of the element at ``address`` (or its storage offset)."""
+        """``name[i, j, ...]`` of the element at ``address`` along ``name``'s strides, even
+        out of range (row 21 of a 21-row view), or its element offset."""
         start, size, shape, stride = self.views[name]
-        offset = (address - start) // size
-        index, rest = [], offset
-        for dim in sorted(range(len(shape)), key=lambda d: -stride[d]):
-            if stride[dim] == 0:
-                continue
-            index.append((dim, rest // stride[dim]))
-            rest %= stride[dim]
-        coords = dict(index)
-        if rest == 0 and all(0 <= coords.get(d, 0) < n for d, n in enumerate(shape)):
-            return f"{name}[{', '.join(str(coords.get(d, 0)) for d in range(len(shape)))}]"
-        return f"{name} (element {offset} from its start)"
+        offset = rest = (address - start) // size
+        coords = {}
+        for dim in sorted((d for d in range(len(shape)) if stride[d]), key=lambda d: -stride[d]):
+            coords[dim], rest = divmod(rest, stride[dim])
+        if rest or offset < 0 or (address - start) % size:
+            return f"{name} (element {offset} from its start)"
+        return f"{name}[{', '.join(str(coords.get(d, 0)) for d in range(len(shape)))}]"
 
     def _in_view(self, name: str, addresses: np.ndarray) -> np.ndarray:
-        """Which of ``addresses`` are elements of argument ``name``'s view (its shape and
-        strides from its data pointer), not merely bytes of its storage."""
+        """Which ``addresses`` are elements of ``name``'s view, not merely of its storage."""
         start, size, shape, stride = self.views[name]
-        offset = addresses.astype(np.int64) - np.int64(start)
-        inside = (offset >= 0) & (offset % size == 0)
-        rest = offset // size
-        for dim in sorted(range(len(shape)), key=lambda d: -stride[d]):
-            if stride[dim] == 0:
-                continue
-            index = rest // stride[dim]
-            inside &= (index >= 0) & (index < shape[dim])
-            rest = rest - index * stride[dim]
+        rest = addresses.astype(np.int64) - start
+        inside = (rest >= 0) & (rest % size == 0)
+        rest = rest // size
+        for dim in sorted((d for d in range(len(shape)) if stride[d]), key=lambda d: -stride[d]):
+            index, rest = np.divmod(rest, stride[dim])
+            inside &= index < shape[dim]
         return inside & (rest == 0)
 
-    def _index(self, name: str, address: int) -> str:
-        """``name[i, j, ...]`` of ``address`` along ``name``'s strides, even out of range
-        (``Q[0, 1, 37, 0]`` for row 37 of a 37-row view), or its element offset."""
-        start, size, shape, stride = self.views[name]
-        offset = (int(address) - start) // size
-        order = sorted((d for d in range(len(shape)) if stride[d]), key=lambda d: -stride[d])
-        if offset < 0 or (int(address) - start) % size or not order:
-            return f"{name} (element {offset} from its start)"
-        coords, rest = {}, offset
-        for d in order[:-1]:
-            coords[d], rest = divmod(rest, stride[d])
-        coords[order[-1]], rest = divmod(rest, stride[order[-1]])
-        if rest:
-            return f"{name} (element {offset} from its start)"
-        index = ", ".join(str(coords.get(d, 0)) for d in range(len(shape)))
-        return f"{name}[{index}] (shape {list(shape)})"
-
     def _describe(self, address: int) -> str:
-        """Where an address outside every view lies: which argument's memory, or nearest."""
-        for i, name in enumerate(self.names):
-            if self.bases[i] <= address < self.ends[i]:
-                return f"{self._index(name, address)}, outside the view {name} was given"
+        """Where a stray address lies: in an argument's memory, or nearest to one's."""
         if not self.names:
-            return f"address {address:#x}, outside every tensor argument"
-        gaps = [min(abs(int(address) - int(b)), abs(int(address) - int(e)))
-                for b, e in zip(self.bases, self.ends)]
+            return f"address {address:#x} (the kernel has no tensor argument)"
+        gaps = [0 if b <= address < e else min(abs(address - int(b)), abs(address - int(e)))
+                for b, e in zip(self.bases, self.ends)]  # fmt: skip
         i = int(np.argmin(gaps))
-        where = "before the start" if address < self.bases[i] else "past the end"
-        return f"{self._index(self.names[i], address)}, {where} of its memory"
+        where = ("outside the view it was given" if gaps[i] == 0 else "before the start of "
+                 "its memory" if address < self.bases[i] else "past the end of its memory")
+        return f"{self.element(self.names[i], address)}, {where}"
 
     def load(self, pid: tuple[int, ...], addresses: np.ndarray,
              site: Callable[[], str] = lambda: "") -> None:
@@ -583,18 +551,17 @@ class _Launch:
 
 
 def _load_site() -> str:
-    """``file:line: source`` of the ``tl.load`` the interpreter is running: the innermost
-    frame outside Triton and this module (the kernel's own line)."""
+    """``file:line: source`` of the running ``tl.load`` (innermost frame outside Triton)."""
     import linecache
 
     frame = sys._getframe(1)
-    while frame is not None:
-        file = frame.f_code.co_filename
-        if f"{os.sep}triton{os.sep}" not in file and file != __file__:
-            line = linecache.getline(file, frame.f_lineno).strip()
-            return f"{Path(file).name}:{frame.f_lineno}: {line}"
+    while frame and (f"{os.sep}triton{os.sep}" in frame.f_code.co_filename
+                     or frame.f_code.co_filename == __file__):  # fmt: skip
         frame = frame.f_back
-    return "(unknown line)"
+    if frame is None:
+        return "(unknown line)"
+    file, line = frame.f_code.co_filename, frame.f_lineno
+    return f"{Path(file).name}:{line}: {linecache.getline(file, line).strip()}"
 
 
 @contextlib.contextmanager
@@ -647,11 +614,9 @@ def kernel_memory(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[An
     counts once)}, "races": [(kernel, "out[3, 1, 0]", first program id, second program
     id), ...]}``: ``races`` lists elements that two different programs of the same launch
     stored to. The interpreter runs programs one after another, so such a race gives right
-    numbers here and wrong ones on a GPU, where the programs run at once. ``"stray_loads":
-    [(kernel, "file:line: source" of the tl.load, "Q[0, 1, 37, 0], outside the view Q was
-    given", program id, elements), ...]`` lists loads (mask true) of elements that are in no
-    tensor argument's view: padding rows past a length, the NaN margin of a sliced view, bytes
-    past a tensor's memory (see ``assert_loads_in_bounds``).
+    numbers here and wrong ones on a GPU, where the programs run at once. ``"stray_loads"``
+    lists loads (mask true) of elements in no tensor argument's view: ``(kernel, "file:line:
+    source", "Q[0, 1, 21, 0], outside the view it was given", program id, count)``.
     """
     remote = getattr(fn, "__instrumented_call__", None)
     if remote is not None:

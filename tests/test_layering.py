@@ -182,8 +182,8 @@ def test_a_lab_never_imports_another_lab(lab):
 
 
 def test_common_stays_small():
-    """``common/`` holds only what labs share: under 2,000 lines (the grader, single-lab
+    """``common/`` holds only what labs share: under 2,100 lines (the grader, single-lab
     helpers and tools live elsewhere). A helper only one lab uses belongs in that lab."""
     lines = sum(len(p.read_text(encoding="utf-8").splitlines())
                 for p in (ROOT / "common").glob("*.py"))
-    assert lines < 2000, f"common/ has {lines} lines: move what only one lab uses into that lab"
+    assert lines < 2100, f"common/ has {lines} lines: move what only one lab uses into that lab"

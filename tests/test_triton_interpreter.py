@@ -124,10 +124,11 @@ def test_kernel_memory_names_a_load_outside_the_view_even_when_it_is_never_store
         out, reports = kernel_memory(copy, data, False)
         assert torch.equal(out, data), "the padding rows are never stored: right numbers"
         with pytest.raises(AssertionError, match=r"program \(0, 0, 0\) of _load_rows_kernel "
-                           r"loads x_ptr\[10, 0\] .*test_triton_interpreter.py:\d+: "
+                           r"loads x_ptr\[10, 0\].*test_triton_interpreter.py:\d+: "
                            r"x = tl.load\(ptrs\)"):
             assert_loads_in_bounds(reports)
     tiny = torch.randn(10, 16)  # rows past the end of the tensor's own memory
     _, reports = kernel_memory(copy, tiny, False)
-    with pytest.raises(AssertionError, match=r"x_ptr\[10, 0\].*past the end of its memory"):
+    with pytest.raises(AssertionError, match=r"loads x_ptr\[10, 0\], (past the end of its "
+                       r"memory|outside the view it was given)"):  # what lies past it varies
         assert_loads_in_bounds(reports)
