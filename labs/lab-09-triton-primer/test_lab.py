@@ -20,9 +20,11 @@ from hypothesis import strategies as st
 from common import load_impl
 from common.reference import to_float64
 from common.testing import (
+    ACC_IN_FP16,
     assert_close,
     assert_loads_in_bounds,
     called_on_copies,
+    cancelling,
     examples,
     host_syncs,
     kernel_memory,
@@ -568,19 +570,6 @@ def test_every_puzzle_loads_only_the_data_region(puzzle):
 # ---- float16: the launchers accept it; accumulate in float32 -----------------------------------
 
 F16_ATOL, F16_RTOL = tolerance("float16")
-ACC_IN_FP16 = (
-    "the running sums cancel: an accumulator kept in float16 (tl.zeros(..., dtype=x.dtype), "
-    "or tl.dot's out_dtype) rounds a sum near 500 to steps of 0.25-0.5. Accumulate in "
-    "float32 and cast once at the store"
-)
-
-
-def cancelling(seed: int, rows: int, cols: int) -> np.ndarray:
-    """float16-exact rows of +-30 plus noise: the first half of the rows pushes a running
-    sum up to hundreds, the second half brings it back near zero."""
-    x = rand(seed, rows, cols, scale=0.1) + np.where(np.arange(rows) < rows // 2, 30.0, -30.0
-                                                     )[:, None]  # fmt: skip
-    return x.astype(np.float16).astype(np.float64)
 
 
 @pytest.mark.points(0.5)
@@ -596,7 +585,7 @@ def test_2_add_vectors_in_float16():
 def test_8_matmul_in_float16_accumulates_in_float32():
     a = np.ones((16, 64)) + rand(52, 16, 64, scale=0.01).astype(np.float16)
     a = a.astype(np.float16).astype(np.float64)
-    b = cancelling(53, 64, 16)  # K rows 0..31 at +30, rows 32..63 at -30
+    b = cancelling(rand(53, 64, 16, scale=0.1))  # K rows 0..31 at +30, 32..63 at -30
     out = out_view(16, 16, dtype="float16")
     impl.matmul(data_view(a, dtype="float16"), data_view(b, dtype="float16"), out, 16, 16, 64,
                 block_m=16, block_n=16, block_k=16)
@@ -607,7 +596,7 @@ def test_8_matmul_in_float16_accumulates_in_float32():
 @pytest.mark.points(1)
 def test_9_online_softmax_in_float16_accumulates_in_float32():
     s = (rand(54, 16, 64, scale=0.5)).astype(np.float16).astype(np.float64)
-    v = cancelling(55, 64, 16)
+    v = cancelling(rand(55, 64, 16, scale=0.1))
     out, lse = out_view(16, 16, dtype="float16"), out_view(16)
     impl.online_softmax(data_view(s, dtype="float16"), data_view(v, dtype="float16"), out, lse,
                         16, 64, 16, block_m=16, block_n=16)
