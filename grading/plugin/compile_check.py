@@ -14,7 +14,11 @@ with Triton's bundled ptxas for sm_90 at the lab's GPU tiles, once per lab befor
   memory within the architecture's limit;
 * float32 inputs: no ``tl.dot`` rounds them to TF32;
 * 64-bit offsets: every ``tt.addptr`` chain from a pointer that can address more than 2^31
-  elements in production (:data:`COMPILE_RULES`' ``big``) adds at least one ``i64`` offset.
+  elements in production (:data:`COMPILE_RULES`' ``big``) adds at least one ``i64`` offset,
+  and each ``index * stride`` product on it is computed in ``i64``
+  (``bench.gpu_compile.narrow_products``): one widened term does not save ``row *
+  stride_qm`` computed in 32 bits. Exempt: a tile's reach (``tl.arange(0, BLOCK) * stride``)
+  and the head stride of a KV cache or a varlen ``[T, H, d]`` tensor (a head times ``d``).
 
 Where the code is compiled: under the grader (the proxy plugin active), inside the lab's
 sandbox (:mod:`grading.sandbox.compiler`, a fresh interpreter forked into it by the lab's
@@ -63,6 +67,11 @@ SMEM_LIMITS = {80: 164 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 228 * 1024, 100
 # and outputs) or is exempt (the primer's puzzles index tensors of at most 2^24 elements) in
 # its lab.toml's [compile] (labs/manifest.py): the per-lab rules live there, read here.
 DEFAULT_BIG = r"cache|^(Q|K|V|O|DO|DQ|DK|DV|Out)$"
+# In a KV cache [blocks, block_size, kv_heads, d] and a varlen [T, H, d] tensor the head
+# stride is d: head * stride stays below 2^16 elements, so that one product may stay 32-bit.
+# A dense [B, H, L, d] tensor's head stride is L * d: there it may not.
+HEAD_STRIDE = re.compile(r"^stride_[a-z]*?_?h(ead)?$")
+DENSE = re.compile(r"^(Q|K|V|O|DO|DQ|DK|DV|Out)$")
 COMPILE_RULES: dict[str, dict[str, Any]] = {
     "default": {"big": DEFAULT_BIG, "wide_offsets": True},
 }
@@ -157,6 +166,17 @@ def problems(task: dict[str, Any], outcome: dict[str, Any], lab: str) -> list[st
         found.append(f"{name}: 32-bit offsets into {', '.join(narrow)}: index * stride wraps "
                      "past 2^31 elements on a production-size tensor; widen the large index "
                      "with .to(tl.int64) before multiplying by its stride")  # fmt: skip
+    products = r.get("narrow_products", {}) if rules["wide_offsets"] else {}
+    for arg, terms in products.items():
+        if arg in narrow or not big.search(arg):
+            continue
+        terms = [t for t in terms if DENSE.match(arg) or not HEAD_STRIDE.match(t[0])]
+        if terms:
+            said = ", ".join(f"index * {stride} ({where})" for stride, where in terms)
+            found.append(f"{name}: {said} into {arg} computed in 32 bits: another 64-bit term "
+                         "of the address does not help, this product itself wraps past 2^31 "
+                         "elements on a production-size tensor; widen the index with "
+                         ".to(tl.int64) before multiplying by the stride")  # fmt: skip
     return found
 
 
@@ -197,6 +217,16 @@ def plain_outcome(value: Any) -> dict[str, Any]:
         if type(widths) is not list or not all(w in ("i32", "i64") for w in widths):
             raise ValueError("first_offsets holds something other than i32 / i64")
         result["first_offsets"][str(arg)[:100]] = sorted(set(widths))
+    products = r.get("narrow_products", {})
+    if type(products) is not dict or len(products) > 256:
+        raise ValueError("narrow_products is not a table")
+    result["narrow_products"] = {}
+    for arg, terms in products.items():
+        if type(terms) is not list or len(terms) > 256 or not all(
+                type(t) in (list, tuple) and len(t) == 2 for t in terms):
+            raise ValueError("narrow_products holds something other than (stride, where) pairs")
+        result["narrow_products"][str(arg)[:100]] = [[str(a)[:100], str(b)[:200]]
+                                                     for a, b in terms]
     return {"status": "ok", "result": result}
 
 
