@@ -80,6 +80,7 @@ class GpuKernel:
     # "comparison" (a non-default option): grid flags are shown, not failed
     work: WorkFn | None = None  # the kernel's own (FLOPs, bytes) for a target (None: the
     # whole call's at the bench shape, ``bench.gpu_plan.bench_work``)
+    archs: tuple[int, ...] = ARCHS  # the targets it compiles for (fp8 e4m3 needs sm_89+)
 
     @property
     def summary_dims(self) -> int:
@@ -687,10 +688,14 @@ GPU_KERNELS += tuple(GpuKernel(LAB09, k, c, primer(k), dtypes=("fp16",), head_di
                      for k, c in PRIMER_CONFIGS.items())  # fmt: skip
 
 # lab-12's fp8-cache decode: per-tensor and per-token-head scales (no bench entry, no plan
-# judged: the launch plan's stage bytes are bf16's)
+# judged: the launch plan's stage bytes are bf16's). sm_90 and sm_100 only: Triton 3.7.1
+# offers tl.float8e4nv from compute capability 8.9 (backends/nvidia/compiler.py adds
+# "fp8e4nv" to supported_fp8_dtypes only when capability >= 89), so sm_80/86 cannot compile
+# the e4m3 bitcast; vLLM reads an fp8 cache there through its own conversion code.
+FP8_ARCHS = tuple(a for a in ARCHS if a >= 89)
 GPU_KERNELS += (
     GpuKernel(LAB12, "_paged_decode_fp8_kernel", "gqa32/8 per-tensor",
-              paged_decode_fp8(32, 8, False)),
+              paged_decode_fp8(32, 8, False), archs=FP8_ARCHS),
     GpuKernel(LAB12, "_paged_decode_fp8_kernel", "gqa32/8 per-token-head",
-              paged_decode_fp8(32, 8, True), **WIDE),
+              paged_decode_fp8(32, 8, True), archs=FP8_ARCHS, **WIDE),
 )

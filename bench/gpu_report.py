@@ -140,6 +140,8 @@ def make_tasks(args: argparse.Namespace) -> list[Task]:
         for dtype in entry.dtypes:
             for d in entry.head_dims:
                 for arch in args.arch:
+                    if arch not in entry.archs:
+                        continue
                     small = arch in SMALL_ARCHS
                     if small and (dtype != entry.dtypes[0] or d != entry.summary_dims):
                         continue

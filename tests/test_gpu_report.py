@@ -441,16 +441,18 @@ TTIR_ROWS += '#loc3 = loc("solution.py":293:8)\n#loc5 = loc("solution.py":300:8)
 
 def test_each_32_bit_index_times_stride_product_is_named_even_with_a_64_bit_term():
     from bench.gpu_compile import first_offsets, narrow_products
-    from bench.student_compile import problems
+    from grading.plugin.compile_check import plain_outcome, problems
 
     assert first_offsets(TTIR_ROWS)["Q"] == ["i32", "i64"], "the old rule: some term is i64"
     products = narrow_products(TTIR_ROWS)
     assert products["Q"] == [["stride_qm", "solution.py:293"]], products
     assert products["k_cache_ptr"] == [["stride_kh", "solution.py:300"]], products
-    index = _index("lab-00", "causal")
     result = {"first_offsets": first_offsets(TTIR_ROWS), "narrow_products": products,
-              "spill_stores": 0, "spill_loads": 0, "dots": 0, "mma": {}, "regs": 64,
-              "loads": {"LDG": 8}}
-    found = problems(Task(index, "bf16", 128, 90), "bf16", {"status": "ok", "result": result})
+              "tf32_dots_on_f32": 0, "spill_stores": 0, "spill_loads": 0, "dots": 0, "mma": {},
+              "regs": 64, "loads": {"LDG": 8}, "smem_static": 0, "smem_dynamic": 0}
+    task = {"kernel": "_flash_attention_kernel", "dtype": "bf16", "head_dim": 128, "arch": 90,
+            "check": "bf16"}
+    found = problems(task, plain_outcome({"status": "ok", "result": result}),
+                     "lab-00-online-softmax")
     assert any("stride_qm (solution.py:293) into Q computed in 32 bits" in p for p in found), found
     assert not any("stride_kh" in p for p in found), "a cache's head stride times d: small"
