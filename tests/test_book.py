@@ -698,3 +698,45 @@ def test_the_committed_reference_traces_are_the_solutions_current_output(tmp_pat
     extra = sorted({f.name for f in (ROOT / "book" / "viz" / "traces").glob("*.js")}
                    - {f.name for f in tmp_path.glob("*.js")})
     assert not extra, f"{extra} are no longer written by book.traces: delete them"
+
+
+SVG_CHECK = (ROOT / "tests" / "book_svg_check.js").read_text()
+
+
+@BROWSER
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+@pytest.mark.parametrize("rel", [f"viz/{n}.html" for n in VIZ] + [
+    "index.html", "viz/index.html", "labs/lab-00-online-softmax/index.html"])
+def test_every_page_is_legible_in_both_colour_schemes_with_no_overlapping_labels(open_page, rel,
+                                                                                  scheme):
+    """axe-core's colour-contrast rule finds no violation in the HTML, and no SVG text label
+    falls under WCAG's 4.5:1 against what is drawn under it or overlaps another label: wide
+    and narrow, at the first step and the last."""
+    axe = pytest.importorskip("axe_playwright_python.sync_playwright",
+                              reason="axe-playwright-python is not installed "
+                              "(requirements-book.txt)")
+    for width in (1280, 390):
+        p = open_page(rel, width=width, color_scheme=scheme)
+        p.page.wait_for_timeout(100)
+        expected = "slate" if scheme == "dark" else "default"
+        assert p.page.get_attribute("body", "data-md-color-scheme") == expected
+        for moment in ("first", "last"):
+            if moment == "last":
+                if p.page.locator(".viz [data-action=end]").count() == 0:
+                    continue
+                p.page.focus(".viz")  # the key, not a click: no hover tooltip in the way
+                p.page.keyboard.press("End")
+                p.page.wait_for_timeout(450)  # the header's fade, the panels' transitions
+            found = axe.Axe().run(p.page, options={"runOnly": ["color-contrast"]}).response
+            bad = [(n["target"], n["any"][0]["message"] if n["any"] else "")
+                   for v in found["violations"] for n in v["nodes"]]
+            assert bad == [], f"{rel} ({scheme}, {width} px, {moment} step): {bad[:5]}"
+            svg = p.page.evaluate(SVG_CHECK)
+            assert svg["low"] == [], \
+                f"{rel} ({scheme}, {width} px, {moment} step): labels too faint {svg['low'][:5]}"
+            assert svg["overlaps"] == [], \
+                f"{rel} ({scheme}, {width} px, {moment} step): labels overlap {svg['overlaps'][:5]}"
+        if scheme == "dark" and width == 1280:
+            SHOTS.mkdir(parents=True, exist_ok=True)
+            name = rel.replace("/", "_").removesuffix(".html")
+            p.page.screenshot(path=str(SHOTS / f"{name}-dark.png"))
