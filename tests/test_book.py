@@ -325,6 +325,15 @@ def test_paged_blocks_show_lab_07s_tables_and_lab_01s_slots(open_page):
     p.page.focus("#stream-viz")
     p.page.keyboard.press("ArrowRight")
     assert p.value("#stream-used-paged") == ref["paged"]["used"][1]
+    for run in ("paged", "contiguous"):  # the whole-run readouts are lab 07's Stats
+        st = ref[run]
+        assert p.value(f"#stream-steps-{run}") == st["steps"]
+        assert p.value(f"#stream-filled-{run}") == pytest.approx(1 - st["waste"])
+        assert p.value(f"#stream-pool-{run}") == st["mean_utilisation"]
+    assert ref["paged"]["waste"] < ref["contiguous"]["waste"], \
+        "paging must fill more of what it holds"
+    why = p.page.inner_text("#stream-why")  # the lower pool use of paged, explained on the page
+    assert f"{ref['paged']['steps']} steps instead of {ref['contiguous']['steps']}" in why
     assert p.value("#stream-used-contiguous") == ref["contiguous"]["used"][1]
 
 
@@ -335,6 +344,12 @@ def test_kv_cache_presets_show_lab_06s_bytes_per_token(open_page):
     for i, preset in enumerate(ref["presets"]):
         p.page.select_option("#kv-preset", str(i))
         assert p.value("#kv-preset-bytes") == preset["bytes_per_token"]
+        for kind in preset["kinds"]:  # the bars are the picked model's shape, not a fixed one
+            assert p.value(f"#kv-bar-{kind['kind']}") == kind["bytes_per_token"], preset["name"]
+        assert p.value(f"#kv-bar-{preset['kind']}") == preset["bytes_per_token"], \
+            f"{preset['name']}: its own kind's bar must equal its readout"
+        assert p.value(f"#kv-bar-request-{preset['kind']}") == \
+            preset["bytes_per_token"] * 2 ** 15, "bytes per request = per token × context"
     p.page.focus("#kv-context")
     p.page.keyboard.press("ArrowRight")
     assert "65,536 tokens" in p.page.inner_text("#kv-context-label")
@@ -589,6 +604,26 @@ def test_complexity_scaling_shows_lab_10s_costs_and_errors_at_each_n(open_page):
                 assert p.value(f"#complexity-{field}-{slug}") == m[field][k], (n, m["name"])
     exact = next(m for m in ref["methods"] if m["name"] == "exact")
     assert exact["flops"][-1] / exact["flops"][0] == (sizes[-1] / sizes[0]) ** 2
+    # beyond the measured sizes, to about a million tokens: costs only, the modelled trace
+    p.page.select_option("#complexity-metric", "flops")
+    p.page.focus("#complexity-n")
+    for j, n in enumerate(ref["inputs"]["model_sizes"]):
+        p.page.keyboard.press("ArrowRight")
+        assert p.page.get_attribute("#complexity-viz", "data-n") == str(n)
+        for m in ref["modelled"]:
+            slug = re.sub(r"[^a-z0-9]+", "-", m["name"], flags=re.I).lower()
+            for field in ("flops", "bytes"):
+                assert p.value(f"#complexity-{field}-{slug}") == m[field][j], (n, m["name"])
+        assert p.page.locator("#complexity-error-exact").count() == 0, "no error is run there"
+    assert ref["inputs"]["model_sizes"][-1] >= 10 ** 6
+    for metric in ("flops", "bytes", "error", "rms"):  # ticks in plain units, never 1.0e+9
+        p.page.select_option("#complexity-metric", metric)
+        ticks = p.page.locator("#complexity-viz .y-tick").all_text_contents()
+        assert ticks and not any(re.search(r"\de[+-]?\d", t) for t in ticks), (metric, ticks)
+    marks = p.page.locator("#complexity-viz .context-mark")
+    marked = marks.evaluate_all("els => els.map(e => e.getAttribute('data-n'))")
+    assert [int(x) for x in marked] == \
+        [c[1] for c in ref["inputs"]["contexts"]], "real models' context lengths are marked"
 
 
 @BROWSER
