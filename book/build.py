@@ -80,6 +80,8 @@ class Site:
             self.pages[readme] = docs / "labs" / readme.parent.name / "README.md"
         if (REPO / "GLOSSARY.md").is_file():
             self.pages[REPO / "GLOSSARY.md"] = docs / "GLOSSARY.md"
+        # a README may link a visualisation page (book/pages/, copied to viz/ below)
+        self.viz = {page: docs / "viz" / page.name for page in (BOOK / "pages").glob("*.md")}
         self.glossary = glossary_terms(REPO / "GLOSSARY.md")
         self.slugs = {github_slug(t): d for t, d in self.glossary.items()}
 
@@ -94,6 +96,8 @@ class Site:
         dst_page = self.pages[src]
         if resolved in self.pages:
             dest = self.pages[resolved]
+        elif resolved in self.viz:
+            dest = self.viz[resolved]
         elif resolved.suffix.lower() in IMAGE_EXT and resolved.is_file():
             dest = self.docs / resolved.relative_to(REPO)
             dest.parent.mkdir(parents=True, exist_ok=True)

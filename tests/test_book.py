@@ -40,6 +40,7 @@ STRIDE_LINE = "    mask = (np.abs(i - j) < stride) | ((i - j) % stride == 0)"  #
 STRIDE_WRONG = STRIDE_LINE.replace("(i - j) % stride", "j % stride")  # absolute, not relative
 
 sys.path.insert(0, str(ROOT))
+from book.attention_trace import NAME as ATTENTION_TRACE  # noqa: E402
 from book.build import main as build_main  # noqa: E402
 from book.traces import main as traces_main  # noqa: E402
 from book.traces import read_script  # noqa: E402
@@ -731,7 +732,8 @@ def test_the_committed_reference_traces_are_the_solutions_current_output(tmp_pat
              if f.read_text() != (ROOT / "book" / "viz" / "traces" / f.name).read_text()]
     assert not stale, f"{stale} are stale: run `.venv/bin/python -m book.traces` and commit them"
     extra = sorted({f.name for f in (ROOT / "book" / "viz" / "traces").glob("*.js")}
-                   - {f.name for f in tmp_path.glob("*.js")})
+                   - {f.name for f in tmp_path.glob("*.js")}
+                   - {f"{ATTENTION_TRACE}.js"})  # book.attention_trace's, checked below
     assert not extra, f"{extra} are no longer written by book.traces: delete them"
 
 
@@ -775,3 +777,44 @@ def test_every_page_is_legible_in_both_colour_schemes_with_no_overlapping_labels
             SHOTS.mkdir(parents=True, exist_ok=True)
             name = rel.replace("/", "_").removesuffix(".html")
             p.page.screenshot(path=str(SHOTS / f"{name}-dark.png"))
+
+
+@BROWSER
+def test_a_trained_models_heads_are_the_traces_and_the_named_head_is_the_measured_one(open_page):
+    ref = reference("adder")
+    scores = ref["scores"]
+    for s, name in enumerate(ref["score_names"]):  # the named head is the argmax, not a pick
+        best = max(((l_, h) for l_ in range(ref["layers"]) for h in range(ref["heads"])),
+                   key=lambda lh: scores[s][lh[0]][lh[1]])
+        assert (ref["found"][name]["layer"], ref["found"][name]["head"]) == best, name
+    assert all(r["correct"] for r in ref["runs"]), "the trained model should add correctly"
+    p = open_page("viz/attention-multihead-self.html")
+    top = ref["found"]["aligned digits"]
+    assert p.page.get_attribute("#adder-viz", "data-view") == f"0-{top['layer']}-{top['head']}"
+    for run in range(len(ref["runs"])):
+        p.page.select_option("#adder-problem", str(run))
+        for layer in range(ref["layers"]):
+            p.page.select_option("#adder-layer", str(layer))
+            for head in range(ref["heads"]):
+                p.page.select_option("#adder-head", str(head))
+                assert p.page.get_attribute("#adder-viz", "data-view") == f"{run}-{layer}-{head}"
+                w = ref["runs"][run]["weights"][layer][head]
+                for i, j in ((len(w) - 1, 0), (8, 1), (9, 6), (5, 4)):
+                    assert p.value(f"#adder-cell-{i}-{j}") == w[i][j], (run, layer, head, i, j)
+                assert p.value("#adder-aligned") == scores[1][layer][head]
+                assert p.value("#adder-prev") == scores[0][layer][head]
+    p.page.click("[data-action=show-previous-token]")
+    prev = ref["found"]["previous token"]
+    view = p.page.get_attribute("#adder-viz", "data-view")
+    assert view.endswith(f"-{prev['layer']}-{prev['head']}")
+
+
+def test_the_committed_attention_trace_is_the_trained_models_current_output(tmp_path):
+    """`python -m book.attention_trace` reproduces the committed trace (one torch thread)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from book.attention_trace import main as attention_main
+    assert attention_main(["--out", str(tmp_path)]) == 0
+    fresh = read_script(tmp_path / "adder-reference.js")
+    assert fresh == reference("adder"), \
+        "book/viz/traces/adder-reference.js is stale: run .venv/bin/python -m book.attention_trace"
