@@ -638,7 +638,7 @@ def test_search_works_from_the_file_system(open_page):
 
 def test_glossary_terms_become_hover_definitions_and_link_titles(tmp_path):
     """Without a browser: GLOSSARY.md's `### Term` sections -> abbreviations and link titles."""
-    from book.build import Site, github_slug, glossary_terms
+    from book.build import Site, abbreviations, github_slug, glossary_terms
 
     glossary = tmp_path / "GLOSSARY.md"
     glossary.write_text("# Glossary\n\n### KV cache\nThe keys and values kept for every token. "
@@ -648,6 +648,9 @@ def test_glossary_terms_become_hover_definitions_and_link_titles(tmp_path):
     assert terms == {"KV cache": "The keys and values kept for every token.",
                      "Tensor core": "A unit that multiplies tiles."}
     assert glossary_terms(tmp_path / "missing.md") == {}
+    abbr = abbreviations(terms)  # lower-case uses in prose get the hover too, acronyms do not
+    assert "*[Tensor core]: A unit" in abbr and "*[tensor core]: A unit" in abbr
+    assert "*[KV cache]:" in abbr and "*[kV cache]" not in abbr and "*[kv cache]" not in abbr
     assert github_slug("KV cache") == "kv-cache" and github_slug("Tensor core") == "tensor-core"
     site = Site(tmp_path / "docs")
     site.pages[ROOT / "GLOSSARY.md"] = tmp_path / "docs" / "GLOSSARY.md"
