@@ -1,6 +1,6 @@
 # The Makefile is the interface: every target works on a fresh clone and says what it does.
 SHELL := /bin/bash
-# Supported Pythons: 3.10-3.13 (the pins in requirements-cpu.txt have wheels for exactly
+# Supported Pythons: 3.10-3.13 (the pins in every requirements-*.txt have wheels for exactly
 # these). Default: python3 if it is one of them, else the newest python3.1x on PATH.
 SUPPORTED_PY := import sys; sys.exit(not (3, 10) <= sys.version_info[:2] <= (3, 13))
 FIND_PYTHON = $(firstword $(foreach p,python3 python3.13 python3.12 python3.11 python3.10,$(if $(shell command -v $(p) >/dev/null 2>&1 && $(p) -c '$(SUPPORTED_PY)' >/dev/null 2>&1 && echo y),$(p))) python3)
@@ -45,7 +45,7 @@ help::
 	@echo "make grade LAB=00    grade your starter.py (LAB_IMPL=starter); omit LAB for all labs"
 	@echo "make test-lab LAB=00 run one lab's tests ($(TEST_IMPL).py)"
 	@echo "make bench           benchmark the Triton kernels (interpreter mode without CUDA)"
-	@echo "make gpu-report      compile the kernels for sm_80/90/100 on the CPU: regs, spills, smem, MMAs"
+	@echo "make gpu-report      compile the kernels for sm_80/86/90/100 on the CPU: regs, spills, smem, MMAs"
 	@echo "make lint            ruff"
 	@echo "make vllm-check      lab-02 ($(TEST_IMPL).py) against the real vLLM 0.33.0 (own .venv-vllm)"
 	@echo "make check-setup     resolve the pins for Linux/macOS/Windows x Python 3.10-3.13 (PyPI, minutes)"
@@ -132,18 +132,19 @@ test-slow: $(DEPS) $(BOOK_DEPS)
 test-lab: $(DEPS)
 	LAB_IMPL=$(TEST_IMPL) $(PY) -m pytest -q $$(ls -d labs/lab-$(LAB)* | head -n1)
 
-# The grader, then the graded kernels compiled for sm_90 on the CPU (bench/student_compile.py):
-# a kernel the interpreter runs but no GPU compiler accepts fails here with ptxas' message.
+# The grader: each lab's kernels are compiled for sm_90 on the CPU once, in its sandbox, before
+# its tests (grading/plugin/compile_check.py): a kernel the interpreter runs but no GPU compiler
+# accepts fails its compile test with ptxas' message.
 grade: $(DEPS)
-	@echo ">> grading LAB_IMPL=$(LAB_IMPL) $(if $(LAB),lab $(LAB),all labs), then compiling its kernels for sm_90"
-	LAB_IMPL=$(LAB_IMPL) $(PY) -m bench.student_compile --grade $(if $(LAB),--lab $(LAB))
+	@echo ">> grading LAB_IMPL=$(LAB_IMPL) $(if $(LAB),lab $(LAB),all labs) (its kernels compiled for sm_90 first)"
+	LAB_IMPL=$(LAB_IMPL) $(PY) -m grading $(if $(LAB),--lab $(LAB))
 
 bench: $(DEPS)
 	@echo ">> benchmarking the lab kernels"
 	$(PY) -m bench --impl $(TEST_IMPL) $(BENCH_ARGS)
 
 gpu-report: $(DEPS)
-	@echo ">> compiling the lab kernels for sm_80, sm_90, sm_100 (compiled, not run; cached in build/gpu-report/)"
+	@echo ">> compiling the lab kernels for sm_80, sm_86, sm_90, sm_100 (compiled, not run; cached in build/gpu-report/)"
 	$(PY) -m bench.gpu_report
 	@echo ">> checking every kernel on sm_90 from the warm cache (the slow test of tests/test_gpu_report.py)"
 	$(PY) -m pytest -q -m gpu_report tests/test_gpu_report.py
@@ -157,11 +158,12 @@ vllm-check: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check .
 
-# Resolve requirements-cpu.txt against PyPI for every supported laptop and Python (network,
-# a few minutes), then run the suite with triton unimportable (what a Mac or Windows laptop
+# Resolve every requirements file the Makefile installs (cpu, book, check: together, as they
+# share .venv) against PyPI for every supported laptop and Python (network, a few minutes;
+# tools/check_setup.py's REQUIREMENTS_FILES, which a test keeps complete), then run the suite with triton unimportable (what a Mac or Windows laptop
 # runs).
 check-setup: $(DEPS) $(CHECK_DEPS)
-	@echo ">> resolving the pins for Linux x86-64/aarch64, macOS arm64, Windows x Python 3.10-3.13"
+	@echo ">> resolving requirements-{cpu,book,check}.txt for Linux x86-64/aarch64, macOS arm64, Windows x Python 3.10-3.13"
 	CHECK_SETUP=1 LAB_IMPL=$(TEST_IMPL) $(PY) -m pytest -q -p no:cacheprovider -m setup \
 	  tests/test_setup.py tests/test_setup_no_triton.py
 

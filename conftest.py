@@ -14,25 +14,27 @@ from hypothesis import HealthCheck, Phase, settings
 
 from common.device import configure_triton, describe, has_cuda
 from common.loader import lab_impl
-from common.testing import COURSE_EXAMPLES, register_compile_checks
+from common.testing import COMPILE_CHECKS, COURSE_EXAMPLES, register_compile_checks
 
 configure_triton()
 
 
 def _kernels_of(lab: str) -> list[str]:
-    from bench.student_compile import kernels_of
+    from grading.plugin.compile_check import kernels_of
 
     return kernels_of(lab)
 
 
 def _check_kernels(lab: str, impl: str, labs_root: str) -> dict[str, list[str]]:
-    from bench.student_compile import check_kernels
+    from grading.plugin.compile_check import check_kernels
 
     return check_kernels(lab, impl, labs_root)
 
 
-# The labs' sm_90 compile tests use the GPU report's compiler (bench/), where the copy has it.
-if importlib.util.find_spec("bench") is not None:
+# The labs' sm_90 compile tests use the grader's compile check (grading/plugin/compile_check.py,
+# the GPU report's compiler from bench/; under the grader, in the lab's sandbox), where the
+# copy has both.
+if all(importlib.util.find_spec(name) is not None for name in ("bench", "grading")):
     register_compile_checks(_kernels_of, _check_kernels)
 
 # Deterministic examples: a student re-running the suite sees the same cases each time.
@@ -80,6 +82,19 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_report_header(config: pytest.Config) -> list[str]:
     impl = lab_impl()
     return [f"LAB_IMPL={impl} (grading {impl}.py in each lab)", describe()]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtestloop(session: pytest.Session):
+    """A lab's kernels are compiled once, before its first test (not on a test's clock);
+    a run that stops at its first failure (``-x``: make mutants) compiles only if it gets to
+    a compile test."""
+    if COMPILE_CHECKS and not session.config.option.collectonly and session.items and (
+            not session.config.option.maxfail or os.environ.get("COURSE_SANDBOX")):
+        from grading.plugin.compile_check import precompile
+
+        precompile(session.items, lab_impl())
+    return (yield)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -199,14 +199,23 @@ def cache_key(fn: Any, spec: Spec, arch: int) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:24]
 
 
-def launch_spec(entry: GpuKernel, lab: Lab, fn: Any, dtype: str, head_dim: int) -> Spec:
+def launch_spec(entry: GpuKernel, lab: Lab, fn: Any, dtype: str, head_dim: int,
+                arch: int | None = None) -> Spec:  # fmt: skip
     """The entry's launch, specialised; a launch function that fails on this tree (a constant
-    it reads is missing: another version of the lab) is ``SkipEntry`` with its error."""
+    it reads is missing: another version of the lab) is ``SkipEntry`` with its error.
+    ``arch``: the tiles the labs' ``gpu_tiles`` plan for that arch (``triton_env.PLAN_TARGET``,
+    what ``plan_target()`` gives a launcher on such a GPU)."""
+    from common import launch_plan, triton_env
+
+    previous = triton_env.PLAN_TARGET
+    triton_env.PLAN_TARGET = None if arch is None else launch_plan.target_for(arch)
     try:
         launch = entry.launch(lab, dtype, head_dim)
     except (AttributeError, KeyError, LookupError, TypeError) as exc:
         raise SkipEntry(f"the entry's launch arguments do not fit this tree's version of the lab "
                         f"({type(exc).__name__}: {exc})") from None  # fmt: skip
+    finally:
+        triton_env.PLAN_TARGET = previous
     return specialize(fn, launch)
 
 
@@ -296,6 +305,161 @@ def first_offsets(ttir: str) -> dict[str, list[str]]:
     return {name: sorted(w) for name, w in sorted(widths.items())}
 
 
+
+# Integer ops an offset passes through on its way to a tt.addptr (values, not masks or loads).
+_INT_OPS = frozenset({
+    "tt.splat", "tt.broadcast", "tt.expand_dims", "tt.reshape", "tt.trans", "arith.extsi",
+    "arith.extui", "arith.trunci", "arith.addi", "arith.subi", "arith.muli", "arith.divsi",
+    "arith.divui", "arith.remsi", "arith.remui", "arith.maxsi", "arith.minsi", "arith.select",
+})
+_PTR_OPS = frozenset({"tt.splat", "tt.broadcast", "tt.expand_dims", "tt.reshape", "tt.trans",
+                      "tt.addptr", "iter_arg"})  # fmt: skip
+_DEF_LINE = re.compile(r"^\s*(%[\w.]+)(?::\d+)? = ([\w.]+) (.*?)(?: loc\((#\w+)\))?\s*\{?$")
+_VALUE = re.compile(r"%[\w.]+(?:#\d+)?")
+_ITER_ARG = re.compile(r"(%[\w.]+) = (%[\w.]+(?:#\d+)?)")
+_LOC_LINE = re.compile(r'^(#\w+) = loc\((?:"[^"]*"\((#\w+)\)|"([^"]+)":(\d+):\d+)')
+_FUNC_ARG = re.compile(r"%(\w+): ([^ ,)]+)")
+
+
+class _IntFlow:
+    """What the offset checks need of one kernel's Triton IR: each value's defining op and
+    operands, the kernel's arguments, and source lines (``loc``)."""
+
+    def __init__(self, ttir: str) -> None:
+        lines = ttir.splitlines()
+        self.locs: dict[str, str] = {}
+        for line in lines:
+            if m := _LOC_LINE.match(line):
+                self.locs[m.group(1)] = (m.group(2)
+                                         or f"{pathlib.Path(m.group(3)).name}:{m.group(4)}")
+        func = next((line for line in lines if "tt.func" in line), "")
+        self.args = dict(_FUNC_ARG.findall(func))
+        self.defs: dict[str, tuple[str, list[str], str, str | None]] = {}
+        for line in lines:
+            if m := _DEF_LINE.match(line):
+                self._define(*m.groups())
+        self._strides: dict[str, frozenset[str]] = {}
+        self._tile: dict[str, bool] = {}
+
+    def _define(self, res: str, op: str, rest: str, loc: str | None) -> None:
+        if op == "scf.for":  # a loop-carried value starts as its init value
+            for arg, init in _ITER_ARG.findall(rest.split("iter_args", 1)[-1]):
+                self.defs[arg] = ("iter_arg", [init], "", loc)
+            return
+        body, _, typ = rest.rpartition(" : ")
+        self.defs[res] = (op, _VALUE.findall(body), typ.strip(), loc)
+
+    def where(self, loc: str | None) -> str:
+        for _ in range(64):
+            if loc is None or not loc.startswith("#"):
+                break
+            loc = self.locs.get(loc)
+        return loc or "?"
+
+    def stride_args(self, v: str) -> frozenset[str]:
+        """The ``stride*`` arguments ``v`` is computed from."""
+        if v not in self._strides:
+            self._strides[v] = frozenset()
+            d = self.defs.get(v)
+            if "stride" in v and self.args.get(v[1:], "").startswith("i"):
+                self._strides[v] = frozenset({v[1:]})
+            elif d is not None and d[0] in _INT_OPS:
+                self._strides[v] = frozenset().union(*(self.stride_args(o) for o in d[1]))
+        return self._strides[v]
+
+    def tile_constant(self, v: str) -> bool:
+        """Whether ``v`` is built from constants and ``tl.arange`` only (``x % BLOCK`` too)."""
+        if v not in self._tile:
+            self._tile[v] = False
+            d = self.defs.get(v)
+            if d is not None and d[0] in ("arith.constant", "tt.make_range"):
+                self._tile[v] = True
+            elif d is not None and d[0] in ("arith.remsi", "arith.remui"):
+                self._tile[v] = self.tile_constant(d[1][-1])
+            elif d is not None and d[0] in _INT_OPS:
+                self._tile[v] = all(self.tile_constant(o) for o in d[1])
+        return self._tile[v]
+
+    def constant(self, v: str) -> bool:
+        """Whether ``v`` is a constant (a constexpr such as HEAD_DIM), splatted or not."""
+        d = self.defs.get(v)
+        if d is None:
+            return False
+        if d[0] == "arith.constant":
+            return True
+        return d[0] in ("tt.splat", "tt.broadcast", "tt.expand_dims") and self.constant(d[1][0])
+
+    def origin(self, v: str) -> str | None:
+        """The pointer argument a pointer value was derived from, if any."""
+        for _ in range(256):
+            if self.args.get(v[1:], "").startswith("!tt.ptr"):
+                return v[1:]
+            d = self.defs.get(v)
+            if d is None or d[0] not in _PTR_OPS or not d[1]:
+                return None
+            v = d[1][0]
+        return None
+
+    def narrow(self, v: str, found: list[list[str]], seen: set[str]) -> None:
+        """Add to ``found`` every 32-bit ``index * stride`` product ``v`` is computed from."""
+        d = self.defs.get(v)
+        if v in seen or d is None or d[0] not in _INT_OPS | {"iter_arg"}:
+            return
+        seen.add(v)
+        op, operands, typ, loc = d
+        strides = [self.stride_args(o) for o in operands]
+        if (op == "arith.muli" and re.search(r"(^|x)i32>?$", typ) and any(strides)
+                and not all(self.tile_constant(o) for o, s in zip(operands, strides) if not s)):
+            entry = [" * ".join(sorted(frozenset().union(*strides))), self.where(loc)]
+            if entry not in found:
+                found.append(entry)
+        for o in operands:
+            self.narrow(o, found, seen)
+
+    def terms(self, v: str, found: list[list[str]], seen: set[str]) -> None:
+        """Add to ``found`` every 32-bit product that is a term of the offset ``v`` (reached
+        through sums and casts, not through another product) of two runtime values, or of a
+        tile of runtime rows and a constant: ``rows * HEAD_DIM`` (rows = pid * BLOCK_M +
+        tl.arange) is one; the scalar ``start_m * BLOCK_M`` (an index) is not."""
+        d = self.defs.get(v)
+        if v in seen or d is None or d[0] not in _INT_OPS | {"iter_arg"}:
+            return
+        seen.add(v)
+        op, operands, typ, loc = d
+        if op == "arith.muli":
+            runtime = [o for o in operands if not self.tile_constant(o)]
+            rows_times_constant = (typ.startswith("tensor<") and runtime
+                                   and any(self.constant(o) for o in operands))
+            if re.search(r"(^|x)i32>?$", typ) and (len(runtime) == 2 or rows_times_constant):
+                strides = frozenset().union(*(self.stride_args(o) for o in operands))
+                what = " * ".join(sorted(strides)) or "a value that is not a tile constant"
+                if [what, self.where(loc)] not in found:
+                    found.append([what, self.where(loc)])
+            return
+        for o in operands:
+            self.terms(o, found, seen)
+
+
+def narrow_products(ttir: str) -> dict[str, list[list[str]]]:
+    """Per pointer argument, the ``index * stride`` products computed in 32 bits on the way to
+    its addresses: ``{"Q": [["stride_qm", "solution.py:293"]], ...}``.
+
+    A product counts when one factor comes from a ``stride*`` argument and the other is not a
+    tile constant (it involves a program id, a loop counter, a loaded block number, a size):
+    such a product reaches ``L * stride`` and wraps past 2^31 on a production-size tensor
+    even when another term of the same address was widened. ``(pid * BLOCK + tl.arange) *
+    stride`` in ``i32`` is one; ``tl.arange(0, BLOCK) * stride`` and ``BLOCK * stride`` (a
+    tile's reach, a loop step) are not; ``rows.to(tl.int64) * stride`` is ``i64``: fine. A
+    term of the offset that multiplies two runtime values in ``i32`` (``rows * HEAD_DIM`` of
+    a contiguous kernel) counts too (``what``: "a value that is not a tile constant")."""
+    flow = _IntFlow(ttir)
+    out: dict[str, list[list[str]]] = {}
+    for op, operands, _, _ in list(flow.defs.values()):
+        if op == "tt.addptr" and len(operands) == 2 and (name := flow.origin(operands[0])):
+            flow.narrow(operands[1], out.setdefault(name, []), set())
+            flow.terms(operands[1], out[name], set())
+    return {name: found for name, found in sorted(out.items()) if found}
+
 def _nvidia_tool(name: str) -> str:
     from triton import knobs
 
@@ -366,6 +530,7 @@ def summarize(kernel: Any, ptxas_log: str, arch: int) -> tuple[dict, str]:
         "dots": count_dots(kernel.asm["ttir"]),
         "tf32_dots_on_f32": tf32_dots_on_f32(kernel.asm["ttir"]),
         "first_offsets": first_offsets(kernel.asm["ttir"]),
+        "narrow_products": narrow_products(kernel.asm["ttir"]),
         **count_sass(sass),
         "tools": {"triton": triton_version(), "ptxas": ptxas_version(arch),
                   "cuobjdump": tool_version("cuobjdump")},  # fmt: skip
@@ -420,7 +585,7 @@ def task_key(task: Task) -> dict:
     try:
         lab = _lab(task.labs_root, entry.lab, task.impl)
         fn = kernel_of(lab, entry.lab, entry.kernel)
-        spec = launch_spec(entry, lab, fn, task.dtype, task.head_dim)
+        spec = launch_spec(entry, lab, fn, task.dtype, task.head_dim, task.arch)
     except SkipEntry as exc:
         return {"status": "skip", "reason": str(exc)}
     return {"status": "ok", "key": cache_key(fn, spec, task.arch)}
@@ -443,12 +608,12 @@ def run_task(task: Task) -> dict:
     try:
         lab = _lab(task.labs_root, entry.lab, task.impl)
         fn = kernel_of(lab, entry.lab, entry.kernel)
-        spec = launch_spec(entry, lab, fn, task.dtype, task.head_dim)
+        spec = launch_spec(entry, lab, fn, task.dtype, task.head_dim, task.arch)
     except SkipEntry as exc:
         return {"status": "skip", "reason": str(exc)}
     key = cache_key(fn, spec, task.arch)
     hit = None if task.refresh else cached(cache_dir, key)
-    if hit is not None:
+    if hit is not None and "narrow_products" in hit:  # (a result cached before that check)
         return {"status": "ok", "result": hit, "cached": True, "seconds": 0.0}
     start = time.perf_counter()
     try:

@@ -28,7 +28,8 @@ from common import launch_plan as lp
 from common.launch_plan import Plan, Target
 from common.triton_env import LOG2E, dot_precision, dot_tile
 
-ARCHS = (80, 90, 100)  # sm_80 (A100), sm_90 (H100), sm_100 (B200)
+ARCHS = (80, 86, 90, 100)  # sm_80 (A100), sm_86 (RTX 30, 99 KB a block), sm_90 (H100), sm_100
+SMALL_ARCHS = (86,)  # compiled in bf16 at the entry's summary head dim only
 DTYPES = ("bf16", "fp16")
 HEAD_DIMS = (64, 128)
 TORCH_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -59,6 +60,8 @@ LaunchFn = Callable[[Lab, str, int], Launch]
 # The launch plan at the entry's bench shape for a target (bench d, bf16): its grid and,
 # in ``notes["stage_bytes"]``, the global-memory bytes one CTA loads per pipeline stage.
 PlanFn = Callable[[Target], Plan]
+# The kernel's own work at that shape, ``(FLOPs, bytes)``: what its roof is computed from.
+WorkFn = Callable[[Target], tuple[int, int]]
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,8 @@ class GpuKernel:
     plan: PlanFn | None = None  # the launch plan the report judges (None: not judged)
     role: str = "main"  # "main": the plan's default launch; "helper" (a merge) or
     # "comparison" (a non-default option): grid flags are shown, not failed
+    work: WorkFn | None = None  # the kernel's own (FLOPs, bytes) for a target (None: the
+    # whole call's at the bench shape, ``bench.gpu_plan.bench_work``)
 
     @property
     def summary_dims(self) -> int:
@@ -162,6 +167,44 @@ def paged_decode(heads: int, kv_heads: int) -> LaunchFn:
             "GROUP": group, "GROUP_PAD": dot_tile(group), "HEAD_DIM": d,
             "HEAD_DIM_PAD": dot_tile(d), "BLOCK_SIZE": page,
             "BLOCK_N": tiles["block_n"], "DOT_PRECISION": _precision(dtype),
+        }  # fmt: skip
+        return Launch(args, {"num_warps": tiles["num_warps"], "num_stages": tiles["num_stages"]})
+
+    return launch
+
+
+# ---- lab-12: paged decode over an fp8 (e4m3) cache, b64 ctx4k page 16 (no bench entry) --------
+
+
+def paged_decode_fp8(heads: int, kv_heads: int, per_token_head: bool) -> LaunchFn:
+    """``paged_decode_fp8_triton``: q ``[64, H, d]`` in the report's dtype, uint8 caches
+    ``[64*256, 16, KVH, d]``, float32 scales (one each, or ``[64*256, 16, KVH]``), tables
+    ``[64, 256]``; tiles ``provided.gpu_tiles(...)`` (>= 32 keys a tile)."""
+
+    def launch(lab: Lab, dtype: str, d: int) -> Launch:
+        provided = _need(lab)
+        batch, blocks, page = 64, 256, 16
+        cache = strides(batch * blocks, page, kv_heads, d)
+        scales = strides(batch * blocks, page, kv_heads) if per_token_head else (0, 0, 0)
+        group = heads // kv_heads
+        tiles = provided.gpu_tiles(batch, kv_heads, group, d)
+        args = {
+            "q_ptr": Ptr(dtype), "k_cache_ptr": Ptr("u8"), "v_cache_ptr": Ptr("u8"),
+            "k_scale_ptr": Ptr("fp32"), "v_scale_ptr": Ptr("fp32"),
+            "block_tables_ptr": Ptr("i32"), "seq_lens_ptr": Ptr("i32"), "out_ptr": Ptr(dtype),
+            "lse_ptr": Ptr("fp32"), "qk_scale": LOG2E / d**0.5,
+            "stride_q_seq": heads * d, "stride_q_head": d,
+            "stride_k_block": cache[0], "stride_k_slot": cache[1], "stride_k_head": cache[2],
+            "stride_v_block": cache[0], "stride_v_slot": cache[1], "stride_v_head": cache[2],
+            "stride_ks_block": scales[0], "stride_ks_slot": scales[1],
+            "stride_ks_head": scales[2], "stride_vs_block": scales[0],
+            "stride_vs_slot": scales[1], "stride_vs_head": scales[2],
+            "stride_table_seq": blocks,
+            "stride_o_seq": heads * d, "stride_o_head": d, "stride_lse_seq": heads,
+            "GROUP": group, "GROUP_PAD": dot_tile(group), "HEAD_DIM": d,
+            "HEAD_DIM_PAD": dot_tile(d), "BLOCK_SIZE": page,
+            "BLOCK_N": tiles["block_n"], "PER_TOKEN_HEAD": per_token_head,
+            "DOT_PRECISION": _precision(dtype),
         }  # fmt: skip
         return Launch(args, {"num_warps": tiles["num_warps"], "num_stages": tiles["num_stages"]})
 
@@ -477,20 +520,77 @@ def prefill_plan(heads: int, kv_heads: int) -> PlanFn:
 
 
 def split_partition_plan(num_segments: int | None) -> PlanFn:
-    """Lab 04's partition kernel at b1 64k: the plan's splits, or a fixed segment count."""
+    """Lab 04's partition kernel at b1 64k: the plan's splits, or a fixed segment count
+    (``tiles["segment"]``: the keys a segment holds, what that kernel runs)."""
 
     def plan(t: Target) -> Plan:
         p = split_plan(t)
-        splits = num_segments or p.splits
-        return _at(replace(p, splits=splits), (splits, 8), _kv_stage(p.tiles["block_n"]))
+        stage = _kv_stage(p.tiles["block_n"])
+        if not num_segments:
+            return _at(p, (p.splits, 8), stage)
+        seg = -(-SPLIT_CONTEXT // (num_segments * 16)) * 16
+        tiles = {"block_n": 16, "block_p": 16, "segment": seg}
+        return _at(replace(p, splits=num_segments, tiles=tiles, model={}), (num_segments, 8),
+                   stage)  # fmt: skip
 
     return plan
+
+
+def _partial_row(dv: int = 128, elem: int = 4) -> int:
+    """Bytes of one partial of one head: its output (fp32 in lab 04) and its lse."""
+    return dv * elem + 4
+
+
+def split_work(num_segments: int | None) -> WorkFn:
+    """The partition kernel's own work at b1 64k gqa32/8: the call's minimum plus the
+    partials it writes (32 heads x splits x ``_partial_row``)."""
+
+    def work(t: Target) -> tuple[int, int]:
+        flops, nbytes = _bench_work("split")
+        splits = num_segments or split_plan(t).splits
+        return flops, nbytes + (32 * splits * _partial_row() if splits > 1 else 0)
+
+    return work
 
 
 def merge_plan(t: Target) -> Plan:
     """Lab 04's merge kernel: one CTA per (sequence, head), ``block_p`` fp32 partials a step."""
     p = split_plan(t)
-    return _at(replace(p, num_warps=4, num_stages=3), (1, 32), p.tiles["block_p"] * 128 * 4)
+    return _at(replace(p, num_warps=4, num_stages=3, model={}), (1, 32),
+               p.tiles["block_p"] * 128 * 4)  # fmt: skip
+
+
+def merge_work(t: Target) -> tuple[int, int]:
+    """The merge kernel's own work: read every partial once, write out and lse (bf16 out)."""
+    splits = split_plan(t).splits
+    return 3 * 32 * splits * 128, 32 * splits * _partial_row() + 32 * (128 * 2 + 4)
+
+
+def preprocess_work(t: Target) -> tuple[int, int]:
+    """``Delta = rowsum(dO * O)`` at b1 h32 L16k d128: read O and dO (bf16), write Delta
+    (fp32); a multiply-add per element."""
+    elems = BWD_HEADS * BWD_LEN * 128
+    return 2 * elems, 2 * elems * 2 + BWD_HEADS * BWD_LEN * 4
+
+
+def group32_work(t: Target) -> tuple[int, int]:
+    """Lab 01 at b64 ctx4k with 32 query heads on ONE KV head: its own K/V bytes."""
+    from bench.counts import attention_work
+
+    w = attention_work((1,) * 64, (4096,) * 64, heads=32, kv_heads=1, head_dim=128,
+                       elem_bytes=2, causal=True, block_size=16, meta_per_seq=1)  # fmt: skip
+    return w.flops, w.bytes
+
+
+def _bench_work(bench: str, shape: str = "") -> tuple[int, int]:
+    """``(FLOPs, bytes)`` of a bench entry's shape (default: its first target shape), bf16."""
+    from bench.kernels import by_name
+
+    spec = by_name(bench)
+    s = next((x for x in spec.gpu if x.name == shape), None) or next(
+        (x for x in spec.gpu if x.targets), spec.gpu[0])
+    w = spec.workload.count(s, elem_bytes=2)
+    return w.flops, w.bytes
 
 
 def window_plan(heads: int, kv_heads: int, d: int, window: int | None) -> PlanFn:
@@ -516,6 +616,7 @@ LAB04 = "lab-04-flash-decoding-partitions"
 LAB05 = "lab-05-flash-attention-backward"
 LAB06 = "lab-06-mla-window-sinks"
 LAB09 = "lab-09-triton-primer"
+LAB12 = "lab-12-fp8-kv-and-cascade"
 WIDE = {"dtypes": ("bf16",), "head_dims": (128,)}  # extra configs: the bench dtype and d only
 
 GPU_KERNELS: tuple[GpuKernel, ...] = (
@@ -526,19 +627,20 @@ GPU_KERNELS: tuple[GpuKernel, ...] = (
     GpuKernel(LAB01, "_paged_decode_kernel", "gqa32/8", paged_decode(32, 8), "decode",
               plan=paged_plan(32, 8)),
     GpuKernel(LAB01, "_paged_decode_kernel", "group 32", paged_decode(32, 1), "decode", **WIDE,
-              plan=paged_plan(32, 1), role="comparison"),
+              plan=paged_plan(32, 1), role="comparison", work=group32_work),
     GpuKernel(LAB03, "_varlen_prefill_kernel", "gqa32/8", varlen_prefill(32, 8), "varlen",
               plan=prefill_plan(32, 8)),
     GpuKernel(LAB03, "_varlen_prefill_kernel", "group 32", varlen_prefill(32, 1), "varlen",
               **WIDE, plan=prefill_plan(32, 1)),  # fmt: skip
     GpuKernel(LAB04, "_split_kv_partition_kernel", "16 segments", split_partition(16), "split",
-              plan=split_partition_plan(16), role="comparison"),
+              plan=split_partition_plan(16), role="comparison", work=split_work(16)),
     GpuKernel(LAB04, "_split_kv_partition_kernel", "planned split", split_partition(None),
-              "split", plan=split_partition_plan(None)),  # fmt: skip
+              "split", plan=split_partition_plan(None), work=split_work(None)),  # fmt: skip
     GpuKernel(LAB04, "_merge_partitions_kernel", "planned split", merge_partitions(None),
-              "split", plan=merge_plan, role="helper"),
+              "split", plan=merge_plan, role="helper", work=merge_work),
     GpuKernel(LAB05, "_bwd_preprocess_kernel", "Delta", bwd_preprocess, "backward",
-              "prefill mha b1 L16k d128 causal", plan=backward_plan("pre"), role="helper"),
+              "prefill mha b1 L16k d128 causal", plan=backward_plan("pre"), role="helper",
+              work=preprocess_work),
     GpuKernel(LAB05, "_bwd_dkdv_kernel", "non-causal", flash_bwd("dkdv", False), "backward",
               "prefill mha b1 L16k d128 non-causal", plan=backward_plan("dkdv")),
     GpuKernel(LAB05, "_bwd_dkdv_kernel", "causal", flash_bwd("dkdv", True), "backward",
@@ -563,8 +665,32 @@ GPU_KERNELS: tuple[GpuKernel, ...] = (
               plan=mla_plan(128, 1, 65536)),
 )
 
+# Head dim 256 (Gemma-like): each main kernel at the plan's d = 256 tiles, bf16, compiled and
+# checked (shared memory within every arch's limit), not judged at a bench shape.
+D256 = {"dtypes": ("bf16",), "head_dims": (256,), "role": "comparison"}
+GPU_KERNELS += (
+    GpuKernel(LAB00, "_flash_attn_fwd_kernel", "causal, d256", flash_forward(True), **D256),
+    GpuKernel(LAB01, "_paged_decode_kernel", "gqa32/8, d256", paged_decode(32, 8), **D256),
+    GpuKernel(LAB03, "_varlen_prefill_kernel", "gqa32/8, d256", varlen_prefill(32, 8), **D256),
+    GpuKernel(LAB04, "_split_kv_partition_kernel", "planned split, d256", split_partition(None),
+              **D256),
+    GpuKernel(LAB05, "_bwd_dkdv_kernel", "causal, d256", flash_bwd("dkdv", True), **D256),
+    GpuKernel(LAB05, "_bwd_dq_kernel", "causal, d256", flash_bwd("dq", True), **D256),
+    GpuKernel(LAB06, "_window_sink_decode_kernel", "gqa32/8 no window, no sinks, d256",
+              window_sink_decode(32, 8, False), **D256),
+)
+
 # lab-09's kernels, fp16 (float32 tl.dot in "ieee" precision has no tensor-core instruction)
 PRIMER_CONFIGS = {"_add_vectors_kernel": "n 2^24", "_softmax_rows_kernel": "4096 rows of d",
                   "_matmul_kernel": "4096 x 4096 x d", "_online_softmax_kernel": "4096 x 4096 @ V"}
 GPU_KERNELS += tuple(GpuKernel(LAB09, k, c, primer(k), dtypes=("fp16",), head_dims=(128,))
                      for k, c in PRIMER_CONFIGS.items())  # fmt: skip
+
+# lab-12's fp8-cache decode: per-tensor and per-token-head scales (no bench entry, no plan
+# judged: the launch plan's stage bytes are bf16's)
+GPU_KERNELS += (
+    GpuKernel(LAB12, "_paged_decode_fp8_kernel", "gqa32/8 per-tensor",
+              paged_decode_fp8(32, 8, False)),
+    GpuKernel(LAB12, "_paged_decode_fp8_kernel", "gqa32/8 per-token-head",
+              paged_decode_fp8(32, 8, True), **WIDE),
+)

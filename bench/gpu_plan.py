@@ -27,7 +27,7 @@ import math
 from typing import Any
 
 from bench.gpu_kernels import GPU_KERNELS, GpuKernel
-from common.launch_plan import TARGETS, Plan, Target
+from common.launch_plan import MIN_GAIN, TARGETS, Plan, Target
 
 MODEL_ASSUMPTIONS = (
     "BASE: memory-bound kernels reach at most 0.88 of HBM bandwidth (FlashInfer's long-context "
@@ -67,8 +67,12 @@ def bench_work(entry: GpuKernel) -> tuple[int, int]:
 
 
 def judge(entry: GpuKernel, plan: Plan, target: Target, row: dict[str, Any],
-          work: tuple[int, int]) -> dict[str, Any]:  # fmt: skip
-    """One (kernel, target) verdict: the numbers, ``problems`` (fail) and ``flags`` (shown)."""
+          work: tuple[int, int], partial_share: float = 0.0) -> dict[str, Any]:  # fmt: skip
+    """One (kernel, target) verdict: the numbers, ``problems`` (fail) and ``flags`` (shown).
+    ``work``: the kernel's own ``(FLOPs, bytes)`` (``entry.work``) or the call's; with the
+    plan's cost model (``plan.model``, ``common.launch_plan.split_cost``) the plan bound is
+    the modelled kernel time (waves, idle CTAs, partials), else the roof over the SMs the
+    grid occupies."""
     flops, nbytes = work
     ridge = target.tensor_tflops / target.hbm_tbps  # FLOP per byte
     bound = "compute" if flops / nbytes > ridge else "memory"
@@ -92,7 +96,12 @@ def judge(entry: GpuKernel, plan: Plan, target: Target, row: dict[str, Any],
         wanted = plan.notes.get("wanted_splits", 1)
         if wanted > 1 and plan.splits == 1:
             text += f" (the plan wants {wanted} KV splits; this kernel does not split)"
-        (problems if entry.role == "main" and wanted == 1 else flags).append(text)
+        model = plan.model
+        priced = bool(model.get("roof_us")) and model.get("ctas") == ctas
+        if priced:  # the cost model priced this grid, idle SMs included: no split gains
+            text += (f" (modelled {model['plan_us']:g} µs against a {model['roof_us']:g} µs "
+                     f"roof; no split gains {100 * MIN_GAIN:g} %)")
+        (problems if entry.role == "main" and wanted == 1 and not priced else flags).append(text)
     if bound == "memory" and in_flight < needed:
         flags.append(f"{in_flight // 1024} KB in flight per SM < {needed / 1024:.1f} KB "
                      "(Little's law)")  # fmt: skip
@@ -106,6 +115,15 @@ def judge(entry: GpuKernel, plan: Plan, target: Target, row: dict[str, Any],
     else:
         factor = min(1.0, in_flight / needed) if needed else 1.0
     roof_us = max(nbytes / (target.hbm_tbps * 1e6), flops / (target.tensor_tflops * 1e6))
+    model = plan.model
+    if model.get("kernel_us"):  # the plan's cost model: waves, idle CTAs, partials inside
+        plan_us = max(roof_us, model["kernel_us"])
+        fraction = BASE[bound] * (1.0 if bound == "memory" else factor) * roof_us / plan_us
+    else:
+        plan_us = roof_us / busy
+        fraction = BASE[bound] * grid_factor * factor
+    partials = model.get("partial_bytes", 0) / model["bytes"] if model.get("bytes") else (
+        partial_share)
     return {
         "lab": entry.lab, "kernel": entry.kernel, "config": entry.config,
         "arch": f"sm_{target.arch}", "target": target.name, "role": entry.role,
@@ -115,9 +133,10 @@ def judge(entry: GpuKernel, plan: Plan, target: Target, row: dict[str, Any],
         "waves": round(waves, 2), "bound": bound, "intensity": round(flops / nbytes, 1),
         "ridge": round(ridge, 1), "mma_kind": row["mma_kind"], "wide_mma": mma_ok,
         "in_flight_kb": round(in_flight / 1024, 1), "needed_kb": round(needed / 1024, 1),
-        "roof_us": round(roof_us, 2), "plan_bound_us": round(roof_us / busy, 2),
-        "model_fraction": round(BASE[bound] * grid_factor * factor, 2),
-        "model_us": round(roof_us / (BASE[bound] * grid_factor * factor), 2),
+        "roof_us": round(roof_us, 2), "plan_bound_us": round(plan_us, 2),
+        "model_fraction": round(fraction, 2),
+        "model_us": round(roof_us / fraction, 2), "partials_share": round(partials, 3),
+        "work_is": "the kernel's own" if entry.work else "the whole call's",
         "problems": problems, "flags": flags,
     }  # fmt: skip
 
@@ -134,8 +153,13 @@ def plan_checks(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                                    entry.summary_dims)}  # fmt: skip
         if not mine:
             continue
-        work = bench_work(entry)
+        call = bench_work(entry)
         for arch_name in sorted(mine, key=lambda a: int(a[3:])):
+            if int(arch_name[3:]) not in TARGETS:  # sm_86: compiled for its shared memory only
+                continue
             target = TARGETS[int(arch_name[3:])]
-            out.append(judge(entry, entry.plan(target), target, mine[arch_name], work))
+            work = entry.work(target) if entry.work else call
+            extra = 2 * max(0, work[1] - call[1]) if entry.role != "helper" else 0
+            share = extra / (call[1] + extra) if extra else 0.0
+            out.append(judge(entry, entry.plan(target), target, mine[arch_name], work, share))
     return out

@@ -45,6 +45,13 @@ def _smem(r: dict) -> str:
     return f"{_kb(r['smem_static'])} + {_kb(r['smem_dynamic'])}{tmem}"
 
 
+def _fits(r: dict) -> str:
+    """``used / limit`` KB per arch the binary runs on; ``OVER`` where it does not fit."""
+    fits = r.get("smem_fits") or {}
+    return "; ".join(f"{a}: {u:g} / {lim}" + (" OVER" if u > lim else "")
+                     for a, (u, lim) in fits.items()) or "-"  # fmt: skip
+
+
 def _verdict(r: dict) -> str:
     return "ok" if not r["problems"] else "**FAIL**: " + "; ".join(r["problems"])
 
@@ -149,10 +156,11 @@ def summary(report: dict) -> list[str]:
     ]
     lines += _table(
         ["lab", "kernel [config]", "d", "warps/stages", "regs/thread", "spills st/ld (B)",
-         "smem static + dynamic (KB)", "occupancy: warps/SM", "MMA (SASS)", "global loads",
+         "smem static + dynamic (KB)", "smem used / limit per arch (KB)",
+         "occupancy: warps/SM", "MMA (SASS)", "global loads",
          "H100 lower bound of the call", "check"],
         [[r["lab"].split("-")[1], f"`{r['kernel']}` [{r['config']}]", r["head_dim"],
-          f"{r['num_warps']}/{r['num_stages']}", r["regs"], _spills(r), _smem(r),
+          f"{r['num_warps']}/{r['num_stages']}", r["regs"], _spills(r), _smem(r), _fits(r),
           _occupancy(r), r["mma_kind"], r["load_style"],
           _bound(report, r), _verdict(r)] for r in picked],
     )  # fmt: skip
@@ -205,14 +213,16 @@ def plans(report: dict) -> list[str]:
     lines += _table(
         ["kernel [config]", "arch", "tiles", "w/s", "splits", "grid (CTAs)", "CTAs/SM",
          "waves", "bound (FLOP/B vs ridge)", "wide MMA", "in flight / needed per SM (KB)",
-         "roof (µs)", "plan bound (µs)", "model: fraction of roof (µs)", "verdict"],
+         "roof (µs): the kernel's own work", "partials' share of bytes", "plan bound (µs)",
+         "model: fraction of roof (µs)", "verdict"],
         [[f"{c['lab'].split('-')[1]} `{c['kernel']}` [{c['config']}]", c["arch"],
           " ".join(f"{k.replace('block_', '')}={v}" for k, v in c["tiles"].items()),
           f"{c['num_warps']}/{c['num_stages']}", c["splits"],
           f"{'x'.join(map(str, c['grid']))} ({c['ctas']})", c["ctas_per_sm"], c["waves"],
           f"{c['bound']} ({c['intensity']:g} vs {c['ridge']:g})",
           "yes" if c["wide_mma"] else "no", f"{c['in_flight_kb']:g} / {c['needed_kb']:g}",
-          f"{c['roof_us']:g}", f"{c['plan_bound_us']:g}",
+          f"{c['roof_us']:g}" + ("" if c.get("work_is", "")[:10] == "the kernel" else " (call)"),
+          f"{100 * c.get('partials_share', 0):.1f} %", f"{c['plan_bound_us']:g}",
           f"{c['model_fraction']:.2f} ({c['model_us']:g})",
           "; ".join(["FAIL: " + p for p in c["problems"]] + ["flag: " + f for f in c["flags"]])
           or "ok"] for c in checks],
@@ -227,10 +237,11 @@ def all_rows(report: dict) -> list[str]:
     lines = ["## Every config", ""]
     lines += _table(
         ["kernel [config]", "dtype", "d", "arch", "warps/stages", "regs", "spills st/ld (B)",
-         "smem (KB)", "occupancy: warps/SM", "tl.dot", "MMA (SASS)", "global loads", "check"],
+         "smem (KB)", "smem used / limit (KB)", "occupancy: warps/SM", "tl.dot", "MMA (SASS)",
+         "global loads", "check"],
         [[f"{r['lab'].split('-')[1]} `{r['kernel']}` [{r['config']}]", r["dtype"],
           r["head_dim"], r["arch"], f"{r['num_warps']}/{r['num_stages']}", r["regs"],
-          _spills(r), _smem(r), _occupancy(r), r["dots"],
+          _spills(r), _smem(r), _fits(r), _occupancy(r), r["dots"],
           ", ".join(f"{k} x{v}" for k, v in r["mma"].items()) or "none",
           ", ".join(f"{k} x{v}" for k, v in r["loads"].items()) or "none", _verdict(r)]
          for r in report["rows"]],

@@ -1,7 +1,9 @@
 """``python -m bench.gpu_report`` (``make gpu-report``): GPU evidence without a GPU.
 
 Compiles every kernel of ``bench/gpu_kernels.py`` at each config its launcher uses on a GPU,
-for sm_80, sm_90 and sm_100, bf16 and fp16, head dims 64 and 128, on this CPU (Triton ships
+for sm_80, sm_90 and sm_100, bf16 and fp16, head dims 64 and 128 (and each main kernel at
+d = 256, bf16), plus sm_86 (99 KB of shared memory a block: the plan ``plan_target`` gives
+such a GPU) in bf16 at the bench head dim, on this CPU (Triton ships
 ptxas and cuobjdump), and reports per kernel x config x arch: registers per thread, spills,
 shared memory, theoretical occupancy, the tensor-core instructions each ``tl.dot`` became
 and how global memory is loaded; plus, per kernel, the H100 lower bound of its time at the
@@ -32,7 +34,7 @@ from dataclasses import asdict
 from typing import Any
 
 from bench.gpu_compile import DEFAULT_CACHE, SCHEMA, Task, run_tasks
-from bench.gpu_kernels import ARCHS, GPU_KERNELS, GpuKernel
+from bench.gpu_kernels import ARCHS, GPU_KERNELS, SMALL_ARCHS, GpuKernel
 from bench.gpu_plan import MODEL_ASSUMPTIONS, plan_checks
 from bench.gpu_render import write_report
 from common.gpus import LIMIT_SOURCES, LIMITS, ArchLimits
@@ -138,6 +140,9 @@ def make_tasks(args: argparse.Namespace) -> list[Task]:
         for dtype in entry.dtypes:
             for d in entry.head_dims:
                 for arch in args.arch:
+                    small = arch in SMALL_ARCHS
+                    if small and (dtype != entry.dtypes[0] or d != entry.summary_dims):
+                        continue
                     if args.dtype and dtype not in args.dtype:
                         continue
                     if args.head_dim and d not in args.head_dim:
@@ -159,11 +164,14 @@ def row(task: Task, outcome: dict) -> dict[str, Any]:
         return {**base, "status": outcome["status"], "reason": outcome["reason"]}
     result, limits = outcome["result"], LIMITS[task.arch]
     problems = check(result, limits)
+    used, _ = smem_usage(result, limits)
+    fits = {f"sm_{task.arch}": [round(used / 1024, 1), limits.smem_per_block // 1024]}
     keep = ("num_warps", "num_stages", "regs", "spill_stores", "spill_loads", "local",
             "smem_static", "smem_dynamic", "tmem", "dots", "mma", "loads", "key")  # fmt: skip
     return {**base, "status": "ok", **{k: result[k] for k in keep},
             "mma_kind": mma_kind(result["mma"]), "load_style": load_style(result["loads"]),
-            "occupancy": occupancy(result, limits), "problems": problems}  # fmt: skip
+            "occupancy": occupancy(result, limits), "smem_fits": fits,
+            "problems": problems}  # fmt: skip
 
 
 def sort_key(r: dict) -> tuple:

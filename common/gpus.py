@@ -1,4 +1,4 @@
-"""Per-SM limits of the GPUs the course compiles for (sm_80, sm_90, sm_100), with their
+"""Per-SM limits of the GPUs the course compiles for (sm_80, sm_86, sm_90, sm_100), with their
 sources: read by ``make gpu-report`` (bench/gpu_report.py: occupancy, shared memory) and by the
 web book's memory-hierarchy page (book/traces.py). SM counts, bandwidth and throughput are
 the launch plan's targets (common/launch_plan.py)."""
@@ -30,14 +30,17 @@ class ArchLimits:
 LIMITS = {
     80: ArchLimits(80, "A100", smem_per_sm=164 * 1024, smem_per_block=163 * 1024,
                    reserved_in_cubin=False),
+    86: ArchLimits(86, "RTX 30 / laptop (sm_86; sm_89 has the same shared memory)",
+                   max_warps_per_sm=48, max_blocks_per_sm=16, smem_per_sm=100 * 1024,
+                   smem_per_block=99 * 1024, reserved_in_cubin=False),
     90: ArchLimits(90, "H100"),
     100: ArchLimits(100, "B200", tmem_cols_per_sm=512),
 }
 LIMIT_SOURCES = (
     "CUDA C++ Programming Guide, 'Technical Specifications per Compute Capability' (compute "
-    "capabilities 8.0, 9.0, 10.0): 64K 32-bit registers per SM, 255 per thread, 64 resident "
-    "warps and 32 resident blocks per SM; shared memory per SM / per block 164 / 163 KB (8.0), "
-    "228 / 227 KB (9.0, 10.0).",
+    "capabilities 8.0, 8.6, 9.0, 10.0): 64K 32-bit registers per SM, 255 per thread, 64 "
+    "resident warps and 32 resident blocks per SM (8.6: 48 and 16); shared memory per SM / per "
+    "block 164 / 163 KB (8.0), 100 / 99 KB (8.6, 8.9), 228 / 227 KB (9.0, 10.0).",
     "NVIDIA Ampere, Hopper and Blackwell Tuning Guides, 'Occupancy' and 'Unified Shared "
     "Memory/L1/Texture Cache': the same figures, and 1 KB of shared memory reserved by the "
     "system for each resident block.",

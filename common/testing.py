@@ -186,6 +186,23 @@ def random_qkv(seed: int, lq: int, lk: int, d: int, dv: int, *,
             rng.standard_normal((lk, dv)))
 
 
+ACC_IN_FP16 = (
+    "the running sums cancel: an accumulator kept in float16 (acc rounded to the input dtype, "
+    "or tl.dot's out_dtype) rounds a sum near 500 to steps of 0.25-0.5. Accumulate in float32 "
+    "(tl.zeros(..., dtype=tl.float32)) and cast once, at the store"
+)
+
+
+def cancelling(x: np.ndarray, magnitude: float = 30.0, axis: int = 0) -> np.ndarray:
+    """``x`` + ``magnitude`` on the first half of ``axis``, - on the second, in float16: its
+    running sum over ``axis`` (a key loop) climbs to hundreds, then cancels (``ACC_IN_FP16``)."""
+    n = x.shape[axis]
+    sign = np.where(np.arange(n) < n // 2, magnitude, -magnitude)
+    shape = [1] * x.ndim
+    shape[axis] = n
+    return (x + sign.reshape(shape)).astype(np.float16).astype(np.float64)
+
+
 # ---- tile shapes: where BLOCK_M and BLOCK_N must not be mixed up ---------------------------
 
 # One square tile and both oblong ones: a loop bound that uses BLOCK_N where BLOCK_M belongs
@@ -461,6 +478,7 @@ class _Launch:
         self.seen: dict[tuple[int, ...], dict[str, set[int]]] = {}
         self.owner: dict[int, tuple[int, ...]] = {}
         self.races: list[tuple[str, str, tuple[int, ...], tuple[int, ...]]] = []
+        self.stray: list[tuple[str, str, str, tuple[int, ...], int]] = []
 
     def _split(self, addresses: np.ndarray) -> dict[str, np.ndarray]:
         out: dict[str, np.ndarray] = {}
@@ -471,24 +489,50 @@ class _Launch:
         return out
 
     def element(self, name: str, address: int) -> str:
-        """``name[i, j, ...]`` of the element at ``address`` (or its storage offset)."""
+        """``name[i, j, ...]`` of the element at ``address`` along ``name``'s strides, even
+        out of range (row 21 of a 21-row view), or its element offset."""
         start, size, shape, stride = self.views[name]
-        offset = (address - start) // size
-        index, rest = [], offset
-        for dim in sorted(range(len(shape)), key=lambda d: -stride[d]):
-            if stride[dim] == 0:
-                continue
-            index.append((dim, rest // stride[dim]))
-            rest %= stride[dim]
-        coords = dict(index)
-        if rest == 0 and all(0 <= coords.get(d, 0) < n for d, n in enumerate(shape)):
-            return f"{name}[{', '.join(str(coords.get(d, 0)) for d in range(len(shape)))}]"
-        return f"{name} (element {offset} from its start)"
+        offset = rest = (address - start) // size
+        coords = {}
+        for dim in sorted((d for d in range(len(shape)) if stride[d]), key=lambda d: -stride[d]):
+            coords[dim], rest = divmod(rest, stride[dim])
+        if rest or offset < 0 or (address - start) % size:
+            return f"{name} (element {offset} from its start)"
+        return f"{name}[{', '.join(str(coords.get(d, 0)) for d in range(len(shape)))}]"
 
-    def load(self, pid: tuple[int, ...], addresses: np.ndarray) -> None:
+    def _in_view(self, name: str, addresses: np.ndarray) -> np.ndarray:
+        """Which ``addresses`` are elements of ``name``'s view, not merely of its storage."""
+        start, size, shape, stride = self.views[name]
+        rest = addresses.astype(np.int64) - start
+        inside = (rest >= 0) & (rest % size == 0)
+        rest = rest // size
+        for dim in sorted((d for d in range(len(shape)) if stride[d]), key=lambda d: -stride[d]):
+            index, rest = np.divmod(rest, stride[dim])
+            inside &= index < shape[dim]
+        return inside & (rest == 0)
+
+    def _describe(self, address: int) -> str:
+        """Where a stray address lies: in an argument's memory, or nearest to one's."""
+        if not self.names:
+            return f"address {address:#x} (the kernel has no tensor argument)"
+        gaps = [0 if b <= address < e else min(abs(address - int(b)), abs(address - int(e)))
+                for b, e in zip(self.bases, self.ends)]  # fmt: skip
+        i = int(np.argmin(gaps))
+        where = ("outside the view it was given" if gaps[i] == 0 else "before the start of "
+                 "its memory" if address < self.bases[i] else "past the end of its memory")
+        return f"{self.element(self.names[i], address)}, {where}"
+
+    def load(self, pid: tuple[int, ...], addresses: np.ndarray,
+             site: Callable[[], str] = lambda: "") -> None:
         program = self.seen.setdefault(pid, {})
+        viewed = np.zeros(addresses.shape, dtype=bool)
         for name, hit in self._split(addresses).items():
             program.setdefault(name, set()).update(int(a) for a in hit)
+            viewed |= self._in_view(name, addresses)
+        if not viewed.all() and len(self.stray) < 8:
+            outside = addresses[~viewed]
+            self.stray.append((self.kernel, site(), self._describe(int(outside[0])), pid,
+                               int(np.unique(outside).size)))
 
     def store(self, pid: tuple[int, ...], addresses: np.ndarray) -> None:
         for name, hit in self._split(addresses).items():
@@ -502,7 +546,22 @@ class _Launch:
         for program in self.seen.values():
             for name, addresses in program.items():
                 loads[name] = loads.get(name, 0) + len(addresses)
-        return {"kernel": self.kernel, "loads": loads, "races": list(self.races)}
+        return {"kernel": self.kernel, "loads": loads, "races": list(self.races),
+                "stray_loads": list(self.stray)}
+
+
+def _load_site() -> str:
+    """``file:line: source`` of the running ``tl.load`` (innermost frame outside Triton)."""
+    import linecache
+
+    frame = sys._getframe(1)
+    while frame and (f"{os.sep}triton{os.sep}" in frame.f_code.co_filename
+                     or frame.f_code.co_filename == __file__):  # fmt: skip
+        frame = frame.f_back
+    if frame is None:
+        return "(unknown line)"
+    file, line = frame.f_code.co_filename, frame.f_lineno
+    return f"{Path(file).name}:{line}: {linecache.getline(file, line).strip()}"
 
 
 @contextlib.contextmanager
@@ -522,7 +581,7 @@ def _recording_interpreter() -> Iterator[list[_Launch]]:
 
     def load(self: Any, ptrs: Any, mask: Any, *rest: Any) -> Any:
         if launches:
-            launches[-1].load(tuple(self.grid_idx), addresses(ptrs, mask))
+            launches[-1].load(tuple(self.grid_idx), addresses(ptrs, mask), _load_site)
         return original_load(self, ptrs, mask, *rest)
 
     def store(self: Any, ptrs: Any, value: Any, mask: Any, *rest: Any) -> Any:
@@ -555,7 +614,9 @@ def kernel_memory(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[An
     counts once)}, "races": [(kernel, "out[3, 1, 0]", first program id, second program
     id), ...]}``: ``races`` lists elements that two different programs of the same launch
     stored to. The interpreter runs programs one after another, so such a race gives right
-    numbers here and wrong ones on a GPU, where the programs run at once.
+    numbers here and wrong ones on a GPU, where the programs run at once. ``"stray_loads"``
+    lists loads (mask true) of elements in no tensor argument's view: ``(kernel, "file:line:
+    source", "Q[0, 1, 21, 0], outside the view it was given", program id, count)``.
     """
     remote = getattr(fn, "__instrumented_call__", None)
     if remote is not None:
@@ -578,6 +639,23 @@ def assert_no_races(reports: list[dict], what: str = "the kernel") -> None:
             "programs run at the same time and one overwrites the other; the interpreter, "
             "which runs them in order, hides it. Mask the store to the rows this program "
             "owns (padding rows of a tile belong to nobody)."
+        )
+
+
+def assert_loads_in_bounds(reports: list[dict], what: str = "the kernel") -> None:
+    """Fail, naming the kernel, the ``tl.load`` line, the element and the program id, if a
+    program loaded (mask true) an element outside every tensor argument's view (see
+    ``kernel_memory``): loads are held to the same bounds as stores."""
+    __tracebackhide__ = True
+    stray = [s for report in reports for s in report.get("stray_loads", [])]
+    if stray:
+        kernel, site, element, pid, count = stray[0]
+        raise AssertionError(
+            f"{what}: program {tuple(pid)} of {kernel} loads {element} ({count} element(s) "
+            f"outside the data in that load; {len(stray)} such load(s) seen) at {site}. A "
+            "load must be masked to the elements the contract names (rows < the length, "
+            "columns < the head dim): a GPU reads whatever lies there (or faults), and what "
+            "is never stored still costs bandwidth and can be NaN or Inf in a tl.dot"
         )
 
 
@@ -633,7 +711,7 @@ class LabScript:
 
 # ---- compiled for a GPU: what the interpreter hides --------------------------------------
 #
-# The compile check lives with the GPU report (``bench/student_compile.py``). The course's
+# The compile check lives in the grader (``grading/plugin/compile_check.py``). The course's
 # ``conftest.py`` registers it here, so ``common/`` imports nothing above it; where nothing is
 # registered (a copy of the course without ``bench/``), no compile test is collected.
 COMPILE_CHECKS: dict[str, Callable[..., Any]] = {}

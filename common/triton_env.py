@@ -111,6 +111,23 @@ def launch_target(t: Any = None) -> Any:
     return launch_plan.target_for(props.major * 10 + props.minor, props.multi_processor_count)
 
 
+PLAN_TARGET: Any = None  # set by bench.gpu_compile to compile another arch's plan
+
+
+def plan_target() -> Any:
+    """The target of a launcher's GPU tiles: this machine's CUDA device (so an sm_86 / sm_89
+    part gets a plan that fits its 99 KB of shared memory a block), or the H100, the
+    reference ``make gpu-report`` and ``make bench`` plan for, where there is none
+    (``PLAN_TARGET``, when set, wins: the report compiles each arch's own plan)."""
+    from common import launch_plan
+
+    if PLAN_TARGET is not None:
+        return PLAN_TARGET
+    if INTERPRET or not has_cuda():
+        return launch_plan.H100
+    return launch_target()
+
+
 def dot_precision(dtype: Any) -> str:
     """``input_precision`` for ``tl.dot`` on inputs of ``dtype``.
 

@@ -44,6 +44,7 @@ PATH: tuple[str, ...] = (
     "lab-06-mla-window-sinks",
     "lab-07-kv-block-manager",
     "lab-11-serving-engine",
+    "lab-12-fp8-kv-and-cascade",
 )
 
 TRACKS = ("core", "advanced")
@@ -76,7 +77,7 @@ class Lab:
     # bench/gpu_kernels.py (make gpu-report; make grade compiles them for sm_90)
     bench: tuple[str, ...] = ()
     triton: tuple[str, ...] = ()
-    # the graded compile's 64-bit-offset rule (bench/student_compile.py): extra pointer
+    # the graded compile's 64-bit-offset rule (grading/plugin/compile_check.py): extra pointer
     # arguments (a regex) that address more than 2^31 elements at production sizes, or
     # small_tensors = true where every tensor stays below 2^31 elements (no rule)
     big_pointers: str = ""

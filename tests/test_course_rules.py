@@ -185,7 +185,7 @@ def test_an_untouched_starter_earns_no_points(tmp_path):
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
          "grading.plugin.points", f"--points-log={log}", "--points-fast-hypothesis",
          # gpu_compile: compiling every starter kernel for sm_90 takes minutes; an untouched
-         # starter kernel stops at its tl.static_assert there too (bench/student_compile.py)
+         # starter kernel stops at its tl.static_assert there too (grading/plugin/compile_check.py)
          "-m", "not gpu and not gpu_compile", *[str(lab) for lab in stale]],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
     )  # fmt: skip

@@ -396,15 +396,61 @@ def test_the_compiled_ir_shows_tf32_dots_on_float32_and_32_bit_offset_chains():
 
 
 def test_student_compile_names_32_bit_offsets_into_a_cache_and_tf32_dots():
-    from bench.student_compile import problems
+    from grading.plugin.compile_check import plain_outcome, problems
 
-    index = _index("lab-04", "planned split")
     result = {"tf32_dots_on_f32": 2, "first_offsets": {"k_cache_ptr": ["i32"], "q_ptr": ["i32"]},
               "spill_stores": 0, "spill_loads": 0, "dots": 2, "mma": {"HMMA": 2}, "regs": 64,
-              "loads": {"LDG": 8}}
-    found = problems(Task(index, "fp32", 128, 90), "fp32", {"status": "ok", "result": result})
+              "loads": {"LDG": 8}, "smem_static": 0, "smem_dynamic": 40960}
+    lab = "lab-04-flash-decoding-partitions"
+    task = {"kernel": "_split_kv_partition_kernel", "dtype": "fp32", "head_dim": 128,
+            "arch": 90, "check": "fp32"}
+    found = problems(task, plain_outcome({"status": "ok", "result": result}), lab)
     assert any("TF32" in p for p in found) and any("k_cache_ptr" in p for p in found)
     assert not any("q_ptr" in p for p in found), "a decode step's q is small: not flagged"
-    error = problems(Task(index, "bf16", 128, 90), "bf16",
-                     {"status": "error", "reason": "CompilationError: NameError('LOG2E')"})
+    assert not any("shared memory" in p for p in found), "40 KB fits an H100"
+    big = dict(result, smem_dynamic=256 * 1024)  # d = 256 given the d = 128 tiles
+    assert any("256 KB of shared memory" in p for p in problems(
+        task, plain_outcome({"status": "ok", "result": big}), lab))
+    error = problems(dict(task, dtype="bf16", check="bf16"),
+                     {"status": "error", "reason": "CompilationError: NameError('LOG2E')"}, lab)
     assert error and "does not compile for sm_90" in error[0] and "LOG2E" in error[0]
+
+
+# One widened term on the chain (the batch-head base) does not save a 32-bit row * stride.
+TTIR_ROWS = """
+tt.func @_k(%Q: !tt.ptr<f32>, %k_cache_ptr: !tt.ptr<f32>, %stride_qm: i32, %stride_kh: i32) {
+%off_bh = arith.extsi %pid : i32 to i64 loc(#loc1)
+%base = tt.addptr %Q, %off_bh : !tt.ptr<f32>, i64 loc(#loc1)
+%r = tt.make_range {end = 16 : i32, start = 0 : i32} : tensor<16xi32> loc(#loc2)
+%m0 = arith.muli %pid, %c16_i32 : i32 loc(#loc2)
+%m1 = tt.splat %m0 : i32 -> tensor<16xi32> loc(#loc2)
+%rows = arith.addi %m1, %r : tensor<16xi32> loc(#loc2)
+%s = tt.splat %stride_qm : i32 -> tensor<16xi32> loc(#loc3)
+%prod = arith.muli %rows, %s : tensor<16xi32> loc(#loc3)
+%p0 = tt.splat %base : !tt.ptr<f32> -> tensor<16x!tt.ptr<f32>> loc(#loc3)
+%p1 = tt.addptr %p0, %prod : tensor<16x!tt.ptr<f32>>, tensor<16xi32> loc(#loc3)
+%tile = arith.muli %r, %s : tensor<16xi32> loc(#loc4)
+%p2 = tt.addptr %p0, %tile : tensor<16x!tt.ptr<f32>>, tensor<16xi32> loc(#loc4)
+%h = tt.splat %stride_kh : i32 -> tensor<16xi32> loc(#loc5)
+%kh = arith.muli %rows, %h : tensor<16xi32> loc(#loc5)
+%c0 = tt.splat %k_cache_ptr : !tt.ptr<f32> -> tensor<16x!tt.ptr<f32>> loc(#loc5)
+%c1 = tt.addptr %c0, %kh : tensor<16x!tt.ptr<f32>>, tensor<16xi32> loc(#loc5)
+"""
+TTIR_ROWS += '#loc3 = loc("solution.py":293:8)\n#loc5 = loc("solution.py":300:8)\n'
+
+
+def test_each_32_bit_index_times_stride_product_is_named_even_with_a_64_bit_term():
+    from bench.gpu_compile import first_offsets, narrow_products
+    from bench.student_compile import problems
+
+    assert first_offsets(TTIR_ROWS)["Q"] == ["i32", "i64"], "the old rule: some term is i64"
+    products = narrow_products(TTIR_ROWS)
+    assert products["Q"] == [["stride_qm", "solution.py:293"]], products
+    assert products["k_cache_ptr"] == [["stride_kh", "solution.py:300"]], products
+    index = _index("lab-00", "causal")
+    result = {"first_offsets": first_offsets(TTIR_ROWS), "narrow_products": products,
+              "spill_stores": 0, "spill_loads": 0, "dots": 0, "mma": {}, "regs": 64,
+              "loads": {"LDG": 8}}
+    found = problems(Task(index, "bf16", 128, 90), "bf16", {"status": "ok", "result": result})
+    assert any("stride_qm (solution.py:293) into Q computed in 32 bits" in p for p in found), found
+    assert not any("stride_kh" in p for p in found), "a cache's head stride times d: small"

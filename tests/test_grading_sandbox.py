@@ -367,8 +367,9 @@ def start(tmp: Path, uids: str | None) -> dict:
         for info in zf.infolist():
             (ag / "source" / info.filename).chmod((info.external_attr >> 16) & 0o777)
     (ag / "results").mkdir()
-    # where the attacks may write: not in /tmp, which is each lab's own with the user switch
-    shared = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+    # where the attacks may write: not in /tmp or /dev/shm, which are each sandboxed
+    # process's own with the user switch (as root: /var/lib; else the temp folder, unswitched)
+    shared = "/var/lib" if os.access("/var/lib", os.W_OK) else None
     marks = Path(tempfile.mkdtemp(prefix="attack-marks-", dir=shared))
     marks.chmod(0o777)
     sub = ag / "submission"

@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -78,10 +79,53 @@ TRITON_WHERE = {
 
 
 def test_every_requirement_is_an_exact_pin():
-    for line in requirement_lines():
-        req = Requirement(line)
-        specs = list(req.specifier)
-        assert len(specs) == 1 and specs[0].operator == "==", f"{line!r} is not an exact pin"
+    for path in check_setup.REQUIREMENTS_FILES:
+        for line in path.read_text(encoding="utf-8").splitlines():
+            line = line.split(" #", 1)[0].strip()
+            if not line or line.startswith("#"):
+                continue
+            specs = list(Requirement(line).specifier)
+            assert len(specs) == 1 and specs[0].operator == "==", (
+                f"{path.name}: {line!r} is not an exact pin"
+            )
+
+
+def makefile_requirements() -> set[str]:
+    """The requirements files the Makefile installs (`pip install ... -r <file>`)."""
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    return set(re.findall(r"-r (requirements[\w.-]*\.txt)", makefile))
+
+
+def test_make_check_setup_resolves_every_requirements_file_the_makefile_installs():
+    """A new requirements file must join tools/check_setup.py's REQUIREMENTS_FILES, so that
+    `make check-setup` resolves it with the others for every laptop and Python."""
+    checked = {p.name for p in check_setup.REQUIREMENTS_FILES}
+    present = {p.name for p in ROOT.glob("requirements*.txt")}
+    assert present <= checked, (
+        f"{sorted(present - checked)} exist but `make check-setup` does not resolve them: add "
+        "them to REQUIREMENTS_FILES in tools/check_setup.py"
+    )
+    installed = makefile_requirements()
+    assert installed <= checked, (
+        f"the Makefile installs {sorted(installed - checked)}, which `make check-setup` does "
+        "not resolve: add them to REQUIREMENTS_FILES in tools/check_setup.py"
+    )
+    assert checked <= present, f"REQUIREMENTS_FILES names missing files: {checked - present}"
+
+
+def test_the_requirements_file_check_sees_a_new_file(tmp_path, monkeypatch):
+    """The check above fails for a requirements file that is not in the list."""
+    for path in check_setup.REQUIREMENTS_FILES:
+        shutil.copy(path, tmp_path / path.name)
+    shutil.copy(ROOT / "Makefile", tmp_path / "Makefile")
+    (tmp_path / "requirements-serving.txt").write_text("transformers==5.19.0\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    monkeypatch.setattr(
+        check_setup, "REQUIREMENTS_FILES", tuple(tmp_path / p.name for p in
+                                                  check_setup.REQUIREMENTS_FILES)
+    )
+    with pytest.raises(AssertionError, match="requirements-serving.txt"):
+        test_make_check_setup_resolves_every_requirements_file_the_makefile_installs()
 
 
 def test_the_torch_line_is_the_bare_pin_the_autograder_greps():
@@ -312,14 +356,16 @@ def test_the_3_10_check_catches_what_it_is_meant_to():
 @needs_network
 def test_the_pins_resolve_on_pypi_for_every_laptop_and_python():
     """`uv pip compile --only-binary :all: --python-platform ... --python-version ...` of
-    requirements-cpu.txt for Linux x86-64/aarch64, macOS arm64 and Windows amd64 x
-    Python 3.10-3.13: every pin resolves as pinned, triton only on Linux."""
+    every requirements file the Makefile installs (cpu, book, check: together, as they share
+    .venv) for Linux x86-64/aarch64, macOS arm64 and Windows amd64 x Python 3.10-3.13
+    (3.11 is 3.11.0): every pin of every file resolves as pinned, triton only on Linux."""
     results = check_setup.run_matrix(list(check_setup.TARGETS.values()), list(check_setup.PYTHONS))
     table = check_setup.table(results)
     print("\n" + table)
     assert len(results) == 16 and all(r.ok for r in results), table
     for r in results:
         assert r.installs["torch"] == "2.13.0"
+        assert {"mkdocs-material", "playwright", "uv", "transformers"} <= set(r.installs), table
         assert ("triton" in r.installs) is check_setup.TARGETS[r.target].triton, table
         if r.target == "windows-amd64":  # the target's markers reached pip:
             assert not [n for n in r.installs if n.startswith(("nvidia-", "cuda-"))]

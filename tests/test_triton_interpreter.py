@@ -87,3 +87,48 @@ def test_kernel_memory_counts_loads_and_the_race_check_names_both_programs():
     both = r"programs \(0, 0, 0\) and \(1, 0, 0\) .* both store out_ptr\[15, 0\]"
     with pytest.raises(AssertionError, match=both):
         assert_no_races(reports)
+
+
+@triton.jit
+def _load_rows_kernel(x_ptr, out_ptr, n_rows, stride, ROWS: tl.constexpr, MASKED: tl.constexpr):
+    """One program copies rows [0, n_rows) of a [n_rows, 16] view through a ROWS-row tile;
+    ``MASKED=False`` loads the padding rows past n_rows too (and stores only the real ones)."""
+    rows = tl.arange(0, ROWS)
+    cols = tl.arange(0, 16)
+    ptrs = x_ptr + rows[:, None] * stride + cols[None, :]
+    if MASKED:
+        x = tl.load(ptrs, mask=(rows < n_rows)[:, None], other=0.0)
+    else:
+        x = tl.load(ptrs)
+    tl.store(out_ptr + rows[:, None] * 16 + cols[None, :], x, mask=(rows < n_rows)[:, None])
+
+
+def test_kernel_memory_names_a_load_outside_the_view_even_when_it_is_never_stored():
+    from common.testing import assert_loads_in_bounds, kernel_memory, strided_view
+    from common.triton_env import on_interpreter
+
+    if not on_interpreter():
+        pytest.skip("the instruments watch Triton's interpreter")
+
+    def copy(x: torch.Tensor, masked: bool) -> torch.Tensor:
+        out = torch.zeros(x.shape[0], 16)
+        _load_rows_kernel[(1,)](x, out, x.shape[0], x.stride(0), ROWS=16, MASKED=masked)
+        return out
+
+    x = strided_view(torch.randn(10, 16), "sliced")  # NaN between and around the rows
+    base = torch.randn(40, 16)
+    for data in (x, base[:10]):  # inside the storage (NaN margin) and past a view's rows
+        out, reports = kernel_memory(copy, data, True)
+        assert torch.equal(out, data)
+        assert_loads_in_bounds(reports)
+        out, reports = kernel_memory(copy, data, False)
+        assert torch.equal(out, data), "the padding rows are never stored: right numbers"
+        with pytest.raises(AssertionError, match=r"program \(0, 0, 0\) of _load_rows_kernel "
+                           r"loads x_ptr\[10, 0\].*test_triton_interpreter.py:\d+: "
+                           r"x = tl.load\(ptrs\)"):
+            assert_loads_in_bounds(reports)
+    tiny = torch.randn(10, 16)  # rows past the end of the tensor's own memory
+    _, reports = kernel_memory(copy, tiny, False)
+    with pytest.raises(AssertionError, match=r"loads x_ptr\[10, 0\], (past the end of its "
+                       r"memory|outside the view it was given)"):  # what lies past it varies
+        assert_loads_in_bounds(reports)

@@ -4,11 +4,14 @@
     python tools/check_setup.py --target macos-arm64 --python 3.12 --list
 
 For each target (Linux x86-64 and aarch64, macOS arm64, Windows amd64) and each Python
-(3.10-3.13) this runs uv's resolver (pinned in requirements-check.txt)
+(3.10-3.13, each at its first release: ``3.11`` is 3.11.0) this runs uv's resolver (pinned
+in requirements-check.txt) on every requirements file the Makefile installs into .venv,
+together, as they share that venv (``REQUIREMENTS_FILES``; tests/test_setup.py fails when a
+``requirements*.txt`` is missing from it)
 
     uv pip compile --no-config --only-binary :all: --default-index https://pypi.org/simple \\
         --python-platform <the target> --python-version <3.x> --format pylock.toml \\
-        requirements-cpu.txt
+        requirements-cpu.txt requirements-book.txt requirements-check.txt
 
 ``--python-platform`` makes uv pick the target's wheels *and* evaluate environment markers
 (``platform_system == "Linux"`` in torch's own dependencies, our triton marker) for the
@@ -43,6 +46,13 @@ except ImportError:  # pragma: no cover - pip always vendors it
 
 ROOT = Path(__file__).resolve().parent.parent
 REQUIREMENTS = ROOT / "requirements-cpu.txt"
+# Every requirements file the Makefile installs into .venv: `make setup`'s, `make test` /
+# `make book`'s, `make check-setup`'s.
+REQUIREMENTS_FILES = (
+    REQUIREMENTS,
+    ROOT / "requirements-book.txt",
+    ROOT / "requirements-check.txt",
+)
 PYTHONS = ("3.10", "3.11", "3.12", "3.13")
 INDEX = "https://pypi.org/simple"
 
@@ -150,7 +160,10 @@ def uv_binary() -> str:
     return find_uv_bin()
 
 
-def uv_command(target: Target, python: str, requirements: Path, lock: Path) -> list[str]:
+def uv_command(
+    target: Target, python: str, requirements: Path | tuple[Path, ...], lock: Path
+) -> list[str]:
+    files = (requirements,) if isinstance(requirements, Path) else requirements
     return [
         uv_binary(),
         "pip",
@@ -169,7 +182,7 @@ def uv_command(target: Target, python: str, requirements: Path, lock: Path) -> l
         "pylock.toml",
         "--output-file",
         str(lock),
-        str(requirements),
+        *(str(f) for f in files),
     ]
 
 
@@ -207,12 +220,16 @@ def wheel_size(wheels: list[dict], python: str) -> int:
     return min(wheels, key=rank).get("size", 0) if wheels else 0
 
 
-def resolve(target: Target, python: str, requirements: Path = REQUIREMENTS) -> Resolution:
-    """One resolution; checks the pins and the triton rule on the result."""
+def resolve(
+    target: Target, python: str, requirements: Path | tuple[Path, ...] = REQUIREMENTS_FILES
+) -> Resolution:
+    """One resolution of the files together; checks every file's pins and the triton rule
+    on the result."""
+    files = (requirements,) if isinstance(requirements, Path) else requirements
     env = {k: v for k, v in os.environ.items() if not k.startswith(("UV_", "PIP_"))}
     with tempfile.TemporaryDirectory(prefix="check-setup-") as scratch:
         lock = Path(scratch) / "pylock.toml"
-        cmd = uv_command(target, python, requirements.resolve(), lock)
+        cmd = uv_command(target, python, tuple(f.resolve() for f in files), lock)
         done = subprocess.run(
             cmd, capture_output=True, text=True, cwd=scratch, env={**env, **target.env}
         )
@@ -226,9 +243,12 @@ def resolve(target: Target, python: str, requirements: Path = REQUIREMENTS) -> R
         name = package["name"].lower().replace("_", "-")
         res.installs[name] = package["version"]
         res.sizes[name] = wheel_size(package.get("wheels", []), python)
-    for name, version in pinned(requirements, target, python).items():
-        if res.installs.get(name) != version:
-            res.problems.append(f"{name}=={version} pinned, resolved {res.version(name)}")
+    for path in files:
+        for name, version in pinned(path, target, python).items():
+            if res.installs.get(name) != version:
+                res.problems.append(
+                    f"{name}=={version} pinned in {path.name}, resolved {res.version(name)}"
+                )
     if ("triton" in res.installs) != target.triton:
         res.problems.append(
             f"triton {'missing' if target.triton else 'pulled in'} on {target.name}"
@@ -238,7 +258,10 @@ def resolve(target: Target, python: str, requirements: Path = REQUIREMENTS) -> R
 
 
 def run_matrix(
-    targets: list[Target], pythons: list[str], jobs: int = 4, requirements: Path = REQUIREMENTS
+    targets: list[Target],
+    pythons: list[str],
+    jobs: int = 4,
+    requirements: Path | tuple[Path, ...] = REQUIREMENTS_FILES,
 ) -> list[Resolution]:
     """Every (target, python) resolution, ``jobs`` at once."""
     cases = [(t, p) for t in targets for p in pythons]
@@ -268,15 +291,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", action="append", choices=sorted(TARGETS))
     parser.add_argument("--python", action="append", choices=PYTHONS)
-    parser.add_argument("--requirements", type=Path, default=REQUIREMENTS)
+    parser.add_argument(
+        "--requirements",
+        type=Path,
+        action="append",
+        help="a requirements file (repeatable); default: every file the Makefile installs",
+    )
     parser.add_argument("--jobs", type=int, default=4, help="resolutions at once")
     parser.add_argument("--sizes", action="store_true", help="sum the wheel sizes (MB)")
     parser.add_argument("--list", action="store_true", help="print every resolved package")
     args = parser.parse_args(argv)
     targets = [TARGETS[t] for t in (args.target or TARGETS)]
     pythons = args.python or list(PYTHONS)
-    results = run_matrix(targets, pythons, args.jobs, args.requirements)
-    print(f"uv resolution of {args.requirements.name} against PyPI (--no-config)")
+    files = tuple(args.requirements or REQUIREMENTS_FILES)
+    results = run_matrix(targets, pythons, args.jobs, files)
+    names = " + ".join(f.name for f in files)
+    print(f"uv resolution of {names} together against PyPI (--no-config)")
     print(table(results, args.sizes))
     if args.list:
         for r in results:

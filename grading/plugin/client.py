@@ -19,6 +19,7 @@ import os
 import pickle
 import re
 import signal
+import threading
 import time
 import weakref
 from pathlib import Path
@@ -29,6 +30,7 @@ from grading.plugin.remote import (
     SELF,
     GradingError,
     MethodReply,
+    NoKernel,
     RemoteClass,
     RemoteFunction,
     RemoteMethod,
@@ -40,7 +42,7 @@ from grading.plugin.remote import (
     describe_exit,
     plain_result,
 )
-from grading.plugin.sandboxes import current_deadline, replace_sandbox
+from grading.plugin.sandboxes import LIMITS, current_deadline, replace_sandbox
 from grading.sandbox import frames, wire
 from grading.sandbox.lab_sandbox import LabSandbox
 
@@ -99,6 +101,48 @@ def _copy_into(dst: Any, src: Any) -> None:
             np.copyto(dst, src, casting="unsafe")
 
 
+# ---- a Triton test needs the graded file's kernel ------------------------------------------
+
+WRITTEN = 0.99  # the share of each output tensor the file's own kernels must have stored
+
+
+def require_kernel(info: Any, what: str, impl: str) -> None:
+    """In a Triton test, a call that returned (or wrote into) tensors must have launched a
+    kernel of the graded file, and that kernel's stores must have written each of them
+    (``info``: the worker's record, :func:`grading.sandbox.launches.report`); else
+    :class:`NoKernel`, which no test can catch. None (no interpreter: a GPU) checks nothing."""
+    __tracebackhide__ = True
+    if info is None:
+        return
+    try:
+        kernels = [(str(k[0])[:100], k[1] is True) for k in info["kernels"][:64]]
+        written = [(str(w[0]), float(w[1]), int(w[2])) for w in info["written"][:32]]
+        stored = int(info.get("stored") or 0)
+        empty = info.get("empty") is True
+    except (TypeError, KeyError, IndexError, ValueError, AttributeError):
+        raise NoKernel(f"{what}: the worker's record of its kernel launches is malformed"
+                       ) from None
+    if not written or empty:
+        return  # no tensor came back (numpy code, a bad input refused), or an empty input
+    own = sorted({k for k, mine in kernels if mine})
+    if not own:
+        others = sorted({k for k, _ in kernels})
+        raise NoKernel(
+            f"{what} returned tensors without launching a Triton kernel of {impl}.py"
+            + (f" (it launched only {', '.join(others)})" if others else "")
+            + ": a Triton test grades the kernel, and a result computed another way (torch, "
+            "numpy) earns nothing here") from None
+    returned = [w for w in written if w[0] == "ret"]
+    short = [w for w in returned[:1] + [w for w in written if w[0] == "arg"] if w[1] < WRITTEN]
+    # an output made by torch from what the kernels stored (a split's partial results merged
+    # on the host, as lab-06's launchers do): the kernels stored at least as many elements
+    if short and stored < max(w[2] for w in short):
+        raise NoKernel(
+            f"{what}: only {short[0][1]:.0%} of an output of the call was stored by "
+            f"{', '.join(own)}: the result must come from the kernel's own tl.store, not "
+            "from torch around it") from None
+
+
 # ---- client ------------------------------------------------------------------------------
 
 
@@ -110,32 +154,75 @@ MAX_TIMEOUTS = 2
 class ResidentPeak:
     """The growth of another process's resident memory high-water mark, measured from
     outside it (Linux): ``start(pid)`` resets the mark (``/proc/<pid>/clear_refs`` <- "5")
-    and notes the resident size; ``peak()`` is ``VmHWM`` minus that, in bytes. The grader
-    measures a sandboxed worker's call with it, where the graded code cannot replace the
-    instrument; ``None`` where ``/proc`` does not allow it (then the worker measures)."""
+    and notes the resident size; ``peak()`` is ``VmHWM`` minus that, in bytes, plus the
+    most private memory the other processes of the worker's uid (its forks, however
+    detached) held at once meanwhile, sampled from their ``smaps_rollup`` every
+    :data:`SAMPLE_SECONDS` by a thread of this process (a fork that does the work cannot
+    hide it). The grader measures a sandboxed worker's call with it, where the graded code
+    cannot replace the instrument; ``None`` where ``/proc`` does not allow it (then the
+    worker measures)."""
 
-    def __init__(self, pid: int, base: int) -> None:
-        self.pid, self.base = pid, base
+    SAMPLE_SECONDS = 0.01
+
+    def __init__(self, pid: int, base: int, uid: int | None) -> None:
+        self.pid, self.base, self.uid = pid, base, uid
+        self.others = 0
+        self.stop = threading.Event()
+        self.thread: threading.Thread | None = None
+        if uid is not None and uid != 0:  # a uid of its own: the user switch
+            self.thread = threading.Thread(target=self._sample, daemon=True)
+            self.thread.start()
 
     @staticmethod
     def _status(pid: int, key: str) -> int:
         with open(f"/proc/{pid}/status", encoding="ascii") as f:
             for line in f:
                 if line.startswith(key + ":"):
-                    return int(line.split()[1]) * 1024
+                    return int(line.split()[1]) * (1 if key == "Uid" else 1024)
         raise OSError(f"no {key} in /proc/{pid}/status")
+
+    @staticmethod
+    def _private(pid: int) -> int:
+        total = 0
+        with open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as f:
+            for line in f:
+                if line.startswith(("Private_Clean:", "Private_Dirty:", "Swap:")):
+                    total += int(line.split()[1]) * 1024
+        return total
+
+    def _sample(self) -> None:
+        while not self.stop.wait(self.SAMPLE_SECONDS):
+            held = 0
+            for entry in os.scandir("/proc"):
+                if not entry.name.isdigit() or int(entry.name) == self.pid:
+                    continue
+                try:
+                    if entry.stat(follow_symlinks=False).st_uid == self.uid:
+                        held += self._private(int(entry.name))
+                except (OSError, ValueError):
+                    continue  # it exited while we looked
+            self.others = max(self.others, held)
 
     @classmethod
     def start(cls, pid: int) -> ResidentPeak | None:
         try:
             with open(f"/proc/{pid}/clear_refs", "w", encoding="ascii") as f:
                 f.write("5")
-            return cls(pid, cls._status(pid, "VmRSS"))
+            uid = os.stat(f"/proc/{pid}").st_uid
+            return cls(pid, cls._status(pid, "VmRSS"), uid)
         except (OSError, ValueError):
             return None
 
+    def close(self) -> None:
+        """Stop sampling (idempotent)."""
+        if self.thread is not None:
+            self.stop.set()
+            self.thread.join()
+            self.thread = None
+
     def peak(self) -> int:
-        return max(self._status(self.pid, "VmHWM") - self.base, 0)
+        self.close()
+        return max(self._status(self.pid, "VmHWM") - self.base, 0) + self.others
 
 
 def _peak_from_outside(instrument: str | None, pid: int) -> tuple[Any, str | None]:
@@ -240,7 +327,16 @@ class Client:
             frames.send_frame(self.proc.sock, payload)
         except OSError:
             self._crashed(what)
-        reply = self._receive(deadline, what)
+        try:
+            return self._answer(self._receive(deadline, what), op, args, kwargs, what,
+                                measured)
+        finally:
+            if measured is not None:
+                measured.close()
+
+    def _answer(self, reply: tuple, op: str, args: tuple, kwargs: dict, what: str,
+                measured: Any) -> Any:
+        __tracebackhide__ = True
         kind = reply[0]
         if kind == "error":
             raise build_exception(reply[1], what, self.handle) from None
@@ -250,6 +346,8 @@ class Client:
             return SELF
         apply_changes(args, kwargs, reply[2])
         result = plain_result(reply[1], what)
+        if op == "call" and LIMITS.get("needs_kernel") and len(reply) > 3:
+            require_kernel(reply[3], what, self.impl)
         return result if measured is None else (result, measured.peak())
 
     def _receive(self, deadline: float, what: str, importing: bool = False) -> tuple:

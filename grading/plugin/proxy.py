@@ -252,10 +252,13 @@ def _set_deadline(item: Any) -> None:
 def pytest_runtest_protocol(item: Any, nextitem: Any) -> None:
     if active():
         _set_deadline(item)
+        # a Triton test's launchers must launch the lab's kernel (grading.plugin.client)
+        LIMITS["needs_kernel"] = item.get_closest_marker("triton") is not None
 
 
 def pytest_runtest_logfinish(nodeid: str, location: Any) -> None:
     LIMITS["deadline"] = None
+    LIMITS["needs_kernel"] = False
 
 
 def pytest_unconfigure(config: Any) -> None:

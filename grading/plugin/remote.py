@@ -66,7 +66,11 @@ class WorkerError(GradingError):
     """The call could not be made or its result not received."""
 
 
-for _cls in (GradingError, WorkerTimeout, WorkerCrashed, WorkerError):
+class NoKernel(GradingError):
+    """A Triton test's launcher returned tensors that no kernel of the graded file wrote."""
+
+
+for _cls in (GradingError, WorkerTimeout, WorkerCrashed, WorkerError, NoKernel):
     _cls.__module__ = "builtins"  # reports read "WorkerTimeout: ...", not a module path
 
 
@@ -179,6 +183,11 @@ PLAIN_TYPES = ("numeric numpy arrays, torch CPU tensors, Python numbers, str, by
 _SCALARS = frozenset((type(None), bool, int, float, complex, str, bytes))
 NUMERIC_KINDS = "biufc"  # numpy dtype kinds: bool, int, uint, float, complex
 MAX_DEPTH = 32
+# Items (counted each time they are reached) a result may hold: the walk that checks it, and
+# so the trusted side's time and memory per reply, are bounded by this (a numpy array or a
+# tensor is one item).
+MAX_ITEMS = 1 << 17
+_BUDGET = [MAX_ITEMS]
 
 
 class NotPlainData(WorkerError):
@@ -192,6 +201,7 @@ def plain_result(value: Any, what: str, *, live: bool = True) -> Any:
     lab's API, lab-07's ``BlockPool``), never a part of one."""
     if live and isinstance(value, RemoteObject):
         return value
+    _BUDGET[0] = MAX_ITEMS
     return _plain(value, what, "", 0)
 
 
@@ -230,6 +240,10 @@ def _plain_library(value: Any, what: str, path: str) -> tuple[bool, Any]:
 def _plain(value: Any, what: str, path: str, depth: int) -> Any:
     if depth > MAX_DEPTH:
         raise _not_plain(what, path, f"data nested more than {MAX_DEPTH} levels deep")
+    _BUDGET[0] -= 1
+    if _BUDGET[0] < 0:  # a small pickle can name one list twice at every level: 2^32 items
+        raise _not_plain(what, path, f"more than {MAX_ITEMS} items (shared references "
+                         "counted each time they are reached)")
     cls = type(value)
     if cls in _SCALARS:
         return value

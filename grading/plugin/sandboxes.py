@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from grading.sandbox import host
+from grading.sandbox.confine import expose_python
 from grading.sandbox.host import Mode, SandboxError, choose_mode
 from grading.sandbox.lab_sandbox import ENV_ZYGOTE, LabSandbox
 from grading.sandbox.zygote_client import Registry
@@ -34,7 +35,7 @@ DEFAULT_IMPORT_LIMIT = 60.0
 
 # set by the plugin: the running test's deadline and limit, the import and per-test limits
 LIMITS: dict[str, Any] = {"deadline": None, "test_limit": None, "import": None,
-                          "per_test": None}
+                          "per_test": None, "needs_kernel": False}
 
 
 def env_float(name: str, default: float) -> float:
@@ -79,7 +80,7 @@ def active() -> bool:
 
 def mode() -> Mode:
     if STATE["mode"] is None:
-        STATE["mode"], _ = choose_mode()
+        STATE["mode"], _ = choose_mode(prepare=expose_python)
     return STATE["mode"]
 
 

@@ -64,6 +64,7 @@ from grading.run.runner import (
     DEFAULT_RUN_TIMEOUT,
     DEFAULT_TEST_TIMEOUT,
     Options,
+    load_factor,
 )
 
 # ---- arguments ---------------------------------------------------------------------------
@@ -216,6 +217,16 @@ def _choose(args: argparse.Namespace) -> tuple[str, Path, list[Path]]:
     return impl, root, labs
 
 
+def _load_factor(argv: list[str] | None) -> float:
+    """The calibration's factor (:func:`grading.run.runner.load_factor`) for the default
+    limits; 1 when the limits were given (``--test-timeout``, ``GRADE_TEST_TIMEOUT``...)."""
+    given = sys.argv[1:] if argv is None else argv
+    if any(a.startswith(("--test-timeout", "--lab-timeout")) for a in given) or any(
+            os.environ.get(n) for n in ("GRADE_TEST_TIMEOUT", "GRADE_LAB_TIMEOUT")):
+        return 1.0
+    return load_factor()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -229,11 +240,12 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(exc, file=sys.stderr)
         return 2
+    factor = _load_factor(argv)
     opts = Options(
         root=root,
         impl=impl,
-        lab_timeout=args.lab_timeout,
-        test_timeout=args.test_timeout,
+        lab_timeout=args.lab_timeout * factor,
+        test_timeout=args.test_timeout * factor,
         max_restarts=args.max_restarts,
         sandbox=args.sandbox,
         run_timeout=args.run_timeout,

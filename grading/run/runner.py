@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from grading.plugin.compile_check import COMPILE_LIMIT
 from grading.plugin.time_limits import hard_stop_grace
 from grading.run.discovery import GRADED_PATTERNS, PROJECT_ROOT
 from grading.sandbox.host import (
@@ -117,6 +118,43 @@ RESTART_ALLOWANCE = 15.0  # seconds: starting pytest again (torch, triton) on a 
 MAX_EXTENDING_TIMEOUTS = 5
 DEFAULT_RUN_TIMEOUT = 3600.0
 
+# The per-test and per-lab limits above hold for this machine kept busy; on a busier or slower
+# one they are scaled by a calibration run before grading (:func:`load_factor`), so that correct
+# code never races them: a fixed piece of Python and numpy work, its wall time against the CPU
+# time it got (contention), and that CPU time against this machine's (a slower machine).
+CALIBRATION_CPU_SECONDS = 0.11  # the work below on this 2-core machine (CPU time)
+MAX_LOAD_FACTOR = 6.0
+
+
+def calibration_work() -> None:
+    """A fixed amount of interpreter and numpy work (what a test spends its time on)."""
+    import numpy as np
+
+    total = 0
+    for i in range(1_000_000):
+        total += i % 7
+    a = np.arange(200_000, dtype=np.float64)
+    for _ in range(200):
+        a = np.sqrt(a * a + 1.0)
+
+
+def load_factor(runs: int = 3) -> float:
+    """How much slower than this machine idle a test runs now: the median over ``runs`` of
+    wall time / CPU time of :func:`calibration_work` (after a warm-up), or its CPU time
+    against :data:`CALIBRATION_CPU_SECONDS`, whichever is larger, between 1 and
+    :data:`MAX_LOAD_FACTOR`: what the default limits are multiplied by."""
+    calibration_work()
+    walls, cpus = [], []
+    for _ in range(runs):
+        wall, cpu = time.perf_counter(), time.process_time()
+        calibration_work()
+        walls.append(time.perf_counter() - wall)
+        cpus.append(max(time.process_time() - cpu, 1e-3))
+    ratio = sorted(w / c for w, c in zip(walls, cpus))[runs // 2]
+    slower = sorted(cpus)[runs // 2] / CALIBRATION_CPU_SECONDS
+    return round(min(max(ratio, slower, 1.0), MAX_LOAD_FACTOR), 2)
+
+
 @dataclass
 class Options:
     root: Path = PROJECT_ROOT
@@ -186,7 +224,22 @@ def timeout_allowance(events: list[dict], test_timeout: float) -> float:
     )
     hard = min(MAX_EXTENDING_TIMEOUTS, sum(1 for e in events if e.get("event") == "timeout"))
     soft = min(soft, MAX_EXTENDING_TIMEOUTS - hard)  # bounded: see MAX_EXTENDING_TIMEOUTS
-    return soft * per_test + hard * (per_test + RESTART_ALLOWANCE)
+    return soft * per_test + hard * (per_test + RESTART_ALLOWANCE) + compile_allowance(events)
+
+
+def compile_allowance(events: list[dict]) -> float:
+    """Seconds the lab's compile step took (or, while it runs, has taken so far), at most
+    ``COMPILE_LIMIT``: it runs before the tests and is not the tests' time."""
+    seconds, started = 0.0, None
+    for e in events:
+        if e.get("event") == "compile_start":
+            started = e.get("at")
+        elif e.get("event") == "compile":
+            seconds += float(e.get("seconds") or 0.0)
+            started = None
+    if isinstance(started, int | float):
+        seconds += max(time.monotonic() - started, 0.0)
+    return min(seconds, COMPILE_LIMIT + 60.0)
 
 
 def _wait(proc: subprocess.Popen, log: Path, limit: float, opts: Options) -> tuple[bool, float]:

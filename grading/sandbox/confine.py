@@ -19,6 +19,7 @@ import pkgutil
 import resource
 import signal
 import sys
+from typing import Any
 
 from grading.sandbox.host import FILE_SIZE_LIMIT
 from grading.sandbox.zygote_client import PREIMPORTABLE
@@ -37,6 +38,7 @@ def readable_by(uid: int | None, gid: int | None) -> bool:
     if pid == 0:  # pragma: no cover - in the child
         code = 1
         try:
+            expose_python()  # as a sandboxed process does before it switches
             drop_privileges(uid, gid)
             os.listdir(os.path.dirname(os.__file__))
             code = 0
@@ -93,6 +95,7 @@ def private_temp(tmp: str | None) -> bool:
     fds: list[int] = []
     bound: list[bytes] = []
     keep_paths = _kept_under_temp(scratch)
+    links = _links_under_temp()
     try:  # descriptors opened in the new namespace: mount sources that the binds cannot hide
         fds = [os.open(tmp, os.O_RDONLY | os.O_DIRECTORY)]
         fds += [os.open(path, os.O_RDONLY | os.O_DIRECTORY) for path in keep_paths]
@@ -111,6 +114,7 @@ def private_temp(tmp: str | None) -> bool:
             if libc.mount(source, path.encode(), None, _MS_BIND, None) != 0:
                 raise OSError(f"cannot mount {path} back")
             bound.insert(0, path.encode())
+        _make_links(links)  # a .venv symlink in a /tmp checkout: made again
         return os.path.isdir(tmp) or _undo(libc, bound)
     except OSError:
         return _undo(libc, bound)
@@ -134,10 +138,184 @@ def _kept_under_temp(scratch: str) -> list[str]:
     return outer
 
 
+_MS_NOSUID, _MS_NODEV, _MS_RDONLY, _MS_REMOUNT = 0x2, 0x4, 0x1, 0x20
+
+
+def python_paths() -> list[str]:
+    """The folders the sandbox's Python needs (the interpreter, its standard library, the
+    venv and its packages), each as written and resolved."""
+    packages = [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
+    dirs = [sys.base_prefix, sys.base_exec_prefix, sys.prefix, sys.exec_prefix, *packages,
+            os.path.dirname(sys.executable), os.path.dirname(os.path.realpath(sys.executable))]
+    return sorted({q for p in dirs if os.path.isdir(p) for q in (p, os.path.realpath(p))})
+
+
+def _closed_ancestor(path: str) -> str | None:
+    """The outermost folder on ``path`` that other users may not pass through (no o+x,
+    e.g. ``/root``, a ``mktemp -d``), or None."""
+    current = "/"
+    for part in path.strip("/").split("/"):
+        current = os.path.join(current, part)
+        try:
+            if not os.stat(current).st_mode & 0o001:
+                return current
+        except OSError:
+            return None
+    return None
+
+
+def expose_python() -> bool:
+    """Linux, as root, before the user switch: in a mount namespace of this process's own,
+    every folder on the way to the interpreter, its standard library and the venv that the
+    sandbox uid could not pass (``/root`` of a pyenv Python, a 0700 checkout) is covered by
+    an empty tmpfs, and only those Python folders are mounted back, read-only, at their own
+    paths (and the symlinks on the way, such as a checkout's ``.venv``, made again): the
+    sandbox can run Python (a fresh interpreter too) and sees nothing else of the folder.
+    False, with nothing changed, where the platform does not allow it."""
+    if not sys.platform.startswith("linux"):
+        return False
+    closed: dict[str, list[str]] = {}
+    for path in python_paths():
+        real = os.path.realpath(path)
+        for name in (real, path):
+            if any(name.startswith(d + os.sep) for d in PRIVATE_TEMP_DIRS):
+                continue  # the lab's own /tmp (its group's): private_temp mounted it back
+            top = _closed_ancestor(name)
+            if top is not None and top != name:
+                closed.setdefault(top, [])
+                if name == real:
+                    closed[top].append(real)
+    if not closed:
+        return True
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.unshare(_CLONE_NEWNS) != 0 or libc.mount(
+                b"none", b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    links = _links_under(tuple(closed))
+    for top, paths in sorted(closed.items()):
+        _cover(libc, top, paths)
+    try:
+        _make_links(links)
+    except OSError:
+        pass
+    return True
+
+
+def _cover(libc: Any, top: str, paths: list[str]) -> None:
+    """An empty tmpfs over ``top``, and ``paths`` (folders inside it) bound back read-only."""
+    keep = [p for p in sorted(set(paths))
+            if not any(p.startswith(o + os.sep) for o in paths if o != p)]
+    fds = []
+    try:
+        fds = [os.open(p, os.O_RDONLY | os.O_DIRECTORY) for p in keep]
+        if libc.mount(b"tmpfs", top.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV,
+                      b"mode=0755,size=1m") != 0:
+            return
+        for path, fd in zip(keep, fds):
+            os.makedirs(path, exist_ok=True)
+            target = path.encode()
+            if libc.mount(f"/proc/self/fd/{fd}".encode(), target, None,
+                          _MS_BIND | _MS_REC, None) == 0:
+                libc.mount(None, target, None,
+                           _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID, None)
+    except OSError:
+        return
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _links_under_temp() -> list[tuple[str, str]]:
+    return _links_under(PRIVATE_TEMP_DIRS)
+
+
+def _links_under(roots: tuple[str, ...]) -> list[tuple[str, str]]:
+    """``(path, target)`` of each symlink inside ``roots`` on the way to the Python folders
+    as written (``/tmp/clone/.venv -> /tmp/venvs/course``): the folders behind them are
+    mounted back, and the links must be there too, or the paths Python was started with
+    lead nowhere."""
+    packages = [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
+    found: dict[str, str] = {}
+    for path in (sys.prefix, sys.exec_prefix, os.path.dirname(sys.executable), *packages):
+        current = "/"
+        for part in path.strip("/").split("/"):
+            current = os.path.join(current, part)
+            if os.path.islink(current):
+                if any(current.startswith(d + os.sep) for d in roots):
+                    found[current] = os.readlink(current)
+                current = os.path.realpath(current)
+    return sorted(found.items())
+
+
+def _make_links(links: list[tuple[str, str]]) -> None:
+    for link, target in links:
+        if not os.path.lexists(link):
+            os.makedirs(os.path.dirname(link), exist_ok=True)
+            os.symlink(target, link)
+
+
 def _undo(libc: object, bound: list[bytes]) -> bool:
     for target in reversed(bound):
         libc.umount2(target, _MNT_DETACH)  # type: ignore[attr-defined]
     return False
+
+
+_CLONE_NEWNET, _CLONE_NEWIPC = 0x40000000, 0x08000000
+_SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
+
+
+def share_nothing() -> dict[str, bool]:
+    """Linux, as root, before the user switch: this process (and what it starts) gets a
+    network namespace of its own (no network at all; a loopback of its own, up, so that a
+    lab's own ranks can still talk over it; abstract Unix sockets of other namespaces are
+    out of reach), an IPC namespace of its own (System V shared memory, semaphores, message
+    queues), an empty ``/dev/shm`` of its own (a tmpfs in its mount namespace), and a
+    ``/proc`` that shows a sandbox uid only its own processes (``hidepid=invisible``; each
+    sandboxed process has a uid of its own). What the platform refuses is left as it was;
+    the result says what was done."""
+    done = {"network": False, "ipc": False, "shm": False, "proc": False}
+    if not sys.platform.startswith("linux"):
+        return done
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return done
+    done["network"] = libc.unshare(_CLONE_NEWNET) == 0
+    if done["network"]:
+        _loopback_up()
+    done["ipc"] = libc.unshare(_CLONE_NEWIPC) == 0
+    if libc.unshare(_CLONE_NEWNS) == 0 and libc.mount(
+            b"none", b"/", None, _MS_REC | _MS_PRIVATE, None) == 0:
+        if os.path.isdir("/dev/shm"):
+            done["shm"] = libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", _MS_NOSUID | _MS_NODEV,
+                                     b"mode=1777,size=1g") == 0
+        for options in (b"hidepid=invisible", b"hidepid=2"):
+            if libc.mount(b"proc", b"/proc", b"proc", _MS_NOSUID | _MS_NODEV | 0x8,
+                          options) == 0:  # 0x8: MS_NOEXEC
+                done["proc"] = True
+                break
+    return done
+
+
+def _loopback_up() -> None:
+    import fcntl
+    import socket
+    import struct
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            flags = struct.unpack("16sH", fcntl.ioctl(s, _SIOCGIFFLAGS,
+                                                      struct.pack("16sH", b"lo", 0)))[1]
+            fcntl.ioctl(s, _SIOCSIFFLAGS, struct.pack("16sH", b"lo", flags | _IFF_UP))
+    except OSError:
+        pass
 
 
 def limit_resources(switched: bool) -> None:
@@ -173,6 +351,8 @@ def enter_sandbox(fds: dict[int, int], uid: int | None, gid: int | None, cwd: st
     os.closerange(max(fds) + 1, os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 65536)
     if uid is not None:
         private_temp(os.environ.get("TMPDIR"))
+        expose_python()
+        share_nothing()
     no_new_privileges()
     drop_privileges(uid, gid)
     limit_resources(uid is not None)

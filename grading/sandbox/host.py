@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -265,9 +266,11 @@ def _first_unreadable(paths: list[str]) -> str:
     return ""
 
 
-def can_switch_user(uid: int) -> str | None:
+def can_switch_user(uid: int, prepare: Callable[[], object] | None = None) -> str | None:
     """``None`` if this process can run a child as ``uid`` and that child can read the
-    interpreter and the labs' packages (:func:`python_files`, the pre-flight), else why not."""
+    interpreter and the labs' packages (:func:`python_files`, the pre-flight), else why not.
+    ``prepare`` runs in the child before it switches, as a sandboxed process's does
+    (``grading.sandbox.confine.expose_python``: Python folders behind ``/root`` bound back)."""
     if not hasattr(os, "setuid") or not hasattr(os, "fork"):
         return "this platform has no user switch"
     if os.geteuid() != 0:
@@ -279,6 +282,8 @@ def can_switch_user(uid: int) -> str | None:
         code = 1
         try:
             os.close(read_end)
+            if prepare is not None:
+                prepare()
             os.setgroups([])
             os.setgid(uid)
             os.setuid(uid)
@@ -352,8 +357,10 @@ def parse_uids(spec: str) -> tuple[int, int]:
     return lo, hi
 
 
-def choose_mode(labs: int = 1) -> tuple[Mode, list[tuple[int, int]]]:
-    """The mode for this machine and, with a user switch, one uid block per lab."""
+def choose_mode(labs: int = 1, prepare: Callable[[], object] | None = None
+                ) -> tuple[Mode, list[tuple[int, int]]]:
+    """The mode for this machine and, with a user switch, one uid block per lab
+    (``prepare``: see :func:`can_switch_user`)."""
     spec = os.environ.get(ENV_UIDS, "").strip().lower()
     if spec in ("none", "off", "no", "0"):
         return Mode(None, f"{ENV_UIDS}={spec}"), []
@@ -366,7 +373,7 @@ def choose_mode(labs: int = 1) -> tuple[Mode, list[tuple[int, int]]]:
         blocks = allocate_uid_blocks(labs)
     except SandboxError as exc:
         return Mode(None, str(exc)), []
-    reason = can_switch_user(blocks[0][0])
+    reason = can_switch_user(blocks[0][0], prepare)
     if reason is not None:
         release(blocks)
         return Mode(None, reason), []

@@ -49,7 +49,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grading.sandbox import host
+from grading.sandbox import frames, host
+from grading.sandbox.confine import expose_python
 from grading.sandbox.host import (
     Mode,
     SandboxError,
@@ -153,7 +154,7 @@ def grading_session(root: Path, labs: list[str], enabled: bool, results: Path | 
         yield Session("none: this platform cannot fork a sandboxed worker (Windows), so the "
                       "graded code runs inside the test process", False, {})
         return
-    mode, blocks = choose_mode(len(labs))
+    mode, blocks = choose_mode(len(labs), expose_python)
     if top_level:
         host.set_subreaper()
     restore = lock_tree(root, results, impl) if mode.uids is not None else (lambda: None)
@@ -176,6 +177,7 @@ def grading_session(root: Path, labs: list[str], enabled: bool, results: Path | 
 # ---- sandbox -----------------------------------------------------------------------------
 
 
+PROGRAM_REPLY_LIMIT = 8 << 20  # bytes a sandboxed program may answer (plain JSON)
 ENV_ENABLE = "COURSE_SANDBOX"  # "1": load_impl returns a proxy (set by the grader)
 ENV_ZYGOTE = "COURSE_SANDBOX_ZYGOTE"  # a sandbox the grader started for the test process
 
@@ -293,6 +295,54 @@ class LabSandbox:
         child.close()
         return WorkerProcess(reply["pid"], parent, log, stack)
 
+    def run_program(self, argv: list[str], stdin: bytes, deadline: float,
+                    max_reply: int = PROGRAM_REPLY_LIMIT,
+                    env: dict[str, str] | None = None) -> tuple[int | None, bytes, str]:
+        """Run ``python <argv>`` as a fresh interpreter in the sandbox (forked by the zygote,
+        in the sandbox before it ``exec`` s), ``stdin`` as its input; ``(exit code or None
+        when it was killed at ``deadline`` or for a reply over ``max_reply`` bytes, its
+        standard output, the tail of its log)``. Its own client connection: the test
+        process's control connection is not needed."""
+        self.connect()
+        client = ZygoteClient(self.socket_path, deadline)
+        self.count += 1
+        log = self.private / f"program-{self.count}.log"
+        in_r, in_w = os.pipe()
+        out_r, out_w = os.pipe()
+        full_env = sandbox_env(self.scratch, self.impl) | dict(env or {})
+        try:
+            with open(log, "wb") as log_file:
+                reply = client.request(
+                    {"op": "program", "argv": list(argv), "cwd": str(self.scratch),
+                     "env": full_env},
+                    fds=[in_r, out_w, log_file.fileno()], deadline=deadline)
+            os.close(in_r)
+            os.close(out_w)
+            in_r = out_w = -1
+            pid = reply["pid"]
+            writer = [in_w]
+            in_w = -1
+            out, complete = _read_bounded(out_r, writer, stdin, deadline, max_reply)
+            in_w = writer[0]
+            code = None
+            if complete:
+                left = max(deadline - time.monotonic(), 0.1)
+                code = client.request({"op": "wait", "pid": pid},
+                                      deadline=time.monotonic() + left).get("code")
+            if code is None:
+                client.request({"op": "kill", "pid": pid}, deadline=time.monotonic() + 60)
+            return code, out, _file_tail(log)
+        except (OSError, EOFError, TimeoutError, KeyError, frames.FrameError) as exc:
+            return None, b"", f"{_file_tail(log)}\n(the sandbox: {exc!r})"
+        finally:
+            for fd in (in_r, out_w, out_r, in_w):
+                if fd >= 0:
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
+            client.close()
+
     def kill(self, pid: int, wait: bool = True) -> None:
         """End ``pid`` and everything it started (``wait=False``: do not wait for it)."""
         if self.client is not None:
@@ -338,6 +388,59 @@ class LabSandbox:
         shutil.rmtree(self.private, ignore_errors=True)
 
 
+def _read_bounded(out_r: int, writer: list[int], data: bytes, deadline: float, limit: int
+                  ) -> tuple[bytes, bool]:
+    """Write ``data`` to ``writer[0]`` (then close it and set -1 there) while reading
+    ``out_r`` to its end; ``(what was read, True)``, or ``False`` at ``deadline`` or past
+    ``limit`` bytes."""
+    import selectors
+
+    in_w = writer[0]
+    chunks: list[bytes] = []
+    size = 0
+    sel = selectors.DefaultSelector()
+    os.set_blocking(in_w, False)
+    sel.register(out_r, selectors.EVENT_READ)
+    if data:
+        sel.register(in_w, selectors.EVENT_WRITE)
+    else:
+        os.close(in_w)
+        writer[0] = -1
+    view = memoryview(data)
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return b"".join(chunks), False
+            for key, _ in sel.select(min(left, 1.0)):
+                if key.fd == out_r:
+                    chunk = os.read(out_r, 1 << 16)
+                    if not chunk:
+                        return b"".join(chunks), True
+                    size += len(chunk)
+                    if size > limit:
+                        return b"", False
+                    chunks.append(chunk)
+                else:
+                    try:
+                        view = view[os.write(in_w, view[: 1 << 16]):]
+                    except BrokenPipeError:
+                        view = view[:0]
+                    if not view:
+                        sel.unregister(in_w)
+                        os.close(in_w)
+                        writer[0] = -1
+    finally:
+        sel.close()
+
+
+def _file_tail(path: Path, size: int = 4000) -> str:
+    try:
+        return path.read_bytes()[-size:].decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m grading.sandbox.lab_sandbox")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -347,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("check", help="say how the graded code would be isolated here")
     args = parser.parse_args(argv)
     if args.command == "check":
-        mode, _ = choose_mode()
+        mode, _ = choose_mode(prepare=expose_python)
         print(mode.describe())
         return 0
     signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -29,7 +29,7 @@ import types
 from pathlib import Path
 from typing import Any
 
-from grading.sandbox import frames, wire
+from grading.sandbox import frames, launches, wire
 from grading.sandbox.confine import enter_sandbox
 
 # ---- worker wire -------------------------------------------------------------------------
@@ -210,6 +210,7 @@ class Worker:
     def start(self) -> None:
         from common.loader import load_lab_module
 
+        launches.install(str(self.lab_dir / f"{self.impl}.py"))
         try:
             self.module = load_lab_module(self.lab_dir, self.impl)
         except BaseException as exc:  # noqa: BLE001 - a submission that cannot be imported
@@ -254,13 +255,16 @@ class Worker:
                 "ok", result, [])
         fn = obj if op == "call" else getattr(obj, name)
         snaps = snapshot(args, kwargs)
-        if instrument:
-            from common.testing import INSTRUMENTS
+        before = launches.tensors_before(args, kwargs)
+        with launches.recording() as record:
+            if instrument:
+                from common.testing import INSTRUMENTS
 
-            result = INSTRUMENTS[instrument](fn, *args, **kwargs)
-        else:
-            result = fn(*args, **kwargs)
-        return ("ok", result, changed(snaps))
+                result = INSTRUMENTS[instrument](fn, *args, **kwargs)
+            else:
+                result = fn(*args, **kwargs)
+        return ("ok", result, changed(snaps),
+                launches.report(record, result, before, args, kwargs))
 
 
 def signature_info(fn: Any) -> list | None:
@@ -320,6 +324,19 @@ def run_worker(request: dict[str, Any], fds: list[int]) -> int:
     faulthandler.register(signal.SIGUSR1, file=stack, all_threads=True)
     Worker(socket.socket(fileno=3), request).start()
     return 0
+
+
+def run_program(request: dict[str, Any], fds: list[int]) -> int:
+    """A trusted program of the grader (``python -m grading.sandbox.compiler``) run as a fresh
+    interpreter inside the sandbox: it enters it, then ``exec`` s ``request["argv"]`` (after
+    ``sys.executable``) with ``request["env"]``. Nothing it does reaches the trusted side but
+    what it writes to its standard output, which the trusted side reads as plain data."""
+    stdin, stdout, stderr = fds
+    enter_sandbox({0: stdin, 1: stdout, 2: stderr}, request.get("uid"), request.get("gid"),
+                  request["cwd"])
+    argv = [sys.executable, *request["argv"]]
+    os.execve(sys.executable, argv, dict(request["env"]))
+    return 70  # pragma: no cover - execve does not return
 
 
 def run_script(request: dict[str, Any], fds: list[int]) -> int:

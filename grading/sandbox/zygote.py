@@ -9,6 +9,8 @@ The **zygote** runs in a scratch copy of one lab (the student's file, the lab's 
 - ``worker``: fork a **worker** that drops to the sandbox uid (when there is one), imports the
   graded module (``starter.py``) and answers calls over the socket it was given;
 - ``script``: fork a lab script (``LabScript``: lab-04's torch.distributed ring) the same way;
+- ``program``: fork a child that enters the sandbox and ``exec`` s a fresh interpreter on one
+  of the grader's programs (the compile step, :mod:`grading.sandbox.compiler`);
 - ``kill``: end a worker or script and everything it started; ``wait``: its exit status.
 
 Forking from a warm zygote makes a restart after a crash cost milliseconds, not the few
@@ -35,7 +37,7 @@ from typing import Any
 
 from grading.sandbox import frames, host
 from grading.sandbox.confine import preimport, readable_by
-from grading.sandbox.worker import run_script, run_worker
+from grading.sandbox.worker import run_program, run_script, run_worker
 from grading.sandbox.zygote_client import lab_imports
 
 
@@ -110,7 +112,7 @@ class Zygote:
             return
         request = json.loads(data)
         op, rid = request["op"], request.get("id")
-        if op in ("worker", "script"):
+        if op in ("worker", "script", "program"):
             self.reply(conn, {"id": rid, "pid": self.fork(request, fds, conn)})
         elif op == "wait":
             pid = request["pid"]
@@ -153,7 +155,8 @@ class Zygote:
             code = 70
             try:
                 request = dict(request, uid=uid, gid=gid)
-                code = (run_worker if request["op"] == "worker" else run_script)(request, fds)
+                run = {"worker": run_worker, "script": run_script, "program": run_program}
+                code = run[request["op"]](request, fds)
             except SystemExit as exc:
                 code = exc.code if isinstance(exc.code, int) else 1
             except BaseException:  # noqa: BLE001

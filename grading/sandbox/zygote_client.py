@@ -103,6 +103,10 @@ def _chown_tree(path: Path, gid: int, dir_mode: int, file_mode: int) -> None:
 # What of the project the sandbox runs: ``common`` and the grader's sandbox package (the
 # zygote and the worker), never its plugin, its run or its tools.
 SANDBOX_CODE = ("common", "grading/sandbox")
+# ... and the GPU report's compiler, which the sandboxed compile step runs
+# (:mod:`grading.sandbox.compiler`): trusted code, run there because it imports the graded file.
+COMPILE_CODE = ("bench/__init__.py", "bench/gpu_compile.py", "bench/gpu_kernels.py",
+                "bench/kernels.py", "bench/workloads.py", "bench/shapes.py", "bench/counts.py")
 # ... less the float64 reference the tests compare with: graded code cannot import it,
 # unless its lab's given provided.py imports it (lab-02 measures SDPA against it).
 HIDDEN_FROM_SANDBOX = ("reference.py",)
@@ -133,14 +137,19 @@ def copy_code(root: Path, scratch: Path, owned_by_root: bool, reference: bool = 
         shutil.copytree(root / rel, scratch / rel, symlinks=True,
                         ignore=shutil.ignore_patterns("*.tmp", "__pycache__", *hidden))
     shutil.copy2(root / "grading" / "__init__.py", scratch / "grading" / "__init__.py")
+    for rel in COMPILE_CODE:
+        if (root / rel).is_file():
+            (scratch / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(root / rel, scratch / rel)
     if owned_by_root:
         copy_code_owner(scratch)
 
 
 def copy_code_owner(scratch: Path) -> None:
     """Root owns the copied code; the sandbox may read it."""
-    for top in {rel.split("/")[0] for rel in SANDBOX_CODE}:
-        _chown_tree(scratch / top, 0, 0o755, 0o644)
+    for top in {rel.split("/")[0] for rel in (*SANDBOX_CODE, *COMPILE_CODE)}:
+        if (scratch / top).is_dir():
+            _chown_tree(scratch / top, 0, 0o755, 0o644)
 
 
 def make_scratch(root: Path, lab: Path, impl: str, gid: int | None, base: Path | None = None

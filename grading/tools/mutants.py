@@ -16,12 +16,18 @@ A mutant is a plausible wrong implementation, kept as a text file
     >>>>>>> replace
 
 The first comment line says what the mistake is. ``# file:`` names the lab file the blocks
-below it edit (default ``solution.py``; ``provided.py`` also works). A mutant may hold
+below it edit (default ``solution.py``; ``provided.py`` also works; a path with a ``/``, such
+as ``common/launch_plan.py``, is a shared file of the repository). A mutant may hold
 several blocks; each ``find`` text must occur exactly once in its file. The runner copies
 the lab to a scratch folder inside the repository (so ``conftest.py`` applies), applies the
 mutant, runs the lab's tests with ``LAB_IMPL=solution`` and requires them to fail. It first
 checks that the unmutated copy passes, so a failure is the mutant's doing. A mutant the
 tests cannot even import (a syntax error) is reported as broken, not as killed.
+
+Mutants of shared code live in ``tests/mutants/common/`` (``# file: common/testing.py``).
+Each runs against every lab that imports the mutated module (directly or through another
+module of ``common/``), on a scratch copy of the repository's code; it is killed when at
+least one of those labs fails (``--lab 03`` runs lab 03's share of them, reported only).
 
 Instructors add their own mutants the same way; ``make release`` drops ``tests/mutants``.
 """
@@ -47,6 +53,14 @@ BLOCK = re.compile(
     re.MULTILINE | re.DOTALL,
 )
 PER_RUN_TIMEOUT = 240  # seconds: a mutant that hangs a lab counts as killed only by the limit
+SHARED = "common"  # tests/mutants/common/: mutants of the shared code
+# Copied into a shared mutant's scratch root (the rest of the repository is linked, read-only).
+COPIED = ("common", "conftest.py", "pyproject.toml")
+_IMPORT = re.compile(
+    r"^[ \t]*(?:from[ \t]+common(?:\.(\w+))?[ \t]+import[ \t]+(\([^)]*\)|[\w \t,]+)"
+    r"|import[ \t]+common\.(\w+))",
+    re.MULTILINE,
+)
 
 
 class MutantError(ValueError):
@@ -93,9 +107,10 @@ def parse_mutant(path: Path, lab: str) -> Mutant:
 
 
 def apply_mutant(mutant: Mutant, lab_dir: Path) -> None:
-    """Apply every edit of ``mutant`` to the lab folder ``lab_dir`` in place."""
+    """Apply every edit of ``mutant`` to the lab folder ``lab_dir`` in place (a ``file``
+    with a ``/`` is relative to the root holding ``lab_dir``'s ``labs/``)."""
     for file, find, replace in mutant.edits:
-        target = lab_dir / file
+        target = lab_dir.parent.parent / file if "/" in file else lab_dir / file
         if not target.is_file():
             raise MutantError(f"{mutant.lab}/{mutant.name}: no file {file} in the lab")
         source = target.read_text()
@@ -121,6 +136,66 @@ def discover(root: Path, wanted: str | None) -> dict[str, list[Mutant]]:
         files = sorted((root / MUTANTS_DIR / lab.name).glob("*.mutant"))
         found[lab.name] = [parse_mutant(f, lab.name) for f in files]
     return found
+
+
+def _imports(text: str, modules: set[str]) -> set[str]:
+    """The modules of ``common/`` that ``text`` imports (``__init__`` for its own names)."""
+    found = set()
+    for sub, names, plain in _IMPORT.findall(text):
+        if plain or sub:
+            found.add(plain or sub)
+            continue
+        for name in re.findall(r"\w+", names):
+            found.add(name if name in modules else "__init__")
+    return found & modules
+
+
+def labs_using(root: Path, file: str) -> list[str]:
+    """The labs whose code or tests import the shared module ``file`` (``common/x.py``),
+    directly or through other modules of ``common/`` (the test machinery's own imports, in
+    ``conftest.py``, do not count: every lab would use everything)."""
+    common = root / SHARED
+    modules = {p.stem for p in common.glob("*.py")}
+    deps = {m: _imports((common / f"{m}.py").read_text(), modules) for m in modules}
+    deps["__init__"] = deps.get("__init__", set())
+
+    def closure(start: set[str]) -> set[str]:
+        seen, todo = set(), list(start)
+        while todo:
+            m = todo.pop()
+            if m not in seen:
+                seen.add(m)
+                todo += deps.get(m, set())
+        return seen
+
+    target = Path(file).stem
+    users = []
+    for lab in sorted(p for p in (root / "labs").glob("lab-*") if p.is_dir()):
+        text = "\n".join(f.read_text() for f in lab.glob("*.py"))
+        if target in closure(_imports(text, modules) | {"__init__"}):
+            users.append(lab.name)
+    return users
+
+
+def _scratch_root(root: Path, lab: str) -> Path:
+    """A scratch copy of the repository's shared code with ``lab`` as its only lab: the
+    directories a mutant may edit copied, the rest linked; returns the copy's lab folder."""
+    base = root / SCRATCH
+    base.mkdir(exist_ok=True)
+    holder = Path(tempfile.mkdtemp(dir=base))
+    for entry in root.iterdir():
+        if entry.name in COPIED:
+            if entry.is_dir():
+                shutil.copytree(entry, holder / entry.name,
+                                ignore=shutil.ignore_patterns("__pycache__"))
+            else:
+                shutil.copy2(entry, holder / entry.name)
+        elif entry.name not in ("labs", SCRATCH, ".git") and not entry.name.startswith(".venv"):
+            (holder / entry.name).symlink_to(entry)
+    dest = holder / "labs" / lab
+    shutil.copytree(root / "labs" / lab, dest,
+                    ignore=shutil.ignore_patterns("__pycache__", "figures", "*.png"))
+    return dest
 
 
 def _run_lab_tests(root: Path, lab_copy: Path) -> tuple[int, str]:
@@ -175,8 +250,11 @@ def _scratch_copy(root: Path, lab: str) -> Path:
 
 
 def run_one(root: Path, mutant: Mutant | None, lab: str) -> Outcome | tuple[int, str]:
-    """Run the lab's tests on a scratch copy with ``mutant`` applied (None: unmutated)."""
-    copy = _scratch_copy(root, lab)
+    """Run the lab's tests on a scratch copy with ``mutant`` applied (None: unmutated). A
+    mutant of shared code gets a scratch root of its own (``_scratch_root``)."""
+    shared = mutant is not None and any("/" in file for file, _, _ in mutant.edits)
+    copy = _scratch_root(root, lab) if shared else _scratch_copy(root, lab)
+    where = copy.parent.parent if shared else root
     try:
         if mutant is None:
             return _run_lab_tests(root, copy)
@@ -184,14 +262,59 @@ def run_one(root: Path, mutant: Mutant | None, lab: str) -> Outcome | tuple[int,
             apply_mutant(mutant, copy)
         except MutantError as e:
             return Outcome(mutant, "BROKEN", str(e))
-        rc, output = _run_lab_tests(root, copy)
+        rc, output = _run_lab_tests(where, copy)
         if rc == 0:
             return Outcome(mutant, "SURVIVED", "every test passed")
         if rc in (1, -1):
             return Outcome(mutant, "killed", _first_failure(output) if rc == 1 else output)
         return Outcome(mutant, "BROKEN", f"pytest exit {rc}: {_first_failure(output)}")
     finally:
-        shutil.rmtree(copy.parent, ignore_errors=True)
+        shutil.rmtree(copy.parent.parent if shared else copy.parent, ignore_errors=True)
+
+
+def shared_mutants(root: Path, wanted: str | None) -> list[tuple[Mutant, list[str]]]:
+    """The mutants of shared code, each with the labs (matching ``wanted``) it runs against."""
+    out = []
+    for path in sorted((root / MUTANTS_DIR / SHARED).glob("*.mutant")):
+        mutant = parse_mutant(path, SHARED)
+        files = [f for f, _, _ in mutant.edits if "/" in f]
+        if not files:
+            raise MutantError(f"{path}: a shared mutant edits a shared file (# file: common/...)")
+        labs = sorted(set().union(*(labs_using(root, f) for f in files)))
+        if wanted:
+            labs = [lab for lab in labs if lab.startswith((f"lab-{wanted}", wanted))]
+        labs = [lab for lab in labs if (root / "labs" / lab / "solution.py").is_file()]
+        if labs:
+            out.append((mutant, labs))
+    return out
+
+
+def run_shared(root: Path, wanted: str | None, jobs: int) -> tuple[int, int]:
+    """Run every shared mutant against each lab that uses it; ``(killed, total)``: killed
+    when at least one of those labs fails."""
+    found = shared_mutants(root, wanted)
+    if not found:
+        return 0, 0
+    print(f">> {SHARED}: {len(found)} mutants of shared code, each against the labs using it",
+          flush=True)
+    pairs = [(m, lab) for m, labs in found for lab in labs]
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        outcomes = list(pool.map(lambda p: run_one(root, *p), pairs))
+    if wanted:
+        print("   (one lab's share: a lab need not catch every mistake in shared code it uses; "
+              "make mutants, over every lab, requires each to be killed by at least one)")
+    killed = 0
+    for mutant, _ in found:
+        mine = [(lab, o) for (m, lab), o in zip(pairs, outcomes) if m is mutant]
+        status = ("killed" if any(o.status == "killed" for _, o in mine)  # type: ignore[union-attr]
+                  else "BROKEN" if any(o.status == "BROKEN" for _, o in mine)  # type: ignore[union-attr]
+                  else "SURVIVED")
+        killed += status == "killed"
+        print(f"   {status:8s} {mutant.name}: {mutant.description}")
+        for lab, o in mine:
+            print(f"            {lab}: {o.status} {o.detail}")  # type: ignore[union-attr]
+    print(f"   {SHARED}: {killed}/{len(found)} mutants killed", flush=True)
+    return killed, len(found)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -211,6 +334,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{lab}: {len(mutants)} mutants")
             for m in mutants:
                 print(f"  {m.name}: {m.description}")
+        for m, labs in shared_mutants(root, args.lab):
+            print(f"  {SHARED}/{m.name}: {m.description} (against {', '.join(labs)})")
         return 0
     failed = False
     total_killed = total = 0
@@ -238,6 +363,10 @@ def main(argv: list[str] | None = None) -> int:
         total += len(outcomes)
         print(f"   {lab}: {killed}/{len(outcomes)} mutants killed", flush=True)
         failed |= killed != len(outcomes)
+    shared_killed, shared_total = run_shared(root, args.lab, args.jobs)
+    if not args.lab:  # with --lab, the shared mutants are that lab's share: reported only
+        total_killed, total = total_killed + shared_killed, total + shared_total
+        failed |= shared_killed != shared_total
     print(f"mutants: {total_killed}/{total} killed" + ("" if not failed else " -- FAILED"))
     try:  # each run removed its own copies; another run may still be using the folder
         (root / SCRATCH).rmdir()

@@ -24,6 +24,7 @@ from common.triton_env import (
     cdiv,
     check_kernel_dtype,
     default_scale,
+    plan_target,
     tl,
 )
 
@@ -137,7 +138,7 @@ def gpu_tiles(head_dim: int) -> dict[str, int]:
     registers, 60 bytes), with 3 stages on sm_100 (8 bytes; ``make gpu-report`` with the
     pinned triton 3.7.1, compiled, not run).
     """
-    return launch_plan.flash_forward(head_dim, launch_plan.H100).config  # common/launch_plan.py
+    return launch_plan.flash_forward(head_dim, plan_target()).config  # common/launch_plan.py
 
 
 # CUDA's limits on a launch grid: x up to 2^31 - 1 programs, y and z up to 65,535.

@@ -19,16 +19,19 @@ from common import load_impl, prefix_mask, reference_attention
 from common.loader import load_lab_module
 from common.reference import reference_softmax, to_float64
 from common.testing import (
+    ACC_IN_FP16,
     LAYOUTS,
     ODD_HEAD_DIMS,
     TILE_SHAPES,
     BadInputs,
     assert_close,
+    assert_loads_in_bounds,
     assert_no_races,
     assert_peak_below,
     bad_input_test,
     basic_value_test,
     called_on_copies,
+    cancelling,
     examples,
     host_syncs,
     kernel_memory,
@@ -339,6 +342,32 @@ def test_scores_are_scaled_by_one_over_sqrt_d_by_default():
     out, _ = impl.flash_attention_forward(q, k, v, block_q=4, block_k=4, scale=0.3)
     assert_attention_close(out, reference(q, k, v, scale=0.3)[0], what="out with scale=0.3")
 
+
+SCALE_ZERO_AS_DEFAULT = (
+    "scale=0 was not used, 1/sqrt(d) was: either the keyword is not passed on, or 0 was taken "
+    "for 'use the default' (`scale or 1/sqrt(d)`). 0 is a scale (every score 0, uniform "
+    "weights); only None means the default (`if scale is None`)"
+)
+
+
+@pytest.mark.points(0.5)
+@pytest.mark.parametrize("scale", [0.0, 0.3, 2.5])
+def test_every_numpy_forward_takes_the_scale_keyword(scale):
+    q, k, v = random_qkv(6, 7, 11, 8, 5)
+    for causal in (False, True):
+        want_out, want_lse = reference(q, k, v, causal, scale=scale)
+        default_out, default_lse = reference(q, k, v, causal)
+        wrong = {SCALE_ZERO_AS_DEFAULT if scale == 0 else "scale= was ignored: 1/sqrt(d) used":
+                 default_out}  # fmt: skip
+        got = impl.naive_attention(q, k, v, scale=scale, causal=causal)
+        assert_attention_close(got, want_out, what=f"naive_attention(scale={scale}, "
+                               f"causal={causal})", wrong_answers=wrong)  # fmt: skip
+        out, lse = impl.flash_attention_forward(q, k, v, block_q=4, block_k=4, scale=scale,
+                                                causal=causal)  # fmt: skip
+        assert_attention_close(out, want_out, what=f"flash_attention_forward out (scale={scale}, "
+                               f"causal={causal})", wrong_answers=wrong)  # fmt: skip
+        assert_attention_close(lse, want_lse, what=f"flash_attention_forward lse (scale={scale})",
+                               wrong_answers={SCALE_ZERO_AS_DEFAULT: default_lse})  # fmt: skip
 
 @pytest.mark.points(1)
 @pytest.mark.parametrize("lq, lk", [(10, 10), (7, 12), (12, 7)])
@@ -732,6 +761,8 @@ def test_triton_kernel_takes_a_custom_scale():
 
     q, k, v = torch_qkv(1, 1, 19, 30, 16, 16, torch.float32, DEVICE, seed=5)
     check_forward_kernel(q, k, v, False, (16, 32), scale=0.3)
+    # 0 is a scale (uniform weights), not "use the default": only None means 1/sqrt(d)
+    check_forward_kernel(q, k, v, True, (16, 16), scale=0.0, what="scale=0.0, ")
 
 
 @pytest.mark.triton
@@ -759,6 +790,25 @@ def test_triton_kernel_in_float16(causal):
     q, k, v = torch_qkv(1, 1, 24, 37, 32, 32, torch.float16, DEVICE, seed=9)
     check_forward_kernel(q, k, v, causal, (16, 32) if causal else (32, 16))
 
+
+@pytest.mark.triton
+@pytest.mark.points(1)
+def test_triton_kernel_accumulates_float16_inputs_in_float32():
+    """float16 values of +-30 whose weighted sum cancels: the running acc reaches ~500 where
+    float16 steps by 0.25-0.5; a float32 accumulator keeps the small answer exact enough."""
+    import torch
+
+    from common.triton_env import DEVICE
+
+    q, k, v = torch_qkv(1, 1, 16, 64, 16, 16, torch.float16, DEVICE, seed=5)
+    q = q * 0.05  # near-uniform weights; the first two key tiles push acc up, the last two back
+    v = torch.from_numpy(cancelling(0.1 * to_float64(v), axis=2)).to(torch.float16)
+    want_out, want_lse = reference_bhld(q, k, v, False)
+    out, lse = impl.flash_attention_triton(q, k, v, block_m=16, block_n=16)
+    atol, rtol = tolerance("float16")
+    assert_attention_close(out, want_out, what="float16 out", atol=atol, rtol=rtol,
+                           hint=ACC_IN_FP16)
+    assert_attention_close(lse, want_lse, what="float16 lse", atol=atol, rtol=rtol)
 
 @pytest.mark.triton
 @pytest.mark.points(1)
@@ -848,6 +898,30 @@ def test_triton_kernel_reads_transposed_and_sliced_views_through_their_strides(l
         "own: pass q.stride(), k.stride(), v.stride() and use one stride per dim"))
 
 
+
+@pytest.mark.triton
+@pytest.mark.points(1)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_triton_kernel_loads_only_rows_inside_the_tensors(causal):
+    """Every element the kernel loads lies in q, k, v's views: no padded query row past Lq, no
+    key row past Lk, no head-dim pad column, even where nothing stored depends on it."""
+    import torch
+
+    from common.triton_env import DEVICE
+
+    interpreter_only()
+    q, k, v = torch_qkv(1, 2, 21, 19, 24, 24, torch.float32, DEVICE, seed=31)
+    want_out, want_lse = reference_bhld(q, k, v, causal)
+    q, k, v = (strided_view(t, "sliced") for t in (q, k, v))  # NaN around every row
+    (out, lse), reports = kernel_memory(
+        impl.flash_attention_triton, q, k, v, causal=causal, block_m=16, block_n=16
+    )
+    assert_attention_close(out, want_out, what="out", atol=2e-5, rtol=2e-5)
+    assert_attention_close(lse, want_lse, what="lse", atol=2e-5, rtol=2e-5)
+    assert_loads_in_bounds(reports, "flash_attention_triton (Lq = 21, Lk = 19, d = 24, "
+                                    "16x16 tiles)")
+
+
 def interpreter_only():
     from common.triton_env import on_interpreter
 
@@ -874,6 +948,7 @@ def test_triton_causal_kernel_never_loads_key_tiles_above_the_diagonal(tiles):
     assert_attention_close(out, want_out, what="causal out", atol=2e-5, rtol=2e-5)
     assert_attention_close(lse, want_lse, what="causal lse", atol=2e-5, rtol=2e-5)
     assert_no_races(reports, "flash_attention_triton")
+    assert_loads_in_bounds(reports, "flash_attention_triton")
     # query tile m needs keys 0 .. (m + 1) * block_m - 1: whole key tiles up to that bound
     needed = sum(min(-(-min((m + 1) * block_m, lq) // block_n) * block_n, lq)
                  for m in range(-(-lq // block_m)))  # fmt: skip
@@ -1050,6 +1125,6 @@ def test_triton_key_offsets_are_64_bit_past_two_to_the_31_elements():
         )
 
 
-# ---- compiled for an H100 on the CPU: what the interpreter cannot see (bench/student_compile.py)
+# ---- compiled for an H100 on the CPU: what the interpreter cannot see (grading's compile_check)
 test_kernel_compiles_for_sm_90_with_ieee_dots_no_spills_and_64_bit_offsets = sm90_compile_test(
     __file__)  # None where bench/ is absent (the grader's copy): nothing to collect

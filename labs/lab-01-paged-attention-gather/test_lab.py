@@ -31,15 +31,18 @@ from common.paged import (
 )
 from common.reference import reference_decode
 from common.testing import (
+    ACC_IN_FP16,
     HEAD_RATIOS,
     LAYOUTS,
     ODD_HEAD_DIMS,
     BadInputs,
     assert_close,
+    assert_loads_in_bounds,
     assert_no_races,
     bad_input_test,
     basic_value_test,
     called_on_copies,
+    cancelling,
     head_counts,
     host_syncs,
     kernel_memory,
@@ -476,6 +479,39 @@ def test_query_head_h_reads_kv_head_h_div_group_size(which):
                  wrong_answers=head_mapping_mistakes(q[0], ks[0], vs[0]), **tol)
 
 
+SCALE_ZERO_AS_DEFAULT = (
+    "scale=0 was not used, 1/sqrt(d) was: either the keyword is not passed on, or 0 was taken "
+    "for 'use the default' (`scale or 1/sqrt(d)`). 0 is a scale (every score 0, uniform "
+    "weights); only None means the default (`if scale is None`)"
+)
+
+
+@pytest.mark.points(1)
+@pytest.mark.parametrize("scale", [0.0, 0.3])
+@pytest.mark.parametrize("which", IMPLS)
+def test_the_scale_keyword_reaches_every_decode_path(which, scale):
+    """``scale=`` of paged_decode_attention, its batch and the kernel; 0 is a real scale."""
+    rng = np.random.default_rng(7)
+    q, ks, vs = float32_case(rng.standard_normal((2, 4, 16)),
+                             *random_kv(rng, [11, 6], 2, 16))
+    paged = build_paged_kv(ks, vs, 4, rng=rng, padding="poisoned")
+    out, lse, tol = decode_with(which, q, paged, scale)
+    for b in range(2):
+        want_out, want_lse = reference_decode(q[b], ks[b], vs[b], scale=scale)
+        default_out, _ = reference_decode(q[b], ks[b], vs[b])
+        wrong = {SCALE_ZERO_AS_DEFAULT if scale == 0 else "scale= was ignored: 1/sqrt(d) used":
+                 default_out}  # fmt: skip
+        assert_close(out[b], want_out, what=f"{which} out of sequence {b} (scale={scale})",
+                     wrong_answers=wrong, **tol)
+        assert_close(lse[b], want_lse, what=f"{which} lse of sequence {b} (scale={scale})",
+                     **tol)
+        if which == "numpy":
+            one = impl.paged_decode_attention(q[b], paged.k_cache, paged.v_cache,
+                                              paged.block_tables[b], int(paged.seq_lens[b]),
+                                              scale=scale)  # fmt: skip
+            assert_close(one[0], want_out, what=f"paged_decode_attention(scale={scale}) out",
+                         wrong_answers=wrong, **tol)
+
 @pytest.mark.points(1)
 @pytest.mark.parametrize("head_dim", ODD_HEAD_DIMS)
 @pytest.mark.parametrize("which", IMPLS)
@@ -747,6 +783,24 @@ def test_triton_kernel_reads_transposed_and_sliced_views_through_their_strides(l
         assert_close(lse[b], want_lse, what=f"lse of sequence {b} ({layout} views)", **F32)
     if reports:  # on the interpreter: no two programs of the launch store one element
         assert_no_races(reports, "paged_decode_triton")
+        assert_loads_in_bounds(reports, "paged_decode_triton")
+
+
+@pytest.mark.triton
+@pytest.mark.points(1)
+def test_triton_kernel_accumulates_float16_in_float32():
+    """64 float16 positions of values +-30 (cancelling), near-uniform weights, 16-key tiles."""
+    rng = np.random.default_rng(14)
+    (k,), (v,) = random_kv(rng, [64], 1, 16)
+    q, ks, vs = float32_case(0.05 * rng.standard_normal((1, 4, 16)), [k],
+                             [cancelling(0.1 * v)], dtype=np.float16)  # fmt: skip
+    paged = build_paged_kv(ks, vs, 16, rng=rng, padding="poisoned")
+    out, lse = run_triton(q, paged, dtype=torch.float16, block_n=16)
+    want_out, want_lse = reference_decode(q[0], ks[0], vs[0])
+    atol, rtol = tolerance("float16")
+    assert_close(out[0], want_out, what="float16 out (cancelling values)", atol=atol, rtol=rtol,
+                 hint=ACC_IN_FP16)  # fmt: skip
+    assert_close(lse[0], want_lse, what="float16 lse", atol=atol, rtol=rtol)
 
 
 @pytest.mark.triton
@@ -969,6 +1023,6 @@ def test_triton_kernel_on_a_gpu_at_llama_size_matches_a_float32_reference(
     assert_close(lse, want_lse, what=f"lse ({dtype})", atol=atol, rtol=rtol)
 
 
-# ---- compiled for an H100 on the CPU: what the interpreter cannot see (bench/student_compile.py)
+# ---- compiled for an H100 on the CPU: what the interpreter cannot see (grading's compile_check)
 test_kernel_compiles_for_sm_90_with_ieee_dots_no_spills_and_64_bit_offsets = sm90_compile_test(
     __file__)  # None where bench/ is absent (the grader's copy): nothing to collect

@@ -543,12 +543,31 @@ def test_inputs_that_no_sdpa_backend_accepts_give_an_empty_list():
         "not an exception")
 
 
+@pytest.mark.points(1)
+def test_sdpa_backends_that_run_pass_the_attention_mask_on():
+    """``attn_mask=`` reaches every backend tried: a mask of a shape that does not broadcast
+    to the [Lq, Lk] scores is refused by all of them (so none runs), a good one by none."""
+    import torch
+
+    q, k, v = _qkv(torch.float32, lq=5, lk=6)
+    mask = torch.rand(5, 6, generator=torch.Generator().manual_seed(1)) > 0.3
+    mask[:, 0] = True  # every query attends something
+    got = impl.sdpa_backends_that_run(q, k, v, attn_mask=mask)
+    truth = [n for n in SDPA_NAMES if _runs_alone(n, q, k, v, attn_mask=mask)]
+    assert sorted(got) == sorted(truth), f"got {got}; trying each backend alone gives {truth}"
+    bad = torch.ones(3, 4, dtype=torch.bool)  # [3, 4] does not broadcast to [5, 6]
+    assert impl.sdpa_backends_that_run(q, k, v, attn_mask=bad) == [], (
+        "a [3, 4] mask for [5, 6] scores: every backend refuses it, so the answer is []; "
+        "backends ran, so attn_mask was not passed on to scaled_dot_product_attention")
+
 @pytest.mark.points(2)
 def test_sdpa_bisect_deviations_are_rounding_not_approximation():
     import torch
 
     q, k, v = _qkv(torch.float64)
     dev64 = impl.sdpa_bisect(q, k, v, is_causal=True)
+    assert isinstance(dev64, dict) and "MATH" in dev64, (
+        "sdpa_bisect returns {backend: deviation} for every backend that runs (MATH always does)")
     assert set(dev64) == set(impl.sdpa_backends_that_run(q, k, v, is_causal=True))
     for name, dev in dev64.items():
         assert dev < 1e-12, (

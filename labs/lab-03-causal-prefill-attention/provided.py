@@ -25,7 +25,7 @@ from common.checks import (
     check_seq_len,
     host_max_seq_len,
 )
-from common.triton_env import check_kernel_dtype, dot_tile
+from common.triton_env import check_kernel_dtype, dot_tile, plan_target
 
 if TYPE_CHECKING:
     import torch
@@ -40,7 +40,7 @@ def gpu_tiles(
     num_seqs: int,
     group: int,
     head_dim: int,
-    target: launch_plan.Target = launch_plan.H100,
+    target: launch_plan.Target | None = None,
 ) -> dict[str, int]:
     """The GPU tile plan for ``q [num_tokens, H, head_dim]`` cut into ``num_seqs`` sequences,
     ``group`` query heads per KV head: ``block_m``, ``block_n``, ``num_warps``, ``num_stages``.
@@ -50,6 +50,7 @@ def gpu_tiles(
     than the group; 64 keys beside a 64+-row tile at d > 64, else 32; 8 warps from a
     64 x 64 tile, else 4; 3 stages (``launch_plan.prefill_launch``).
     """
+    target = target or plan_target()  # this GPU's plan; the H100's without one
     return launch_plan.varlen_prefill(num_tokens, num_seqs, 1, group, head_dim, target).config
 
 # ---------------------------------------------------------------------------------------

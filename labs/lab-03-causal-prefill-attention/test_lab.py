@@ -25,17 +25,20 @@ from common import (
     reference_attention,
 )
 from common.testing import (
+    ACC_IN_FP16,
     HEAD_RATIOS,
     LAYOUTS,
     NAN_HINT,
     ODD_HEAD_DIMS,
     TILE_SHAPES,
     assert_close,
+    assert_loads_in_bounds,
     assert_no_races,
     assert_value_error_names,
     bad_input_test,
     basic_value_test,
     called_on_copies,
+    cancelling,
     examples,
     head_counts,
     host_syncs,
@@ -279,11 +282,12 @@ class Batch:
 
 def make_batch(
     rng, cached, new, heads=(4, 2), head_dim=8, block_size=8, padding="poisoned", *,
-    head_dim_v=None, shared_prefix=0, round_to=None,
+    head_dim_v=None, shared_prefix=0, round_to=None, cancel_values=False,
 ):  # fmt: skip
     """A batch with a poisoned paged cache. ``shared_prefix`` tokens open every sequence and
     their full blocks are shared (prefix caching); ``round_to`` rounds every input to a dtype
-    first, so a float16 kernel sees exactly what the float64 reference sees."""
+    first, so a float16 kernel sees exactly what the float64 reference sees; ``cancel_values``
+    makes values whose running sum over the keys cancels (``common.testing.cancelling``)."""
     num_heads, num_kv_heads = heads
     lens = [c + n for c, n in zip(cached, new)]
     if shared_prefix:
@@ -291,6 +295,8 @@ def make_batch(
     else:
         ks, vs = random_kv(rng, lens, num_kv_heads, head_dim, head_dim_v)
     qs = [rng.standard_normal((n, num_heads, head_dim)) for n in new]
+    if cancel_values:  # values of +-30 whose running sum cancels (float16 accumulation)
+        vs, qs = [cancelling(0.1 * v) for v in vs], [0.05 * q for q in qs]
     if round_to is not None:
         ks, vs, qs = ([x.astype(round_to).astype(np.float64) for x in xs] for xs in (ks, vs, qs))
     paged = build_paged_kv(
@@ -339,6 +345,57 @@ def check_varlen(result, batch, label, atol=1e-12, rtol=1e-12, hint=""):
             hint=hint,
         )
 
+
+
+SCALE_ZERO_AS_DEFAULT = (
+    "scale=0 was not used, 1/sqrt(d) was: either the keyword is not passed on, or 0 was taken "
+    "for 'use the default' (`scale or 1/sqrt(d)`). 0 is a scale (every score 0, uniform "
+    "weights); only None means the default (`if scale is None`)"
+)
+SCALE_IGNORED = "scale= was not used: 1/sqrt(d) was (pass the keyword on to every call)"
+
+
+def scale_wrong(scale, default):
+    return {SCALE_ZERO_AS_DEFAULT if scale == 0 else SCALE_IGNORED: default}
+
+
+@pytest.mark.points(1)
+@pytest.mark.parametrize("scale", [0.0, 0.3])
+def test_the_scale_keyword_reaches_every_numpy_prefill_path(scale):
+    """``scale=`` of prefill_attention, chunked_prefill and varlen_prefill_attention; 0 is a
+    real scale (uniform weights), only None means 1/sqrt(d)."""
+    batch = make_batch(np.random.default_rng(21), [3, 0], [4, 5], (4, 2), 8, 4)
+    (q0, q1), (k0, k1), (v0, v1) = batch.qs, batch.ks, batch.vs
+    want, default = reference_attention(q0, k0, v0, scale=scale, mask=batch.masks()[0]), \
+        reference_attention(q0, k0, v0, mask=batch.masks()[0])  # fmt: skip
+    out, lse = impl.prefill_attention(q0, k0, v0, 3, scale=scale)
+    assert_close(out, want[0], what=f"prefill_attention out (scale={scale})",
+                 wrong_answers=scale_wrong(scale, default[0]))  # fmt: skip
+    assert_close(lse, want[1], what=f"prefill_attention lse (scale={scale})")
+    got = impl.chunked_prefill(q1, k1, v1, [2, 3], scale=scale)
+    whole = reference_attention(q1, k1, v1, scale=scale, mask=batch.masks()[1])[0]
+    assert_close(got, whole, what=f"chunked_prefill(chunks [2, 3], scale={scale})",
+                 wrong_answers=scale_wrong(scale, reference_attention(
+                     q1, k1, v1, mask=batch.masks()[1])[0]))  # fmt: skip
+    out, lse = impl.varlen_prefill_attention(*batch.args(), scale=scale)
+    want_out, want_lse = batch.expected(scale=scale)
+    assert_close(out, want_out, what=f"varlen_prefill_attention out (scale={scale})",
+                 wrong_answers=scale_wrong(scale, batch.expected()[0]))  # fmt: skip
+    assert_close(lse, want_lse, what=f"varlen_prefill_attention lse (scale={scale})")
+
+
+@pytest.mark.triton
+@pytest.mark.points(1)
+@pytest.mark.parametrize("scale", [0.0, 0.3])
+def test_the_triton_kernel_takes_the_scale_keyword(scale):
+    batch = make_batch(np.random.default_rng(22), [3, 0], [4, 5], (4, 2), 8, 4)
+    out, lse = impl.varlen_prefill_triton(*triton_batch(batch), scale=scale, block_n=16)
+    want_out, want_lse = batch.expected(scale=scale)
+    atol, rtol = tolerance("float32")
+    assert_close(out, want_out, what=f"varlen_prefill_triton out (scale={scale})", atol=atol,
+                 rtol=rtol, wrong_answers=scale_wrong(scale, batch.expected()[0]))  # fmt: skip
+    assert_close(lse, want_lse, what=f"varlen_prefill_triton lse (scale={scale})", atol=atol,
+                 rtol=rtol)  # fmt: skip
 
 # ---- prefill_attention ---------------------------------------------------------------------
 
@@ -987,6 +1044,7 @@ def test_triton_gqa_tiles_store_only_their_own_rows_no_two_programs_write_one_el
                                     block_m=16, block_n=16, max_seq_len=batch.max_seq_len)
     check_prefill_kernel(result, batch, "Triton, 6 query heads on 2 KV heads, 16-row tiles")
     assert_no_races(reports, "varlen_prefill_triton")
+    assert_loads_in_bounds(reports, "varlen_prefill_triton")
 
 
 @pytest.mark.triton
@@ -1012,6 +1070,21 @@ def test_triton_kernel_loads_keys_only_up_to_each_query_blocks_causal_bound(bloc
         "loop that runs to seq_len and hides the future with the mask gives the right numbers "
         "at up to twice the cost"
     )
+
+
+@pytest.mark.triton
+@pytest.mark.points(1)
+def test_triton_kernel_accumulates_float16_in_float32():
+    """A 64-token float16 prompt whose values (+-30) cancel over the keys, 16-key tiles."""
+    batch = make_batch(np.random.default_rng(16), [48], [16], (2, 1), 16, 16,
+                       round_to=np.float16, cancel_values=True)  # fmt: skip
+    out, lse = impl.varlen_prefill_triton(*triton_batch(batch, "float16"), block_m=16,
+                                          block_n=16)  # fmt: skip
+    want_out, want_lse = batch.expected()
+    atol, rtol = tolerance("float16")
+    assert_close(out, want_out, what="float16 out (cancelling values)", atol=atol, rtol=rtol,
+                 hint=ACC_IN_FP16)  # fmt: skip
+    assert_close(lse, want_lse, what="float16 lse", atol=atol, rtol=rtol)
 
 
 @pytest.mark.triton
@@ -1157,6 +1230,6 @@ def test_triton_kernel_on_the_gpu_at_realistic_size_matches_a_float32_torch_refe
     assert_close(lse.float(), want_lse, what="lse (bf16, d=128)", atol=atol, rtol=rtol)
 
 
-# ---- compiled for an H100 on the CPU: what the interpreter cannot see (bench/student_compile.py)
+# ---- compiled for an H100 on the CPU: what the interpreter cannot see (grading's compile_check)
 test_kernel_compiles_for_sm_90_with_ieee_dots_no_spills_and_64_bit_offsets = sm90_compile_test(
     __file__)  # None where bench/ is absent (the grader's copy): nothing to collect

@@ -208,8 +208,9 @@ def plan_split_kv(
 ) -> SplitKVLaunch:
     """Check the inputs (``ValueError`` naming the argument) and size the launch. Reads no
     device value when ``max_seq_len`` is given. ``partition_size=None``: the launch plan's
-    (``common.launch_plan.split_kv_decode``: on a GPU, enough splits for two CTAs per SM when
-    ``batch x KV heads`` is below the SM count; 512 tokens on the interpreter)."""
+    (``common.launch_plan.split_kv_decode``: on a GPU, the split its cost model prices
+    fastest for ``max_seq_len`` keys per sequence, occupancy, partials and merge counted, or
+    none; 512 tokens on the interpreter)."""
     if partition_size is not None:
         partition_size = check_count(partition_size, "partition_size")
     if num_segments is not None:

@@ -23,6 +23,7 @@ from common.loader import load_impl, load_lab_module
 from common.paged import build_paged_kv, random_kv, random_kv_shared_prefix
 from common.reference import kv_head_for, prefix_mask, reference_attention
 from common.testing import (
+    ACC_IN_FP16,
     HEAD_RATIOS,
     LAYOUTS,
     NAN_HINT,
@@ -30,9 +31,12 @@ from common.testing import (
     BadInputs,
     LabScript,
     assert_close,
+    assert_loads_in_bounds,
     assert_no_races,
+    assert_value_error_names,
     bad_input_test,
     called_on_copies,
+    cancelling,
     head_counts,
     host_syncs,
     kernel_memory,
@@ -642,6 +646,36 @@ def check_ring(sizes, heads, causal, seed):
                  wrong_answers={why: w[1] for why, w in wrong.items()}, nan_hint=IDENTITY_NAN)
 
 
+
+SCALE_ZERO_AS_DEFAULT = (
+    "scale=0 was not used, 1/sqrt(d) was: either the keyword is not passed on, or 0 was taken "
+    "for 'use the default' (`scale or 1/sqrt(d)`). 0 is a scale (every score 0, uniform "
+    "weights); only None means the default (`if scale is None`)"
+)
+SCALE_IGNORED = "scale= was not used: 1/sqrt(d) was (pass the keyword on)"
+
+
+def scale_wrong(scale, default):
+    return {SCALE_ZERO_AS_DEFAULT if scale == 0 else SCALE_IGNORED: default}
+
+
+@pytest.mark.points(1)
+@pytest.mark.parametrize("scale", [0.0, 0.3])
+def test_ring_step_takes_the_scale_keyword(scale):
+    """One ring step with ``scale=``: queries at 4..8, keys at 2..8 (causal: key <= query)."""
+    rng = np.random.default_rng(3)
+    q, k, v = rng.standard_normal((5, 4, 8)), rng.standard_normal((7, 2, 8)), \
+        rng.standard_normal((7, 2, 6))  # fmt: skip
+    for causal in (False, True):
+        mask = (2 + np.arange(7))[None, :] <= (4 + np.arange(5))[:, None] if causal else None
+        state = impl.ring_step(impl.empty_state((5, 4), 6), q, k, v, 4, 2, causal, scale=scale)
+        out, lse = impl.finalize(state)
+        want_out, want_lse = reference_attention(q, k, v, scale=scale, mask=mask)
+        default_out, _ = reference_attention(q, k, v, mask=mask)
+        assert_close(out, want_out, what=f"ring_step(causal={causal}, scale={scale}) out",
+                     wrong_answers=scale_wrong(scale, default_out))  # fmt: skip
+        assert_close(lse, want_lse, what=f"ring_step(causal={causal}, scale={scale}) lse")
+
 @pytest.mark.points(3)
 @given(sizes=st.lists(st.integers(0, 5), min_size=1, max_size=4).filter(lambda s: sum(s) > 0),
        heads=head_counts(max_heads=4), causal=st.booleans(), seed=st.integers(0, 2**16))
@@ -888,6 +922,62 @@ def test_merge_partitions_triton_merges_any_number_of_partitions_near_plus_or_mi
     assert_close(lse, want_lse, what=f"{what}: lse", atol=atol, rtol=rtol, nan_hint=hint)
 
 
+
+@pytest.mark.triton
+@pytest.mark.points(1)
+def test_split_kv_decode_triton_accumulates_float16_in_float32():
+    """float16 values of +-30 (cancelling) over 64 positions, partitions of 32 in 16-key tiles:
+    each partition's acc must stay float32 until its partial is stored."""
+    rng = np.random.default_rng(15)
+    (k,), (v,) = random_kv(rng, [64], 1, 16)
+    q = (0.05 * rng.standard_normal((1, 2, 16))).astype(np.float16).astype(np.float64)
+    ks, vs = [k.astype(np.float16).astype(np.float64)], [cancelling(0.1 * v)]
+    paged = build_paged_kv(ks, vs, 16, rng=rng, padding="poisoned")
+    out, lse = run_split_kv(q, paged, torch.float16, partition_size=32, block_n=16)
+    want_out, want_lse = reference_batch(q, ks, vs)
+    atol, rtol = tolerance("float16")
+    assert_close(out, want_out, what="float16 out (cancelling values)", atol=atol, rtol=rtol,
+                 hint=ACC_IN_FP16)  # fmt: skip
+    assert_close(lse, want_lse, what="float16 lse", atol=atol, rtol=rtol)
+
+
+@pytest.mark.triton
+@pytest.mark.points(1)
+@pytest.mark.parametrize("scale", [0.0, 0.3])
+def test_split_kv_decode_triton_takes_the_scale_keyword(scale):
+    q, ks, vs, paged = paged_problem([29, 9], heads=(4, 2), d=16, reach=16, seed=8)
+    out, lse = run_split_kv(q, paged, partition_size=16, block_n=16, scale=scale)
+    want_out, want_lse = reference_batch(q, ks, vs, scale=scale)
+    atol, rtol = tolerance("float32")
+    assert_close(out, want_out, what=f"split_kv_decode_triton(scale={scale}) out", atol=atol,
+                 rtol=rtol, wrong_answers=scale_wrong(scale, reference_batch(q, ks, vs)[0]))
+    assert_close(lse, want_lse, what=f"split_kv_decode_triton(scale={scale}) lse", atol=atol,
+                 rtol=rtol)
+
+
+@pytest.mark.triton
+@pytest.mark.points(1)
+@pytest.mark.parametrize("block_p", [16, 32, 64])
+def test_merge_partitions_triton_takes_the_block_p_keyword(block_p):
+    """40 partitions merged 16, 32 or 64 at a time: every partition counted once."""
+    rng = np.random.default_rng(block_p)
+    part_out = rng.standard_normal((2, 3, 40, 24))
+    part_lse = rng.uniform(-4, 4, (2, 3, 40))
+    want_out, want_lse = expected_partition_merge(part_out, part_lse)
+    out, lse = impl.merge_partitions_triton(torch.tensor(part_out, dtype=torch.float32),
+                                            torch.tensor(part_lse, dtype=torch.float32),
+                                            block_p=block_p)  # fmt: skip
+    atol, rtol = tolerance("float32")
+    hint = ("each step of the partition loop must advance by BLOCK_P, the tile it loads: "
+            "range(0, num_partitions, BLOCK_P)")
+    assert_close(out, want_out, what=f"merge_partitions_triton(block_p={block_p}) out",
+                 atol=atol, rtol=rtol, hint=hint)  # fmt: skip
+    assert_close(lse, want_lse, what=f"merge_partitions_triton(block_p={block_p}) lse",
+                 atol=atol, rtol=rtol, hint=hint)  # fmt: skip
+    assert_value_error_names(lambda: impl.merge_partitions_triton(
+        torch.tensor(part_out, dtype=torch.float32), torch.tensor(part_lse, dtype=torch.float32),
+        block_p=24), "block_p")
+
 @pytest.mark.triton
 @pytest.mark.points(2)
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -910,6 +1000,7 @@ def test_split_kv_decode_triton_reads_transposed_and_sliced_views_through_their_
     assert_close(out, want_out, what=f"{what}: out", atol=atol, rtol=rtol, nan_hint=nan_hint)
     assert_close(lse, want_lse, what=f"{what}: lse", atol=atol, rtol=rtol, nan_hint=nan_hint)
     assert_no_races(reports, "split_kv_decode_triton")
+    assert_loads_in_bounds(reports, "split_kv_decode_triton")
 
 
 @pytest.mark.triton
@@ -927,6 +1018,7 @@ def test_merge_partitions_triton_reads_transposed_and_sliced_views(layout):
     assert_close(out, want_out, what=f"merge of {layout} views: out", atol=atol, rtol=rtol)
     assert_close(lse, want_lse, what=f"merge of {layout} views: lse", atol=atol, rtol=rtol)
     assert_no_races(reports, "merge_partitions_triton")
+    assert_loads_in_bounds(reports, "merge_partitions_triton")
 
 
 @pytest.mark.triton
@@ -1189,6 +1281,6 @@ def test_ring_attention_on_torch_distributed_equals_dense_attention(ring_launch,
     assert returncode == 0, f"ring_dist.py exited with {returncode}:\n{tail}"
 
 
-# ---- compiled for an H100 on the CPU: what the interpreter cannot see (bench/student_compile.py)
+# ---- compiled for an H100 on the CPU: what the interpreter cannot see (grading's compile_check)
 test_kernel_compiles_for_sm_90_with_ieee_dots_no_spills_and_64_bit_offsets = sm90_compile_test(
     __file__)  # None where bench/ is absent (the grader's copy): nothing to collect

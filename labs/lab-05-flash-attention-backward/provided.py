@@ -30,6 +30,7 @@ from common.triton_env import (
     cdiv,
     check_kernel_dtype,
     default_scale,
+    plan_target,
     tl,
 )
 
@@ -191,7 +192,7 @@ def gpu_tiles(head_dim: int) -> dict[str, int]:
     and, at d = 128, 3 stages: with 4 warps at d = 64 the dK/dV kernel spills on sm_80, and
     with 2 stages at d = 128 the dQ kernel does (``make gpu-report``, compiled, not run).
     """
-    return launch_plan.flash_backward(head_dim, launch_plan.H100).config  # common/launch_plan.py
+    return launch_plan.flash_backward(head_dim, plan_target()).config  # common/launch_plan.py
 
 
 # CUDA's limit on grid axis 0 (axes 1 and 2 stop at 65,535, which B x H can pass).

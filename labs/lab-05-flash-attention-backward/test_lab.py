@@ -24,6 +24,7 @@ from common.testing import (
     ODD_HEAD_DIMS,
     BadInputs,
     assert_close,
+    assert_loads_in_bounds,
     assert_no_races,
     assert_peak_below,
     bad_input_test,
@@ -770,6 +771,7 @@ def test_triton_backward_programs_store_disjoint_gradients_no_atomics_needed():
     for name, g, w in zip(NAMES, got, want):
         assert_close(g, w, what=f"{name} (GQA 4q/2kv, causal, 16x32)", atol=atol, rtol=rtol)
     assert_no_races(reports, "flash_attention_backward_triton")
+    assert_loads_in_bounds(reports, "flash_attention_backward_triton")
 
 
 @pytest.mark.triton
@@ -883,8 +885,7 @@ test_triton_rejects_bad_input_naming_the_argument = bad_input_test(
 # ---- 6. flash_attention: autograd end to end -----------------------------------------------
 
 
-@pytest.mark.triton
-@pytest.mark.points(1)
+@pytest.mark.points(1)  # the given plain-torch forward: no Triton kernel runs here
 def test_flash_attention_returns_the_attention_output():
     import torch
 
@@ -924,6 +925,28 @@ def test_loss_backward_through_flash_attention_gives_the_float64_gradients(h, kv
                      atol=atol, rtol=rtol, nan_hint=NAN_HINT, wrong_answers=wrong[name],
                      hint="the backward must get causal and scale from the forward (ctx)")
 
+
+
+@pytest.mark.triton
+@pytest.mark.points(1)
+@pytest.mark.parametrize("scale", [0.0, 0.3])
+def test_flash_attention_takes_the_scale_keyword_forward_and_backward(scale):
+    """``flash_attention(..., scale=)``: the output and, through loss.backward(), the
+    gradients use the given scale; 0 is a scale (uniform weights), only None is 1/sqrt(d)."""
+    import torch
+
+    q, k, v, o, _, do = torch_case(1, 2, 1, 12, 12, 16, torch.float32, seed=13, scale=scale,
+                                   causal=True)  # fmt: skip
+    atol, rtol = tolerance("float32")
+    hint = ("the scale must reach the forward and be kept for the backward (ctx.scale); "
+            "0 is a scale, only None means 1/sqrt(d) (`if scale is None`)")
+    got = impl.flash_attention(q, k, v, causal=True, scale=scale)
+    assert_close(got, o, what=f"flash_attention output (scale={scale})", atol=atol, rtol=rtol,
+                 hint=hint)  # fmt: skip
+    grads = impl.gradients_through_autograd(q, k, v, do, causal=True, scale=scale)
+    for name, g, w in zip(NAMES, grads, reference_bhld_backward(q, k, v, do, True, scale)):
+        assert_close(g, w, what=f"{name} through autograd (scale={scale})", atol=atol,
+                     rtol=rtol, hint=hint)  # fmt: skip
 
 # ---- 7. realistic sizes on a real GPU (skipped without CUDA) ----------------------------
 
@@ -1026,6 +1049,6 @@ def test_loss_backward_on_a_gpu_matches_sdpa():
         assert err < 2e-2, f"{name}: relative error {err:.2e} vs SDPA's float32 backward"
 
 
-# ---- compiled for an H100 on the CPU: what the interpreter cannot see (bench/student_compile.py)
+# ---- compiled for an H100 on the CPU: what the interpreter cannot see (grading's compile_check)
 test_kernel_compiles_for_sm_90_with_ieee_dots_no_spills_and_64_bit_offsets = sm90_compile_test(
     __file__)  # None where bench/ is absent (the grader's copy): nothing to collect

@@ -25,6 +25,7 @@ from common.triton_env import (
     dot_tile,
     launch_target,
     on_interpreter,
+    plan_target,
     tl,
     triton,
 )
@@ -59,7 +60,7 @@ def mla_gpu_tiles(batch: int, num_heads: int, kv_lora_rank: int) -> dict[str, in
     sm_90; 64 x 512 with 32 keys per tile and 8 warps compiles without spills on
     sm_80/90/100 (`make gpu-report`, captured_outputs/gpu-report.md: compiled, not run).
     The context sets only the KV splits (``mla_num_splits``), not the tiles."""
-    return launch_plan.mla_decode(batch, num_heads, kv_lora_rank, 0, launch_plan.H100).config
+    return launch_plan.mla_decode(batch, num_heads, kv_lora_rank, 0, plan_target()).config
 
 
 class ModelKV(NamedTuple):

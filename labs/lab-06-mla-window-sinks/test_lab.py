@@ -26,15 +26,18 @@ from common.loader import load_impl
 from common.paged import build_paged_kv, random_kv, random_paged_decode, zero_paged_decode_torch
 from common.reference import reference_decode
 from common.testing import (
+    ACC_IN_FP16,
     HEAD_RATIOS,
     LAYOUTS,
     ODD_HEAD_DIMS,
     BadInputs,
     assert_close,
+    assert_loads_in_bounds,
     assert_no_races,
     bad_input_test,
     basic_value_test,
     called_on_copies,
+    cancelling,
     host_syncs,
     kernel_memory,
     peak_memory,
@@ -513,6 +516,38 @@ def test_a_sink_of_minus_infinity_is_no_sink_and_an_empty_context_gives_the_sink
                  hint="the denominator is exp(sink) alone, so lse = sink", **F64)
 
 
+
+SCALE_ZERO_AS_DEFAULT = (
+    "scale=0 was not used, 1/sqrt(d) was: either the keyword is not passed on, or 0 was taken "
+    "for 'use the default' (`scale or 1/sqrt(d)`). 0 is a scale (every score 0, uniform "
+    "weights); only None means the default (`if scale is None`)"
+)
+SCALE_IGNORED = "scale= was not used: 1/sqrt(d) was (pass the keyword on)"
+
+
+@pytest.mark.points(1)
+@pytest.mark.parametrize("scale", [0.0, 0.3])
+def test_window_and_sink_decode_take_the_scale_keyword(scale):
+    """``scale=`` of window_decode_attention and sink_decode_attention (with and without a
+    window): the scores are scaled, the sink logits are not."""
+    rng = np.random.default_rng(17)
+    (k,), (v,) = random_kv(rng, [13], 2, 8)
+    paged = build_paged_kv([k], [v], 4, rng=rng, padding="poisoned")
+    q, sinks = rng.standard_normal((4, 8)), np.array([0.5, -1.0, 2.0, -np.inf])
+    wrong_name = SCALE_ZERO_AS_DEFAULT if scale == 0 else SCALE_IGNORED
+    cases = [("window_decode_attention(window=5)", impl.window_decode_attention, (5,),
+              {"window": 5}),
+             ("sink_decode_attention", impl.sink_decode_attention, (sinks,), {"sinks": sinks}),
+             ("sink_decode_attention(window=5)", impl.sink_decode_attention, (sinks, 5),
+              {"sinks": sinks, "window": 5})]  # fmt: skip
+    for what, fn, args, ref in cases:
+        out, lse = run_decode(fn, q, paged, *args, scale=scale)
+        want_out, want_lse = reference_decode(q, k, v, scale=scale, **ref)
+        default_out, _ = reference_decode(q, k, v, **ref)
+        assert_close(out, want_out, what=f"{what} out (scale={scale})",
+                     wrong_answers={wrong_name: default_out}, **F64)  # fmt: skip
+        assert_close(lse, want_lse, what=f"{what} lse (scale={scale})", **F64)
+
 # ---- 5. Triton: window and sinks in lab 01's kernel -----------------------------------------
 
 
@@ -657,6 +692,7 @@ def test_triton_window_sink_kernel_reads_transposed_and_sliced_views_through_the
     check_window_triton(out, lse, q, ks, vs, 6, sinks, F32, hint=(
         f"{layout} views: use every tensor's own strides, one per dim"))
     assert_no_races(reports, "paged_decode_window_sink_triton")
+    assert_loads_in_bounds(reports, "paged_decode_window_sink_triton")
 
 
 def mla_triton_case(rng, num_heads, d_c, d_rope, block_size, lens, dtype=np.float32):
@@ -718,6 +754,41 @@ MLA_TRITON_CASES = [
 ]
 
 
+
+@pytest.mark.triton
+@pytest.mark.points(1)
+def test_triton_window_sink_kernel_accumulates_float16_in_float32():
+    """float16 values of +-30 that cancel over a 64-token window, 16-key tiles, a sink."""
+    rng = np.random.default_rng(18)
+    (k,), (v,) = random_kv(rng, [70], 1, 16)
+    ks = [k.astype(np.float16).astype(np.float64)]
+    v[6:] = cancelling(0.1 * v[6:])  # the window: positions 6..69
+    vs = [v.astype(np.float16).astype(np.float64)]
+    paged = poison_before_windows(build_paged_kv(ks, vs, 16, rng=rng, padding="poisoned"), 64)
+    q = (0.05 * rng.standard_normal((1, 4, 16))).astype(np.float16).astype(np.float64)
+    sinks = np.array([0.5, -1.0, 2.0, 0.0])
+    out, lse = run_window_triton(q, paged, 64, sinks, dtype=torch.float16, block_n=16)
+    check_window_triton(out, lse, q, ks, vs, 64, sinks, dict(zip(("atol", "rtol"),
+                        tolerance("float16"))), hint=ACC_IN_FP16)  # fmt: skip
+
+
+@pytest.mark.triton
+@pytest.mark.points(1)
+@pytest.mark.parametrize("kernel", ["window_sink", "mla"])
+def test_triton_kernels_take_scale_zero_as_a_scale(kernel):
+    """scale=0.0 gives every key the same weight: it is not "use the default"."""
+    rng = np.random.default_rng(29)
+    hint = ("scale=0 was taken for 'use the default' (`scale or ...`): only None means "
+            "the default (`if scale is None`)")
+    if kernel == "mla":
+        q_latent, q_pe, rows, paged = mla_triton_case(rng, 4, 32, 16, 4, [13, 6])
+        out, lse = run_mla_triton(q_latent, q_pe, paged, 0.0, block_n=16)
+        check_mla_triton(out, lse, q_latent, q_pe, rows, F32, 0.0, hint=hint)
+        return
+    q, ks, vs, paged, sinks = window_triton_case(rng, 4, 2, 16, 4, [13, 6], 5, True)
+    out, lse = run_window_triton(q, paged, 5, sinks, 0.0, block_n=16)
+    check_window_triton(out, lse, q, ks, vs, 5, sinks, F32, 0.0, hint=hint)
+
 @pytest.mark.triton
 @pytest.mark.points(2)
 @pytest.mark.parametrize("num_heads, d_c, d_rope, block_size, lens, block_n, block_h",
@@ -749,6 +820,7 @@ def test_triton_mla_kernel_reads_transposed_and_sliced_views_through_their_strid
         f"{layout} views: the latent row of slot s of block b is at b * stride_block + "
         "s * stride_slot, whatever the layout"))
     assert_no_races(reports, "mla_decode_triton")
+    assert_loads_in_bounds(reports, "mla_decode_triton")
 
 
 @pytest.mark.triton
@@ -904,6 +976,7 @@ def test_triton_window_sink_split_reads_strided_views_and_no_two_programs_store_
                                  reports=reports, num_splits=3)
     check_window_triton(out, lse, q, ks, vs, None, sinks, F32, hint=SPLIT_HINT)
     assert_no_races(reports, "paged_decode_window_sink_triton with 3 splits")
+    assert_loads_in_bounds(reports, "paged_decode_window_sink_triton with 3 splits")
 
 
 @pytest.mark.triton
@@ -920,6 +993,7 @@ def test_triton_mla_kernel_split_over_the_keys_merges_to_the_reference(num_split
                               reports=reports, num_splits=num_splits)
     check_mla_triton(out, lse, q_latent, q_pe, rows, F32, hint=SPLIT_HINT)
     assert_no_races(reports, f"mla_decode_triton with {num_splits} splits")
+    assert_loads_in_bounds(reports, f"mla_decode_triton with {num_splits} splits")
 
 
 @pytest.mark.triton
@@ -1125,6 +1199,6 @@ def test_triton_window_kernel_on_a_gpu_with_a_4096_window_over_32k_matches_a_ref
         assert_close(lse[b], torch.logsumexp(s, dim=-1), what=f"lse {b}", atol=atol, rtol=rtol)
 
 
-# ---- compiled for an H100 on the CPU: what the interpreter cannot see (bench/student_compile.py)
+# ---- compiled for an H100 on the CPU: what the interpreter cannot see (grading's compile_check)
 test_kernel_compiles_for_sm_90_with_ieee_dots_no_spills_and_64_bit_offsets = sm90_compile_test(
     __file__)  # None where bench/ is absent (the grader's copy): nothing to collect

@@ -336,6 +336,7 @@ def test_the_same_tokens_after_a_different_prefix_hash_differently():
     after_a = impl.hash_block(impl.hash_block(None, [1, 2, 3, 4]), block)
     after_b = impl.hash_block(impl.hash_block(None, [9, 9, 9, 9]), block)
     first = impl.hash_block(None, block)
+    assert impl.hash_block(None, block) == first, "the same block hashes the same every time"
     assert len({after_a, after_b, first}) == 3, PREFIX_HASH
 
 

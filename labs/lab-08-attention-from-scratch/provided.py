@@ -90,8 +90,15 @@ def check_qkv(q: Any, k: Any, v: Any, enable_gqa: bool = False) -> tuple[np.ndar
     """q ``[..., H, Lq, d]``, k ``[..., Hkv, Lk, d]``, v ``[..., Hkv, Lk, dv]`` (SDPA's layout).
 
     Without ``enable_gqa`` the head axes must agree (or broadcast, as in numpy); with it,
-    ``Hkv`` must divide ``H``. Returns the three as float arrays of one dtype.
+    ``Hkv`` must divide ``H``. q, k and v must share one dtype (PyTorch SDPA raises
+    otherwise). Returns the three as float arrays of one dtype (``as_float``).
     """
+    dtypes = {name: np.asarray(x).dtype for name, x in (("q", q), ("k", k), ("v", v))}
+    if len(set(dtypes.values())) > 1:
+        raise ValueError(
+            "q, k and v must have the same dtype (as in PyTorch SDPA), got "
+            + ", ".join(f"{name} {dtype}" for name, dtype in dtypes.items())
+        )
     q, k, v = as_float("q", q, 2), as_float("k", k, 2), as_float("v", v, 2)
     check_same_last_dim("q", q, "k", k)
     if v.shape[-2] != k.shape[-2]:

@@ -235,6 +235,20 @@ def test_the_scores_work_on_batches_of_heads():
     )  # fmt: skip
 
 
+@pytest.mark.points(1)
+@pytest.mark.parametrize("lead", [(3,), (2, 3)], ids=["3-D", "4-D"])
+def test_the_additive_score_works_on_batches_of_heads(lead):
+    q, k = normal(4, *lead, 4, 5), normal(5, *lead, 6, 3)  # [..., Lq, dq], [..., Lk, dk]
+    w_q, w_k, v_a = normal(6, 5, 7), normal(7, 3, 7), normal(8, 7)
+    want = np.einsum("a,...ija->...ij", v_a, np.tanh(
+        np.einsum("...id,da->...ia", q, w_q)[..., :, None, :]
+        + np.einsum("...jd,da->...ja", k, w_k)[..., None, :, :]))  # fmt: skip
+    assert_close(impl.additive_scores(q, k, w_q, w_k, v_a), want,
+                 what=f"additive_scores on [{', '.join(map(str, lead))}, L, d] inputs",
+                 hint="broadcast over the leading axes: q w_q is [..., Lq, 1, da], "
+                 "k w_k is [..., 1, Lk, da]")  # fmt: skip
+
+
 # ---- 2. softmax, entropy and the √d experiment -------------------------------------------
 
 
@@ -538,6 +552,63 @@ def test_a_query_with_nothing_to_attend_gets_zeros():
     )  # fmt: skip
 
 
+SCALE_IGNORED = "the scale= argument was ignored (1/sqrt(d) used instead)"
+SCALE_ZERO_DEFAULT = (
+    "scale=0 was taken for 'no scale given': test `scale is None`, not `not scale` (scale=0 "
+    "makes every score 0: uniform weights)"
+)
+
+
+@pytest.mark.points(1)
+@pytest.mark.parametrize("scale", [0.37, 0.0], ids=["scale=0.37", "scale=0"])
+def test_sdpa_and_the_weights_use_their_scale_keyword_as_pytorch(scale):
+    q, k, v = normal(11, 2, 2, 4, 6), normal(12, 2, 2, 5, 6), normal(13, 2, 2, 5, 3)
+    want = F.scaled_dot_product_attention(t(q), t(k), t(v), is_causal=True, scale=scale)
+    hint = SCALE_ZERO_DEFAULT if scale == 0 else SCALE_IGNORED
+    default = reference_sdpa(q, k, v, top_left(4, 5))
+    assert_close(impl.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale), want,
+                 what=f"SDPA with scale={scale}", wrong_answers={hint: default})  # fmt: skip
+    s = q @ np.swapaxes(k, -1, -2) * scale
+    assert_close(impl.attention_weights(q, k, scale=scale), softmax_ref(s),
+                 what=f"attention_weights with scale={scale}",
+                 wrong_answers={hint: softmax_ref(q @ np.swapaxes(k, -1, -2) / math.sqrt(6))})
+    assert_close(impl.scaled_dot_scores(q, k, scale=scale), s,
+                 what=f"scaled_dot_scores with scale={scale}")  # fmt: skip
+
+
+@pytest.mark.points(1)
+@pytest.mark.parametrize("lq, lk", [(4, 0), (0, 5), (0, 0)])
+def test_sdpa_with_no_keys_or_no_queries_is_what_pytorch_returns(lq, lk):
+    """Lk = 0: every query may attend nothing, so its output is 0 (PyTorch 2.13's SDPA gives
+    zeros too); Lq = 0: an empty ``[..., 0, dv]``."""
+    q, k, v = normal(14, 1, 2, lq, 4), normal(15, 1, 2, lk, 4), normal(16, 1, 2, lk, 3)
+    want = F.scaled_dot_product_attention(t(q), t(k), t(v))
+    with np.errstate(all="ignore"):
+        got = impl.scaled_dot_product_attention(q, k, v)
+    assert_close(got, want, what=f"SDPA with Lq={lq}, Lk={lk}",
+                 nan_hint="NaN: with no keys the softmax's max and sum are over nothing; "
+                 "the row's weights are all 0 (see softmax)")  # fmt: skip
+
+
+@pytest.mark.points(1)
+def test_sdpa_dtypes_float64_stays_float64_and_float16_is_computed_in_float32():
+    """The lab's stated dtype rule (README, "How this lab differs"): float64 in, float64 out;
+    float32 in, float32 out; float16 in, computed and returned in float32 (PyTorch's SDPA
+    would return float16)."""
+    q, k, v = normal(17, 1, 2, 3, 4), normal(18, 1, 2, 5, 4), normal(19, 1, 2, 5, 3)
+    for dtype, out_dtype in ((np.float64, np.float64), (np.float32, np.float32),
+                             (np.float16, np.float32)):  # fmt: skip
+        x = [a.astype(dtype) for a in (q, k, v)]
+        got = np.asarray(impl.scaled_dot_product_attention(*x))
+        assert got.dtype == out_dtype, (
+            f"SDPA of {np.dtype(dtype).name} inputs returned {got.dtype}, expected "
+            f"{np.dtype(out_dtype).name} (the lab computes float16 in float32 and keeps it)"
+        )
+        want = reference_sdpa(*(a.astype(out_dtype) for a in x))
+        tol = 1e-12 if out_dtype == np.float64 else 1e-5
+        assert_close(got, want, what=f"SDPA of {np.dtype(dtype).name} inputs", atol=tol, rtol=tol)
+
+
 @pytest.mark.points(2)
 @pytest.mark.parametrize("h, h_kv", [r for r in HEAD_RATIOS if r[0] <= 8])
 def test_gqa_repeats_each_kv_head_for_its_group_as_sdpa_enable_gqa(h, h_kv):
@@ -697,6 +768,30 @@ def test_multi_head_attention_matches_torch_nn_multiheadattention(
                  wrong_answers={k: v[1] for k, v in wrong.items()})  # fmt: skip
 
 
+@pytest.mark.points(1)
+def test_a_fully_padded_sequence_gets_the_output_bias_not_nan():
+    """The lab's stated difference from ``nn.MultiheadAttention`` (README, "How this lab
+    differs"): for a query whose keys are all padding, torch 2.13's module returns NaN; the
+    lab follows SDPA's rule (weights 0, so each head's output is 0) and returns ``b_o``."""
+    e, h = 4, 2
+    mha = torch_mha(e, h, e, e, True, 3)
+    w = copied_weights(mha)
+    query = normal(20, 2, 3, e)
+    kpm = np.array([[False, False, True], [True, True, True]])  # sequence 1: all padding
+    with np.errstate(all="ignore"):
+        out, weights = impl.multi_head_attention(query, query, query, w, h, key_padding_mask=kpm)
+    out, weights = to_float64(out), to_float64(weights)
+    assert_close(out[1], np.broadcast_to(w.b_o, (3, e)),
+                 what="out of a sequence whose keys are all padding (expected b_o)",
+                 nan_hint="NaN: a row with nothing to attend must get zero weights (as SDPA), "
+                 "not NaN (as nn.MultiheadAttention)")  # fmt: skip
+    assert_close(weights[1], np.zeros((3, 3)), what="weights of an all-padding sequence")
+    out_t, w_t = mha(t(query[:1]), t(query[:1]), t(query[:1]),
+                     key_padding_mask=torch.from_numpy(kpm[:1]))  # fmt: skip
+    assert_close(out[:1], out_t, what="out of the sequence beside it (as nn.MultiheadAttention)")
+    assert_close(weights[:1], w_t, what="its weights")
+
+
 # ---- 6. positions ------------------------------------------------------------------------
 
 
@@ -729,6 +824,30 @@ def rope_ref(x, positions, interleaved, base=10000.0, exponent=2.0):
     if interleaved:
         return np.stack([z.real, z.imag], axis=-1).reshape(x.shape)
     return np.concatenate([z.real, z.imag], axis=-1)
+
+
+BASE_IGNORED = "base= was ignored (10000 used): Llama 3's RoPE and encodings use base=500000"
+
+
+@pytest.mark.points(1)
+@pytest.mark.parametrize("interleaved", [True, False])
+def test_positions_use_their_base_keyword(interleaved):
+    length, dim, base = 7, 8, 500000.0
+    pos = np.arange(length) * 997  # far positions: a wrong base shows at once
+    want = np.zeros((length, dim))
+    for p in range(length):
+        for i in range(dim // 2):
+            want[p, 2 * i] = math.sin(p / base ** (2 * i / dim))
+            want[p, 2 * i + 1] = math.cos(p / base ** (2 * i / dim))
+    assert_close(impl.sinusoidal_positions(length, dim, base=base), want,
+                 what=f"sinusoidal_positions({length}, {dim}, base={base:g})",
+                 wrong_answers={BASE_IGNORED: impl.sinusoidal_positions(length, dim)})
+    x = normal(21, 2, length, dim)
+    assert_close(impl.apply_rope(x, pos, base=base, interleaved=interleaved),
+                 rope_ref(x, pos, interleaved, base=base),
+                 what=f"apply_rope(base={base:g}, interleaved={interleaved})",
+                 atol=1e-10, rtol=1e-10,
+                 wrong_answers={BASE_IGNORED: rope_ref(x, pos, interleaved)})  # fmt: skip
 
 
 @pytest.mark.points(2)
@@ -786,6 +905,23 @@ def test_rope_scores_depend_only_on_the_distance_m_minus_n(half, m, n, shift, in
     )
 
 
+@pytest.mark.points(1)
+def test_zero_sizes_give_empty_arrays_not_errors():
+    """The contract allows 0 queries, keys, positions and sequence lengths (``minimum=0``)."""
+    cases = {
+        "causal_mask(0, 3)": (lambda: impl.causal_mask(0, 3), (0, 3)),
+        "causal_mask(2, 0)": (lambda: impl.causal_mask(2, 0), (2, 0)),
+        "key_padding_mask([0, 0], 0)": (lambda: impl.key_padding_mask(np.array([0, 0]), 0),
+                                        (2, 0)),
+        "sinusoidal_positions(0, 4)": (lambda: impl.sinusoidal_positions(0, 4), (0, 4)),
+        "apply_rope(x [2, 0, 4], positions [])": (
+            lambda: impl.apply_rope(np.zeros((2, 0, 4)), np.arange(0)), (2, 0, 4)),
+    }  # fmt: skip
+    for what, (call, shape) in cases.items():
+        got = np.asarray(call())
+        assert got.shape == shape, f"{what} has shape {got.shape}, expected {shape} (empty)"
+
+
 # ---- 7. bad input is a ValueError that names the argument ---------------------------------
 
 _q, _k, _v = normal(1, 1, 2, 3, 4), normal(2, 1, 2, 5, 4), normal(3, 1, 2, 5, 2)
@@ -802,6 +938,8 @@ BAD_INPUTS: BadInputs = {
     "sdpa-attn_mask-2": (
         "attn_mask", lambda: impl.scaled_dot_product_attention(
             _q, _k, _v, np.ones((3, 5), bool), is_causal=True)),
+    "sdpa-mixed-dtypes": (
+        "k", lambda: impl.scaled_dot_product_attention(_q, _k.astype(np.float32), _v)),
     "sdpa-gqa-k": (
         "k", lambda: impl.scaled_dot_product_attention(
             normal(1, 1, 3, 3, 4), _k, _v, enable_gqa=True)),

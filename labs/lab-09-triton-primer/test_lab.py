@@ -19,7 +19,18 @@ from hypothesis import strategies as st
 
 from common import load_impl
 from common.reference import to_float64
-from common.testing import assert_close, called_on_copies, examples, host_syncs, tolerance
+from common.testing import (
+    ACC_IN_FP16,
+    assert_close,
+    assert_loads_in_bounds,
+    called_on_copies,
+    cancelling,
+    examples,
+    host_syncs,
+    kernel_memory,
+    sm90_compile_test,
+    tolerance,
+)
 from common.triton_env import dot_tile
 
 # every call gets copies of its arrays: expected values come from the test's own
@@ -451,6 +462,150 @@ def test_9_online_softmax_with_every_score_far_below_zero():
     check_online(s, rand(16, 40, 16), 16, 16, "row", "scores near -200", M_STARTS_AT_ZERO)
 
 
+
+
+# ---- degenerate sizes: nothing to do is not an error; an empty sum is 0 -----------------------
+
+
+def degenerate_cases() -> dict:
+    """``{case: (launcher, inputs, outputs as (buffer, expected region), sizes)}``."""
+    x, a = poisoned(rand(60, 8)), poisoned(rand(61, 8, 8))
+    return {
+        "add_constant n=0": ("add_constant", (x,), [(sentinel(8), np.zeros(0))], (0, 1.0)),
+        "add_vectors n=0": ("add_vectors", (x, x), [(sentinel(8), np.zeros(0))], (0,)),
+        "transpose m=0": ("transpose", (a,), [(sentinel(8, 8), np.zeros((5, 0)))], (0, 5)),
+        "row_sum_max m=0": ("row_sum_max", (a,), [(sentinel(8), np.zeros(0)),
+                                                  (sentinel(8), np.zeros(0))], (0, 5)),
+        "softmax_rows n=0": ("softmax_rows", (a,), [(sentinel(8, 8), np.zeros((3, 0)))],
+                             (3, 0)),
+        "small_matmul k=0": ("small_matmul", (a, a), [(sentinel(8, 8), np.zeros((3, 5)))],
+                             (3, 5, 0)),
+        "outer_accumulate k=0": ("outer_accumulate", (a, a),
+                                 [(sentinel(8, 8), np.zeros((3, 5)))], (3, 5, 0)),
+        "matmul k=0": ("matmul", (a, a), [(sentinel(8, 8), np.zeros((3, 5)))], (3, 5, 0)),
+        "matmul m=0": ("matmul", (a, a), [(sentinel(8, 8), np.zeros((0, 5)))], (0, 5, 3)),
+        "online_softmax m=0": ("online_softmax", (a, a), [(sentinel(8, 8), np.zeros((0, 4))),
+                                                          (sentinel(8), np.zeros(0))],
+                               (0, 3, 4)),
+    }
+
+
+@pytest.mark.points(0.5)
+@pytest.mark.parametrize("case", list(degenerate_cases()))
+def test_degenerate_sizes_do_nothing_or_give_the_empty_sum(case):
+    """A zero size is a valid call: no element outside the (empty) region changes, no
+    error; a product over k = 0 is the empty sum, zeros (the accumulator is stored)."""
+    name, inputs, outputs, sizes = degenerate_cases()[case]
+    getattr(impl, name)(*inputs, *(buf for buf, _ in outputs), *sizes)
+    for i, (buf, want) in enumerate(outputs):
+        check_region(buf, want, f"{case}: output {i}", unwritten_hint=lambda _: (
+            "k = 0: a @ b over no columns is the empty sum, 0 (the launcher must still run "
+            "the kernel when m and n are non-zero: the accumulator starts at 0 and is stored)"))
+
+# ---- every load inside the data: what is loaded and never stored counts too --------------------
+
+
+def data_view(data: np.ndarray, layout: str = "row", dtype=None):
+    """``poisoned(data, layout)`` cut to exactly the data (``[:m, :n]`` or ``[:n]``): the view
+    a launcher gets is the region its contract names, so a load outside it is a stray load."""
+    import torch
+
+    buf = poisoned(data, layout)
+    if dtype is not None:
+        buf = buf.to(dtype if isinstance(dtype, torch.dtype) else getattr(torch, dtype))
+    return buf[: data.shape[0]] if data.ndim == 1 else buf[: data.shape[0], : data.shape[1]]
+
+
+def out_view(rows: int, cols: int | None = None, layout: str = "row", dtype=None):
+    """An output buffer (``sentinel``) cut to exactly ``rows x cols`` (or ``rows``)."""
+    import torch
+
+    buf = sentinel(rows, cols, layout)
+    if dtype is not None:
+        buf = buf.to(getattr(torch, dtype))
+    return buf[:rows] if cols is None else buf[:rows, :cols]
+
+
+def load_cases() -> dict:
+    """``{puzzle: (launcher, args, kwargs)}`` on exact-size views, sizes past a tile."""
+    x13, x37 = rand(40, 13), rand(41, 37)
+    a, b = rand(42, 20, 37), rand(43, 37, 18)
+    return {
+        "1-add_constant": ("add_constant", (data_view(x13), out_view(13), 13, 2.0), {}),
+        "2-add_vectors": ("add_vectors", (data_view(x37), data_view(x37), out_view(37), 37),
+                          {"block": 16}),
+        "3-transpose": ("transpose", (data_view(rand(44, 20, 13), "col"), out_view(13, 20),
+                                      20, 13), {"block_m": 16, "block_n": 16}),
+        "4-row_sum_max": ("row_sum_max", (data_view(rand(45, 20, 13)), out_view(20),
+                                          out_view(20), 20, 13), {"block_n": 16}),
+        "5-softmax_rows": ("softmax_rows", (data_view(rand(46, 20, 13)), out_view(20, 13),
+                                            20, 13), {"block_n": 16}),
+        "6-small_matmul": ("small_matmul", (data_view(rand(47, 5, 7)), data_view(rand(48, 7, 9)),
+                                            out_view(5, 9), 5, 9, 7), {}),
+        "7-outer_accumulate": ("outer_accumulate", (data_view(a[:, :5]), data_view(b[:5]),
+                                                    out_view(20, 18), 20, 18, 5),
+                               {"block_m": 16, "block_n": 16}),
+        "8-matmul": ("matmul", (data_view(a, "col"), data_view(b), out_view(20, 18), 20, 18, 37),
+                     {"block_m": 16, "block_n": 16, "block_k": 16}),
+        "9-online_softmax": ("online_softmax", (data_view(a), data_view(b[:, :12], "col"),
+                                                out_view(20, 12), out_view(20), 20, 37, 12),
+                             {"block_m": 16, "block_n": 16}),
+    }
+
+
+@pytest.mark.points(0.5)
+@pytest.mark.parametrize("puzzle", list(load_cases()))
+def test_every_puzzle_loads_only_the_data_region(puzzle):
+    """Each launcher gets views of exactly its data: a load of a padded row or column (past
+    m, n or k) is named, even when the kernel never stores what it computed from it."""
+    from common.triton_env import on_interpreter
+
+    if not on_interpreter():
+        pytest.skip("counts what the kernel loads through Triton's interpreter (CPU only)")
+    name, args, kwargs = load_cases()[puzzle]
+    _, reports = kernel_memory(getattr(impl, name), *args, **kwargs)
+    assert reports, f"{name} launched no kernel"
+    assert_loads_in_bounds(reports, f"puzzle {puzzle}")
+
+
+# ---- float16: the launchers accept it; accumulate in float32 -----------------------------------
+
+F16_ATOL, F16_RTOL = tolerance("float16")
+
+
+@pytest.mark.points(0.5)
+def test_2_add_vectors_in_float16():
+    x, y = (rand(s, 37).astype(np.float16).astype(np.float64) for s in (50, 51))
+    out = out_view(37, dtype="float16")
+    impl.add_vectors(data_view(x, dtype="float16"), data_view(y, dtype="float16"), out, 37,
+                     block=16)
+    assert_close(out, x + y, what="float16 x + y", atol=F16_ATOL, rtol=F16_RTOL)
+
+
+@pytest.mark.points(1)
+def test_8_matmul_in_float16_accumulates_in_float32():
+    a = np.ones((16, 64)) + rand(52, 16, 64, scale=0.01).astype(np.float16)
+    a = a.astype(np.float16).astype(np.float64)
+    b = cancelling(rand(53, 64, 16, scale=0.1))  # K rows 0..31 at +30, 32..63 at -30
+    out = out_view(16, 16, dtype="float16")
+    impl.matmul(data_view(a, dtype="float16"), data_view(b, dtype="float16"), out, 16, 16, 64,
+                block_m=16, block_n=16, block_k=16)
+    assert_close(out, a @ b, what="float16 a @ b", atol=F16_ATOL, rtol=F16_RTOL,
+                 hint=ACC_IN_FP16)
+
+
+@pytest.mark.points(1)
+def test_9_online_softmax_in_float16_accumulates_in_float32():
+    s = (rand(54, 16, 64, scale=0.5)).astype(np.float16).astype(np.float64)
+    v = cancelling(rand(55, 64, 16, scale=0.1))
+    out, lse = out_view(16, 16, dtype="float16"), out_view(16)
+    impl.online_softmax(data_view(s, dtype="float16"), data_view(v, dtype="float16"), out, lse,
+                        16, 64, 16, block_m=16, block_n=16)
+    want_lse = np.log(np.exp(s - s.max(1, keepdims=True)).sum(1)) + s.max(1)
+    assert_close(out, softmax(s) @ v, what="float16 out", atol=F16_ATOL, rtol=F16_RTOL,
+                 hint=ACC_IN_FP16)
+    assert_close(lse, want_lse, what="float16 lse", atol=F16_ATOL, rtol=F16_RTOL)
+
 # ---- launchers: input checks and no host synchronisation ---------------------------------------
 
 
@@ -486,3 +641,8 @@ def test_launchers_make_no_host_synchronisation():
             f"{name} copied device values to the host: {syncs}. Sizes and strides are known "
             "on the host without reading a tensor."
         )
+
+
+# ---- compiled for an H100 on the CPU: what the interpreter cannot see (grading's compile_check)
+test_kernel_compiles_for_sm_90_with_ieee_dots_and_no_spills = sm90_compile_test(
+    __file__)  # None where the compile check is absent: nothing to collect

@@ -242,7 +242,10 @@ def reformer_attention(
     key ``j`` always share a bucket. In each round, positions are sorted by (bucket,
     position); the sorted list is cut into chunks of ``chunk_size``; query ``i`` attends
     key ``j`` if they share the round's bucket and ``j``'s chunk is ``i``'s chunk or the one
-    before it. The union over rounds is attended; no other key is read.
+    before it (chunk 0 has none before it). The union over rounds is attended, each key
+    once (the paper's rounds merged by their log-sum-exps, duplicates counted once); no
+    other key is read. As in the paper, a query never attends its own key unless that is
+    its only key (its own key is almost always its best match).
     ``qk [N, d]``, ``v [N, dv]`` → ``(out [N, dv], lse [N])``.
     """
     qk, _, v = provided.check_qkv(qk, qk, v)
@@ -260,7 +263,11 @@ def reformer_attention(
             lo = max(chunk[i] - 1, 0) * chunk_size  # this chunk and the one before it
             near = order[lo : (chunk[i] + 1) * chunk_size]
             found[i].append(near[h[near] == h[i]])
-    keys_of = [np.unique(np.concatenate(lists)) for lists in found]
+    keys_of = []
+    for i, lists in enumerate(found):
+        union = np.unique(np.concatenate(lists))  # every round's keys, each once
+        others = union[union != i]
+        keys_of.append(others if others.size else union)  # itself only when alone
     return _attend_gathered(qk, keys, v, keys_of, provided.scale_for(qk.shape[1], scale))
 
 

@@ -187,13 +187,16 @@ def reformer_attention(
     key ``j`` always share a bucket. In each round, positions are sorted by (bucket,
     position); the sorted list is cut into chunks of ``chunk_size``; query ``i`` attends
     key ``j`` if they share the round's bucket and ``j``'s chunk is ``i``'s chunk or the one
-    before it. The union over rounds is attended; no other key is read.
+    before it (chunk 0 has none before it). The union over rounds is attended, each key
+    once (the paper's rounds merged by their log-sum-exps, duplicates counted once); no
+    other key is read. As in the paper, a query never attends its own key unless that is
+    its only key (its own key is almost always its best match).
     ``qk [N, d]``, ``v [N, dv]`` → ``(out [N, dv], lse [N])``.
     """
     raise NotImplementedError(
         "TODO: keys = qk / |qk|; per round: order = argsort(bucket, stable), chunk of a "
         "position = its rank // chunk_size; query i attends same-bucket keys in its chunk and "
-        "the previous one"
+        "the previous one, then drop its own key unless it is the only one"
     )
 
 

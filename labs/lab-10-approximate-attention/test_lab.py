@@ -429,8 +429,10 @@ def test_lsh_hashes_queries_and_keys_with_the_same_rotations():
     assert_out_and_lse((out, lse), want, "every key equals its query")
 
 
-def reformer_mask(qk, rotations, chunk_size, previous=True):
-    """Shared-QK sort-and-chunk by the definition: same bucket, own or previous chunk."""
+def reformer_mask(qk, rotations, chunk_size, previous=True, self_mask=True):
+    """Shared-QK sort-and-chunk by the definition: same bucket, own or previous chunk (no
+    wrap from chunk 0 to the last), the union over rounds; with ``self_mask`` (the paper's
+    rule) a query's own key is dropped unless it is the query's only key."""
     n = len(qk)
     mask = np.zeros((n, n), dtype=bool)
     for h in buckets_by_definition(qk, rotations):
@@ -441,7 +443,13 @@ def reformer_mask(qk, rotations, chunk_size, previous=True):
         if previous:
             near |= chunk[None, :] == chunk[:, None] - 1
         mask |= near & (h[None, :] == h[:, None])
-    return mask
+    return without_self(mask) if self_mask else mask
+
+
+def without_self(mask):
+    """Reformer's self-mask: drop the diagonal of every row that has another key."""
+    others = mask & ~np.eye(len(mask), dtype=bool)
+    return np.where(others.any(axis=1, keepdims=True), others, mask)
 
 
 def own_chunk_mask(qk, rotations, chunk_size):
@@ -463,11 +471,91 @@ def test_reformer_attention_sorts_by_bucket_and_attends_its_own_and_previous_chu
             reference_attention(qk, qk, v, mask=mask)[0],
         "each query also attends the chunk before its own in the sorted order":
             reference_attention(qk, keys, v, mask=own_chunk_mask(qk, rotations, chunk_size))[0],
+        REFORMER_SELF: reference_attention(
+            qk, keys, v, mask=reformer_mask(qk, rotations, chunk_size, self_mask=False))[0],
     }
     assert_out_and_lse(
         impl.reformer_attention(qk, v, rotations, chunk_size), want,
         f"N={n} n_buckets={2 * half} rounds={rounds} chunk_size={chunk_size}", wrong_out=wrong,
         hint="sort positions by (bucket, position), cut into chunks of chunk_size",
+    )
+
+
+REFORMER_SELF = (
+    "a query attended its own key: with shared QK that key is almost always its best match, "
+    "so Reformer drops it unless it is the query's only key"
+)
+
+
+@pytest.mark.points(2)
+def test_reformer_never_attends_its_own_key_unless_it_is_the_only_one():
+    """The paper's self-mask (Kitaev et al. 2020, section 2): v = the identity, so ``out``
+    is the weight matrix and its diagonal is the weight of each query's own key."""
+    n = 24
+    qk, _, _ = random_qkv(5, n, n, 4, 1)
+    rotations = provided.random_rotations(4, 8, 1, seed=2)
+    alone = reformer_mask(qk, rotations, 4, self_mask=False).sum(axis=1) == 1  # itself only
+    assert alone.any() and not alone.all(), "the data must have lone and accompanied queries"
+    out, _ = impl.reformer_attention(qk, np.eye(n), rotations, 4)
+    own = np.diag(to_float64(out))
+    bad = np.flatnonzero(own[~alone] != 0.0)
+    assert not bad.size, (
+        f"query {np.flatnonzero(~alone)[bad[0]]} gave weight {own[~alone][bad[0]]:.3g} to its "
+        f"own key although it has other keys: {REFORMER_SELF}"
+    )
+    assert_close(own[alone], np.ones(int(alone.sum())),
+                 what="the weight of a query's own key when it is its only key (must be 1)")
+
+
+def attend_with_bias(q, k, v, mask, bias, scale):
+    """``(out, lse)`` of softmax(q kᵀ·scale + bias) v over ``mask``; no key: 0 and -inf."""
+    s = np.where(mask, q @ k.T * scale + bias, -np.inf)
+    m = s.max(axis=1, initial=-np.inf)
+    m0 = np.where(np.isneginf(m), 0.0, m)
+    p = np.exp(s - m0[:, None])
+    l = p.sum(axis=1)
+    safe = np.where(l > 0, l, 1.0)
+    with np.errstate(divide="ignore"):
+        return p @ v / safe[:, None], np.where(l > 0, m0 + np.log(safe), -np.inf)
+
+
+def lse_merge(parts):
+    """Lab 04's merge of ``(out, lse)`` parts over disjoint key sets: exact attention's own."""
+    lses = np.array([lse for _, lse in parts])  # [R, N]
+    lse = np.logaddexp.reduce(lses, axis=0)
+    w = np.exp(lses - lse)  # every row has a key, so lse is finite
+    return sum(w[r][:, None] * out for r, (out, _) in enumerate(parts)), lse
+
+
+@pytest.mark.points(2)
+@given(**sizes(n=(2, 40), d=(2, 6), half=(1, 4), chunk_size=(1, 12)), seed=SEEDS)
+def test_reformer_rounds_merge_by_their_log_sum_exps_as_in_the_paper(
+    n, d, half, chunk_size, seed
+):
+    """The paper's multi-round LSH attention: each round attends its own keys with the score
+    of a key found in ``N_ij`` rounds lowered by ``log N_ij`` (so that it counts once), and
+    the rounds are merged by their log-sum-exps. That is attention over the union."""
+    qk, _, v = random_qkv(seed, n, n, d, 3)
+    rotations = provided.random_rotations(d, 2 * half, 3, seed + 1)
+    keys = qk / np.linalg.norm(qk, axis=1, keepdims=True)
+    rounds = [reformer_mask(qk, rotations[r : r + 1], chunk_size, self_mask=False)
+              for r in range(3)]  # fmt: skip
+    attend = without_self(np.logical_or.reduce(rounds))
+    per_round = [m & attend for m in rounds]
+    count = np.maximum(np.sum(per_round, axis=0), 1)
+    scale = 1 / math.sqrt(d)
+    want = lse_merge([attend_with_bias(qk, keys, v, m, -np.log(count), scale)
+                      for m in per_round])  # fmt: skip
+    plain = [attend_with_bias(qk, keys, v, m, 0.0, scale) for m in per_round]
+    wrong = {
+        "the rounds were averaged: merge them by their log-sum-exps (lab 04's rule)":
+            np.mean([out for out, _ in plain], axis=0),
+        "a key found in several rounds was counted once per round: attend the union, each "
+        "key once": lse_merge(plain)[0],
+    }
+    assert_out_and_lse(
+        impl.reformer_attention(qk, v, rotations, chunk_size), want,
+        f"N={n} n_buckets={2 * half} rounds=3 chunk_size={chunk_size}", wrong_out=wrong,
     )
 
 
@@ -792,6 +880,90 @@ def test_on_the_retrieval_task_exact_finds_the_far_key_and_a_local_window_cannot
     local, _ = impl.sparse_attention(q, k, v, window)
     err = np.linalg.norm(to_float64(local)[-1] - v[target]) / np.linalg.norm(v[target])
     assert err > 0.5, f"a 64-token window cannot see a key 448 tokens back (error {err:.2f})"
+
+
+# ---- every scale= keyword, and no keys at all ---------------------------------------------
+
+SCALED = {  # function -> (what it returns for scale s, from the definitions above)
+    "sparse_attention": (
+        lambda q, k, v, s: impl.sparse_attention(q, k, v, MASK_7x9, scale=s),
+        lambda q, k, v, s: reference_attention(q, k, v, scale=s, mask=MASK_7x9)),
+    "lsh_attention": (
+        lambda q, k, v, s: impl.lsh_attention(q, k, v, ROT_4, scale=s),
+        lambda q, k, v, s: reference_attention(q, k, v, scale=s,
+                                               mask=same_bucket_mask(q, k, ROT_4))),
+    "reformer_attention": (
+        lambda q, k, v, s: impl.reformer_attention(q, v[: len(q)], ROT_4, 3, scale=s),
+        lambda q, k, v, s: reference_attention(
+            q, q / np.linalg.norm(q, axis=1, keepdims=True), v[: len(q)], scale=s,
+            mask=reformer_mask(q, ROT_4, 3))),
+    "lsh_mass_captured": (
+        lambda q, k, v, s: impl.lsh_mass_captured(q, k, ROT_4, scale=s),
+        lambda q, k, v, s: (softmax_matrix(q, k, scale=s) * same_bucket_mask(q, k, ROT_4)).sum(1)),
+    "linformer_attention": (
+        lambda q, k, v, s: impl.linformer_attention(q, k, v, E_3x9, F_3x9, scale=s),
+        lambda q, k, v, s: reference_attention(q, E_3x9 @ k, F_3x9 @ v, scale=s)[0]),
+    "attention_singular_values": (
+        lambda q, k, v, s: impl.attention_singular_values(q, k, scale=s),
+        lambda q, k, v, s: np.linalg.svd(softmax_matrix(q, k, scale=s), compute_uv=False)),
+    "chunked_attention": (
+        lambda q, k, v, s: impl.chunked_attention(q, k, v, 3, 4, scale=s),
+        lambda q, k, v, s: reference_attention(q, k, v, scale=s)),
+}  # fmt: skip
+MASK_7x9 = np.random.default_rng(70).random((7, 9)) < 0.6
+ROT_4 = provided.random_rotations(4, 4, 2, seed=11)
+E_3x9, F_3x9 = provided.linformer_projection(3, 9, 1), provided.linformer_projection(3, 9, 2)
+
+
+@pytest.mark.points(1)
+@pytest.mark.parametrize("scale", [0.37, 0.0], ids=["scale=0.37", "scale=0"])
+@pytest.mark.parametrize("name", list(SCALED))
+def test_every_scale_keyword_is_used(name, scale):
+    """``scale=`` replaces ``1/sqrt(d)``; ``scale=0`` is a scale (every score 0: uniform
+    weights), not "use the default"."""
+    q, k, v = random_qkv(60, 7, 9, 4, 3, spread=1.5)
+    call, definition = SCALED[name]
+    got, want = call(q, k, v, scale), definition(q, k, v, scale)
+    default = definition(q, k, v, None)
+    hint = ("scale=0 was taken for 'no scale given': test `scale is None`, not `not scale`"
+            if scale == 0 else "the scale= argument was ignored (1/sqrt(d) used instead)")
+    if isinstance(want, tuple):
+        assert_out_and_lse(got, want, f"{name}(..., scale={scale})",
+                           wrong_out={hint: default[0]})  # fmt: skip
+    else:
+        assert_close(got, want, what=f"{name}(..., scale={scale})", wrong_answers={hint: default},
+                     atol=1e-10, rtol=1e-10)  # fmt: skip
+
+
+NO_KEYS = {  # function -> its call on Lk = 0 keys (every row attends nothing: 0 and -inf)
+    "sparse_attention": lambda q, k, v: impl.sparse_attention(q, k, v, np.zeros((3, 0), bool)),
+    "lsh_attention": lambda q, k, v: impl.lsh_attention(q, k, v, ROT_4),
+    "chunked_attention": lambda q, k, v: impl.chunked_attention(q, k, v, 2, 2),
+}
+
+
+@pytest.mark.points(1)
+def test_zero_tokens_give_empty_masks_and_no_bytes():
+    """``n = 0`` is allowed (``non_negative_int``): every mask is ``[0, 0]``, no bytes."""
+    masks = {
+        "strided_mask(0, 2)": lambda: impl.strided_mask(0, 2),
+        "fixed_mask(0, 2)": lambda: impl.fixed_mask(0, 2),
+        "window_global_mask(0, 1)": lambda: impl.window_global_mask(0, 1),
+        "bigbird_mask(0, 1, [], 2)": lambda: impl.bigbird_mask(0, 1, [], 2),
+    }
+    for what, call in masks.items():
+        assert_mask(call(), np.zeros((0, 0), dtype=bool), what)
+    assert impl.score_matrix_bytes(0) == 0, "score_matrix_bytes(0) must be 0"
+
+
+@pytest.mark.points(1)
+@pytest.mark.parametrize("name", list(NO_KEYS))
+def test_no_keys_at_all_gives_zeros_and_minus_inf(name):
+    q, k, v = random_qkv(61, 3, 0, 4, 2)
+    with np.errstate(all="ignore"):
+        got = NO_KEYS[name](q, k, v)
+    assert_out_and_lse(got, (np.zeros((3, 2)), np.full(3, -np.inf)), f"{name} with Lk = 0",
+                       nan_hint="NaN: with no keys l = 0; the output is 0, not 0/0")
 
 
 # ---- 10. bad input is a ValueError that names the argument ---------------------------------

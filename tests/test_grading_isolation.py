@@ -1,0 +1,206 @@
+"""Labs share nothing, and memory cannot be hidden: what a sandboxed worker can reach, and
+what a forked child's memory counts, probed by planted submissions (not graded).
+
+A lab of a small copy of the course whose ``starter.py`` has a ``probe()``; its test calls
+it and reports what it saw. Meanwhile this test process (standing in for another lab, or
+anything else on the machine) holds an abstract Unix socket, a TCP port on 127.0.0.1 and a
+file in ``/dev/shm``. Graded as root (the user switch), the worker must reach none of them,
+nor the internet, nor see this process in ``/proc``; its own loopback still works (a lab's
+ranks talk over it), and so does its own ``/dev/shm``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from grading.sandbox.host import choose_mode
+
+ROOT = Path(__file__).resolve().parents[1]
+# whole grading runs on a busy machine: a backstop, not a measurement
+pytestmark = pytest.mark.timeout(900)
+ABSTRACT = "course-isolation-probe"
+SHM_FILE = "course-isolation-probe"
+
+PROBE = f'''
+import errno
+import os
+import socket
+
+
+def _try(what):
+    try:
+        what()
+        return "reached"
+    except OSError as exc:
+        return errno.errorcode.get(exc.errno, str(exc.errno))
+
+
+def probe(port, pid):
+    """What this process can reach."""
+    def abstract():
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.connect("\\0{ABSTRACT}")
+
+    def tcp():
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            pass
+
+    def internet():
+        with socket.create_connection(("1.1.1.1", 53), timeout=5):
+            pass
+
+    def own_loopback():
+        with socket.socket() as server:
+            server.bind(("127.0.0.1", 0))
+            server.listen(1)
+            with socket.create_connection(server.getsockname(), timeout=5):
+                pass
+
+    def own_shm():
+        with open("/dev/shm/mine", "w") as f:
+            f.write("x")
+
+    return {{"abstract": _try(abstract), "tcp": _try(tcp), "internet": _try(internet),
+            "own_loopback": _try(own_loopback), "own_shm": _try(own_shm),
+            "shm": sorted(os.listdir("/dev/shm")), "sees_pid": os.path.exists(f"/proc/{{pid}}"),
+            "pids": len([p for p in os.listdir("/proc") if p.isdigit()])}}
+'''
+
+TESTS = '''
+import json
+
+import pytest
+
+from common import load_impl
+
+impl = load_impl(__file__)
+
+
+@pytest.mark.points(1)
+def test_probe():
+    port, pid = {port}, {pid}
+    pytest.fail("PROBE " + json.dumps(impl.probe(port, pid)))
+'''
+
+
+MEMORY = """
+import os
+import time
+
+
+def honest(n):
+    \"\"\"Holds n MiB, touched.\"\"\"
+    data = b"x" * (n << 20)
+    return len(data) >> 20
+
+
+def forked(n):
+    \"\"\"Holds n MiB in a forked child, which the call waits for.\"\"\"
+    pid = os.fork()
+    if pid == 0:
+        data = b"x" * (n << 20)
+        time.sleep(0.5)
+        os._exit(len(data) & 1)
+    os.waitpid(pid, 0)
+    return n
+"""
+MEMORY_TESTS = """
+import json
+
+import pytest
+
+from common import load_impl
+from common.testing import peak_memory
+
+impl = load_impl(__file__)
+
+
+@pytest.mark.points(1)
+def test_peaks():
+    peaks = {name: peak_memory(getattr(impl, name), 64)[1] for name in ("honest", "forked")}
+    pytest.fail("PEAKS " + json.dumps(peaks))
+"""
+
+
+def _report(results: dict, marker: str, test: str) -> dict:
+    [found] = [t for t in results["tests"] if t["name"].endswith(test)]
+    assert marker + " " in found["output"], found["output"]
+    return json.loads(found["output"].split(marker + " ", 1)[1].splitlines()[0])
+
+
+@pytest.fixture(scope="module")
+def probed(tmp_path_factory) -> dict:
+    if choose_mode()[0].uids is None:
+        pytest.skip("needs the user switch (run as root)")
+    if not sys.platform.startswith("linux"):
+        pytest.skip("namespaces are Linux's")
+    root = tmp_path_factory.mktemp("isolation")
+    root.chmod(0o755)
+    for name in ("conftest.py", "pyproject.toml"):
+        shutil.copy2(ROOT / name, root / name)
+    for package in ("common", "grading"):
+        shutil.copytree(ROOT / package, root / package,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    lab = root / "labs" / "lab-00-probe"
+    lab.mkdir(parents=True)
+    memory = root / "labs" / "lab-01-memory"
+    memory.mkdir(parents=True)
+    (memory / "starter.py").write_text(MEMORY)
+    (memory / "test_lab.py").write_text(MEMORY_TESTS)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as abstract, socket.socket() as tcp:
+        abstract.bind("\0" + ABSTRACT)
+        abstract.listen(1)
+        tcp.bind(("127.0.0.1", 0))
+        tcp.listen(1)
+        (lab / "starter.py").write_text(PROBE)
+        (lab / "test_lab.py").write_text(textwrap.dedent(TESTS).format(
+            port=tcp.getsockname()[1], pid=os.getpid()))
+        shm = Path("/dev/shm") / SHM_FILE
+        shm.write_text("another lab's hidden input")
+        try:
+            env = {k: v for k, v in os.environ.items()
+                   if not k.startswith(("GRADE_", "COURSE_", "PYTEST_"))}
+            proc = subprocess.run(
+                [sys.executable, "-m", "grading", "--root", str(root), "--results",
+                 str(root / "results.json")], cwd=root, env=dict(env, LAB_IMPL="starter"),
+                capture_output=True, text=True, timeout=600)
+        finally:
+            shm.unlink()
+    results = json.loads((root / "results.json").read_text())
+    assert len(results["tests"]) == 2, proc.stdout[-3000:]
+    return {**_report(results, "PROBE", "test_probe"),
+            "peaks": _report(results, "PEAKS", "test_peaks")}
+
+
+@pytest.mark.slow
+def test_a_worker_reaches_no_abstract_socket_no_port_and_no_network(probed):
+    assert probed["abstract"] != "reached", "an abstract Unix socket of another namespace"
+    assert probed["tcp"] != "reached", "a TCP port on the machine's loopback"
+    assert probed["internet"] == "ENETUNREACH", probed["internet"]
+    assert probed["own_loopback"] == "reached", "its own loopback must work (a lab's ranks)"
+
+
+@pytest.mark.slow
+def test_a_worker_has_a_dev_shm_and_a_proc_of_its_own(probed):
+    assert SHM_FILE not in probed["shm"], "another process's /dev/shm file is visible"
+    assert probed["own_shm"] == "reached"
+    assert not probed["sees_pid"], "the worker sees the grader's processes in /proc"
+    assert probed["pids"] < 5, probed["pids"]
+
+
+@pytest.mark.slow
+def test_memory_a_forked_child_holds_is_counted(probed):
+    """The fork attack: the work done in a forked child (which exits before the call
+    returns) shows in the peak as the work done in the worker does."""
+    honest, forked = probed["peaks"]["honest"], probed["peaks"]["forked"]
+    assert honest >= 48 << 20, probed["peaks"]
+    assert forked >= 48 << 20, f"the forked child's 64 MiB went unseen: {probed['peaks']}"
