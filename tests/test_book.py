@@ -40,6 +40,7 @@ STRIDE_LINE = "    mask = (np.abs(i - j) < stride) | ((i - j) % stride == 0)"  #
 STRIDE_WRONG = STRIDE_LINE.replace("(i - j) % stride", "j % stride")  # absolute, not relative
 
 sys.path.insert(0, str(ROOT))
+from book.attention_trace import NAME as ATTENTION_TRACE  # noqa: E402
 from book.build import main as build_main  # noqa: E402
 from book.traces import main as traces_main  # noqa: E402
 from book.traces import read_script  # noqa: E402
@@ -325,6 +326,15 @@ def test_paged_blocks_show_lab_07s_tables_and_lab_01s_slots(open_page):
     p.page.focus("#stream-viz")
     p.page.keyboard.press("ArrowRight")
     assert p.value("#stream-used-paged") == ref["paged"]["used"][1]
+    for run in ("paged", "contiguous"):  # the whole-run readouts are lab 07's Stats
+        st = ref[run]
+        assert p.value(f"#stream-steps-{run}") == st["steps"]
+        assert p.value(f"#stream-filled-{run}") == pytest.approx(1 - st["waste"])
+        assert p.value(f"#stream-pool-{run}") == st["mean_utilisation"]
+    assert ref["paged"]["waste"] < ref["contiguous"]["waste"], \
+        "paging must fill more of what it holds"
+    why = p.page.inner_text("#stream-why")  # the lower pool use of paged, explained on the page
+    assert f"{ref['paged']['steps']} steps instead of {ref['contiguous']['steps']}" in why
     assert p.value("#stream-used-contiguous") == ref["contiguous"]["used"][1]
 
 
@@ -335,6 +345,12 @@ def test_kv_cache_presets_show_lab_06s_bytes_per_token(open_page):
     for i, preset in enumerate(ref["presets"]):
         p.page.select_option("#kv-preset", str(i))
         assert p.value("#kv-preset-bytes") == preset["bytes_per_token"]
+        for kind in preset["kinds"]:  # the bars are the picked model's shape, not a fixed one
+            assert p.value(f"#kv-bar-{kind['kind']}") == kind["bytes_per_token"], preset["name"]
+        assert p.value(f"#kv-bar-{preset['kind']}") == preset["bytes_per_token"], \
+            f"{preset['name']}: its own kind's bar must equal its readout"
+        assert p.value(f"#kv-bar-request-{preset['kind']}") == \
+            preset["bytes_per_token"] * 2 ** 15, "bytes per request = per token × context"
     p.page.focus("#kv-context")
     p.page.keyboard.press("ArrowRight")
     assert "65,536 tokens" in p.page.inner_text("#kv-context-label")
@@ -589,6 +605,26 @@ def test_complexity_scaling_shows_lab_10s_costs_and_errors_at_each_n(open_page):
                 assert p.value(f"#complexity-{field}-{slug}") == m[field][k], (n, m["name"])
     exact = next(m for m in ref["methods"] if m["name"] == "exact")
     assert exact["flops"][-1] / exact["flops"][0] == (sizes[-1] / sizes[0]) ** 2
+    # beyond the measured sizes, to about a million tokens: costs only, the modelled trace
+    p.page.select_option("#complexity-metric", "flops")
+    p.page.focus("#complexity-n")
+    for j, n in enumerate(ref["inputs"]["model_sizes"]):
+        p.page.keyboard.press("ArrowRight")
+        assert p.page.get_attribute("#complexity-viz", "data-n") == str(n)
+        for m in ref["modelled"]:
+            slug = re.sub(r"[^a-z0-9]+", "-", m["name"], flags=re.I).lower()
+            for field in ("flops", "bytes"):
+                assert p.value(f"#complexity-{field}-{slug}") == m[field][j], (n, m["name"])
+        assert p.page.locator("#complexity-error-exact").count() == 0, "no error is run there"
+    assert ref["inputs"]["model_sizes"][-1] >= 10 ** 6
+    for metric in ("flops", "bytes", "error", "rms"):  # ticks in plain units, never 1.0e+9
+        p.page.select_option("#complexity-metric", metric)
+        ticks = p.page.locator("#complexity-viz .y-tick").all_text_contents()
+        assert ticks and not any(re.search(r"\de[+-]?\d", t) for t in ticks), (metric, ticks)
+    marks = p.page.locator("#complexity-viz .context-mark")
+    marked = marks.evaluate_all("els => els.map(e => e.getAttribute('data-n'))")
+    assert [int(x) for x in marked] == \
+        [c[1] for c in ref["inputs"]["contexts"]], "real models' context lengths are marked"
 
 
 @BROWSER
@@ -602,7 +638,7 @@ def test_search_works_from_the_file_system(open_page):
 
 def test_glossary_terms_become_hover_definitions_and_link_titles(tmp_path):
     """Without a browser: GLOSSARY.md's `### Term` sections -> abbreviations and link titles."""
-    from book.build import Site, github_slug, glossary_terms
+    from book.build import Site, abbreviations, github_slug, glossary_terms
 
     glossary = tmp_path / "GLOSSARY.md"
     glossary.write_text("# Glossary\n\n### KV cache\nThe keys and values kept for every token. "
@@ -612,6 +648,9 @@ def test_glossary_terms_become_hover_definitions_and_link_titles(tmp_path):
     assert terms == {"KV cache": "The keys and values kept for every token.",
                      "Tensor core": "A unit that multiplies tiles."}
     assert glossary_terms(tmp_path / "missing.md") == {}
+    abbr = abbreviations(terms)  # lower-case uses in prose get the hover too, acronyms do not
+    assert "*[Tensor core]: A unit" in abbr and "*[tensor core]: A unit" in abbr
+    assert "*[KV cache]:" in abbr and "*[kV cache]" not in abbr and "*[kv cache]" not in abbr
     assert github_slug("KV cache") == "kv-cache" and github_slug("Tensor core") == "tensor-core"
     site = Site(tmp_path / "docs")
     site.pages[ROOT / "GLOSSARY.md"] = tmp_path / "docs" / "GLOSSARY.md"
@@ -696,5 +735,89 @@ def test_the_committed_reference_traces_are_the_solutions_current_output(tmp_pat
              if f.read_text() != (ROOT / "book" / "viz" / "traces" / f.name).read_text()]
     assert not stale, f"{stale} are stale: run `.venv/bin/python -m book.traces` and commit them"
     extra = sorted({f.name for f in (ROOT / "book" / "viz" / "traces").glob("*.js")}
-                   - {f.name for f in tmp_path.glob("*.js")})
+                   - {f.name for f in tmp_path.glob("*.js")}
+                   - {f"{ATTENTION_TRACE}.js"})  # book.attention_trace's, checked below
     assert not extra, f"{extra} are no longer written by book.traces: delete them"
+
+
+SVG_CHECK = (ROOT / "tests" / "book_svg_check.js").read_text()
+
+
+@BROWSER
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+@pytest.mark.parametrize("rel", [f"viz/{n}.html" for n in VIZ] + [
+    "index.html", "viz/index.html", "labs/lab-00-online-softmax/index.html"])
+def test_every_page_is_legible_in_both_colour_schemes_with_no_overlapping_labels(open_page, rel,
+                                                                                  scheme):
+    """axe-core's colour-contrast rule finds no violation in the HTML, and no SVG text label
+    falls under WCAG's 4.5:1 against what is drawn under it or overlaps another label: wide
+    and narrow, at the first step and the last."""
+    axe = pytest.importorskip("axe_playwright_python.sync_playwright",
+                              reason="axe-playwright-python is not installed "
+                              "(requirements-book.txt)")
+    for width in (1280, 390):
+        p = open_page(rel, width=width, color_scheme=scheme)
+        p.page.wait_for_timeout(100)
+        expected = "slate" if scheme == "dark" else "default"
+        assert p.page.get_attribute("body", "data-md-color-scheme") == expected
+        for moment in ("first", "last"):
+            if moment == "last":
+                if p.page.locator(".viz [data-action=end]").count() == 0:
+                    continue
+                p.page.focus(".viz")  # the key, not a click: no hover tooltip in the way
+                p.page.keyboard.press("End")
+                p.page.wait_for_timeout(450)  # the header's fade, the panels' transitions
+            found = axe.Axe().run(p.page, options={"runOnly": ["color-contrast"]}).response
+            bad = [(n["target"], n["any"][0]["message"] if n["any"] else "")
+                   for v in found["violations"] for n in v["nodes"]]
+            assert bad == [], f"{rel} ({scheme}, {width} px, {moment} step): {bad[:5]}"
+            svg = p.page.evaluate(SVG_CHECK)
+            assert svg["low"] == [], \
+                f"{rel} ({scheme}, {width} px, {moment} step): labels too faint {svg['low'][:5]}"
+            assert svg["overlaps"] == [], \
+                f"{rel} ({scheme}, {width} px, {moment} step): labels overlap {svg['overlaps'][:5]}"
+        if scheme == "dark" and width == 1280:
+            SHOTS.mkdir(parents=True, exist_ok=True)
+            name = rel.replace("/", "_").removesuffix(".html")
+            p.page.screenshot(path=str(SHOTS / f"{name}-dark.png"))
+
+
+@BROWSER
+def test_a_trained_models_heads_are_the_traces_and_the_named_head_is_the_measured_one(open_page):
+    ref = reference("adder")
+    scores = ref["scores"]
+    for s, name in enumerate(ref["score_names"]):  # the named head is the argmax, not a pick
+        best = max(((l_, h) for l_ in range(ref["layers"]) for h in range(ref["heads"])),
+                   key=lambda lh: scores[s][lh[0]][lh[1]])
+        assert (ref["found"][name]["layer"], ref["found"][name]["head"]) == best, name
+    assert all(r["correct"] for r in ref["runs"]), "the trained model should add correctly"
+    p = open_page("viz/attention-multihead-self.html")
+    top = ref["found"]["aligned digits"]
+    assert p.page.get_attribute("#adder-viz", "data-view") == f"0-{top['layer']}-{top['head']}"
+    for run in range(len(ref["runs"])):
+        p.page.select_option("#adder-problem", str(run))
+        for layer in range(ref["layers"]):
+            p.page.select_option("#adder-layer", str(layer))
+            for head in range(ref["heads"]):
+                p.page.select_option("#adder-head", str(head))
+                assert p.page.get_attribute("#adder-viz", "data-view") == f"{run}-{layer}-{head}"
+                w = ref["runs"][run]["weights"][layer][head]
+                for i, j in ((len(w) - 1, 0), (8, 1), (9, 6), (5, 4)):
+                    assert p.value(f"#adder-cell-{i}-{j}") == w[i][j], (run, layer, head, i, j)
+                assert p.value("#adder-aligned") == scores[1][layer][head]
+                assert p.value("#adder-prev") == scores[0][layer][head]
+    p.page.click("[data-action=show-previous-token]")
+    prev = ref["found"]["previous token"]
+    view = p.page.get_attribute("#adder-viz", "data-view")
+    assert view.endswith(f"-{prev['layer']}-{prev['head']}")
+
+
+def test_the_committed_attention_trace_is_the_trained_models_current_output(tmp_path):
+    """`python -m book.attention_trace` reproduces the committed trace (one torch thread)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from book.attention_trace import main as attention_main
+    assert attention_main(["--out", str(tmp_path)]) == 0
+    fresh = read_script(tmp_path / "adder-reference.js")
+    assert fresh == reference("adder"), \
+        "book/viz/traces/adder-reference.js is stale: run .venv/bin/python -m book.attention_trace"

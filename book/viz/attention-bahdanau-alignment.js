@@ -31,7 +31,7 @@
         V.s("rect", { x: x0 + j * c, y: y0 + i * c, width: c - 3, height: c - 3, rx: 3,
           fill: shown ? shade(w) : "#f3f3f3", stroke: i === k ? "#f28e2b" : "#ddd", "stroke-width": i === k ? 2 : 1,
           id: "bahdanau-cell-" + i + "-" + j, "data-value": shown ? JSON.stringify(w) : null }, svg);
-        if (shown) V.s("text", { x: x0 + j * c + 6, y: y0 + i * c + 25, fill: w > 0.5 ? "#fff" : "#222" }, svg, V.fmt(w, 2));
+        if (shown) V.s("text", { x: x0 + j * c + 6, y: y0 + i * c + 25, class: "halo" }, svg, V.fmt(w, 2));
       }
     }
     V.s("text", { x: 4, y: y0 + T * c + 14 }, svg, "↑ decoder steps");

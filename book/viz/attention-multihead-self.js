@@ -81,7 +81,7 @@
           "fill-opacity": typeof w === "number" ? Math.max(0.08, w) : 1,
           stroke: w === 0 ? "#ccc" : "#999", "stroke-dasharray": w === 0 ? "3 2" : null,
           id: "mh-cell-" + i + "-" + j, "data-value": JSON.stringify(w) }, svg);
-        V.s("text", { x: x0 + j * c + 4, y: y0 + i * c + 24, fill: w > 0.55 ? "#fff" : "#222" }, svg, w === 0 ? "0" : V.fmt(w, 2));
+        V.s("text", { x: x0 + j * c + 4, y: y0 + i * c + 24, class: "halo" }, svg, w === 0 ? "0" : V.fmt(w, 2));
       }
     }
     // the heads as thumbnails

@@ -42,7 +42,7 @@
 
   function entropyChart(y0) {
     const x0 = 60, w = 300, h = 90, max = ref.max_entropy;
-    V.s("text", { x: 10, y: y0 - 8, class: "title" }, svg, "scale_experiment: mean entropy (nats) against d_k");
+    V.s("text", { x: 10, y: y0 - 12, class: "title" }, svg, "scale_experiment: mean entropy (nats) against d_k");
     V.s("line", { x1: x0, x2: x0 + w, y1: y0 + h, y2: y0 + h, stroke: "#999" }, svg);
     V.s("line", { x1: x0, x2: x0, y1: y0, y2: y0 + h, stroke: "#999" }, svg);
     V.s("line", { x1: x0, x2: x0 + w, y1: y0, y2: y0, stroke: "#bbb", "stroke-dasharray": "3 3" }, svg);

@@ -48,7 +48,7 @@
             fill: color(owner), "fill-opacity": active ? 1 : done ? 0.45 : 0.12,
             stroke: active ? "#222" : "#ccc", "stroke-width": active ? 2.5 : 1,
             id: "fagrid-cell-" + bh + "-" + qt + "-" + kt, "data-program": owner, "data-active": active ? "true" : null }, svg);
-          V.s("text", { x: x0 + kt * c + 4, y: y0 + qt * c + 18, fill: active ? "#fff" : "#555" }, svg, "p" + owner);
+          V.s("text", { x: x0 + kt * c + 4, y: y0 + qt * c + 18, class: active ? "halo" : null }, svg, "p" + owner);
         }
       }
     }
@@ -65,7 +65,7 @@
     }
     V.s("line", { x1: 40, x2: 40 + lw, y1: ly + 112, y2: ly + 112, stroke: "#999" }, svg);
     for (let x = 0; x <= Tmax; x += 4) V.s("text", { x: 36 + lw * x / Tmax, y: ly + 124 }, svg, String(x));
-    V.s("text", { x: 40 + lw - 60, y: ly + 136 }, svg, "time steps");
+    V.s("text", { x: 40 + lw, y: ly + 140, "text-anchor": "end" }, svg, "time steps");
     V.legend(svg, 10, 340, [{ color: "#4e79a7", label: "tile pair of a program (colour)" },
       { color: "#fff", stroke: "#222", label: "worked on now" }, { color: "#c9d3df", label: "done / still to do (faint)" }], 400);
     V.clear(side);

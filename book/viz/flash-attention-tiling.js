@@ -55,9 +55,9 @@
   const qStrip = [], kStrip = [];
   for (let t = 0; t < NT; t++) {
     qStrip.push(V.s("rect", { x: GX - 40, y: GY + t * T * CELL, width: 30, height: T * CELL - 3, rx: 3 }, svg));
-    V.s("text", { x: GX - 36, y: GY + t * T * CELL + T * CELL / 2 + 4 }, svg, "Q" + t);
+    V.s("text", { x: GX - 36, y: GY + t * T * CELL + T * CELL / 2 + 4, class: "halo" }, svg, "Q" + t);
     kStrip.push(V.s("rect", { x: GX + t * T * CELL, y: GY - 40, width: T * CELL - 3, height: 30, rx: 3 }, svg));
-    V.s("text", { x: GX + t * T * CELL + 14, y: GY - 21 }, svg, "K" + t + " V" + t);
+    V.s("text", { x: GX + t * T * CELL + 14, y: GY - 21, class: "halo" }, svg, "K" + t + " V" + t);
   }
   const rowMark = V.s("rect", { x: GX - 2, y: 0, width: L * CELL + 3, height: CELL + 1, fill: "none",
     stroke: "var(--viz-bad, #d62728)", "stroke-width": 2.5, opacity: 0 }, svg);

@@ -1,5 +1,5 @@
 /* KV cache from MHA to MLA: lab 06's kv_bytes_per_token for the lab's model presets and
- * for the four kinds on one shape (traces/lab06-reference.js). Bytes per request are the
+ * for the four kinds on the picked preset's shape (traces/lab06-reference.js). Bytes per request are the
  * trace's bytes per token times the context length chosen with the slider. */
 (function () {
   "use strict";
@@ -37,7 +37,8 @@
       const y = y0 + 10 + i * 24;
       const w = max > 0 ? 250 * it.value / max : 0;
       V.s("text", { x: 10, y: y + 13 }, svg, it.label);
-      V.s("rect", { x: 60, y: y, width: Math.max(w, 1), height: 18, fill: it.color, id: it.id }, svg);
+      V.s("rect", { x: 60, y: y, width: Math.max(w, 1), height: 18, fill: it.color, id: it.id,
+        "data-value": JSON.stringify(it.value) }, svg);
       V.s("text", { x: 66 + w, y: y + 13 }, svg, unit(it.value));
     });
   }
@@ -45,21 +46,25 @@
   function render() {
     V.clear(svg);
     ctxLabel.textContent = " " + V.count(ctx()) + " tokens ";
-    const s = ref.shape;
-    bars(18, "Bytes per token, one shape (" + s.layers + " layers, " + s.heads + " heads × " + s.head_dim + ")",
-      ref.kinds.map(function (k) {
-        return { label: k.kind.toUpperCase(), value: k.bytes_per_token, color: KIND_COLORS[k.kind], id: "kv-bar-" + k.kind };
-      }), V.bytes);
-    bars(150, "Bytes per request at " + V.count(ctx()) + " tokens", ref.kinds.map(function (k) {
-      return { label: k.kind.toUpperCase(), value: k.bytes_per_token * ctx(), color: KIND_COLORS[k.kind] };
-    }), V.bytes);
+    // the four kinds on the picked model's own shape: its own kind's bar is its readout
+    const p = ref.presets[state.preset], s = p.shape;
+    root.setAttribute("data-preset", String(state.preset));
+    function kindBars(perRequest) {
+      return p.kinds.map(function (k) {
+        return { label: k.kind.toUpperCase() + (k.kind === p.kind ? " ◀" : ""),
+          value: k.bytes_per_token * (perRequest ? ctx() : 1), color: KIND_COLORS[k.kind],
+          id: "kv-bar-" + (perRequest ? "request-" : "") + k.kind };
+      });
+    }
+    bars(18, "Bytes per token, " + p.layers + " layers, " + p.heads + " heads × " + p.head_dim +
+      " (◀ this model)", kindBars(false), V.bytes);
+    bars(150, "Bytes per request at " + V.count(ctx()) + " tokens", kindBars(true), V.bytes);
     V.legend(svg, 10, 270, [
       { color: KIND_COLORS.mha, label: "MHA: K and V per query head" },
       { color: KIND_COLORS.gqa, label: "GQA: " + s.kv_heads + " K/V heads" },
       { color: KIND_COLORS.mqa, label: "MQA: one K/V head" },
       { color: KIND_COLORS.mla, label: "MLA: one latent row (" + s.kv_lora_rank + " + " + s.rope_dim + ")" },
     ], 400);
-    const p = ref.presets[state.preset];
     V.clear(side);
     side.appendChild(V.h("h4", {}, p.name));
     const dl = V.h("dl", { class: "viz-counters" });

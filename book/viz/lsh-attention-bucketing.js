@@ -47,6 +47,7 @@
     const cx = 150, cy = 180, sc = 36;
     V.s("line", { x1: cx - 140, x2: cx + 140, y1: cy, y2: cy, stroke: "#ddd" }, svg);
     V.s("line", { x1: cx, x2: cx, y1: cy - 140, y2: cy + 140, stroke: "#ddd" }, svg);
+    const labels = [];
     ref.x.forEach(function (p, j) {
       const x = cx + p[0] * sc, y = cy - p[1] * sc, b = ref.buckets[last][j];
       const inSet = keys.indexOf(j) >= 0;
@@ -55,7 +56,16 @@
         "stroke-width": 2, id: "lsh-point-" + j, "data-bucket": b, "data-attended": inSet ? "true" : "false",
         style: "cursor: pointer" }, svg);
       dot.addEventListener("click", function () { state.query = j; qIn.value = j; render(); });
-      V.s("text", { x: x + 8, y: y - 6, "font-weight": j === q ? 700 : 400 }, svg, String(j));
+      // the label sits outside the point, along its direction from the origin, on a halo
+      // (or inside, when a label already sits there: two vectors can nearly coincide)
+      const len = Math.hypot(p[0], p[1]) || 1, ux = p[0] / len, uy = -p[1] / len;
+      let lx = x + ux * 16, ly = y + uy * 16;
+      if (labels.some(function (o) { return Math.abs(o[0] - lx) < 16 && Math.abs(o[1] - ly) < 13; })) {
+        lx = x - ux * 16; ly = y - uy * 16;
+      }
+      labels.push([lx, ly]);
+      V.s("text", { x: lx, y: ly + 4, "text-anchor": "middle", class: "halo",
+        "font-weight": j === q ? 700 : 400 }, svg, String(j));
     });
     // bucket ids per round, as rows
     const ty = 330;

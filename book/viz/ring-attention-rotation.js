@@ -42,7 +42,7 @@
       V.s("rect", { x: x + 2, y: y - 6, width: 36, height: 24, id: "ring-holds-" + d.device,
         fill: d.masked ? "#fff" : COLORS[d.holds], stroke: d.masked ? "#999" : COLORS[d.holds],
         "stroke-dasharray": d.masked ? "3 2" : null }, layer);
-      V.s("text", { x: x + 5, y: y + 10, fill: d.masked ? "#555" : "#fff" }, layer, "KV" + d.holds);
+      V.s("text", { x: x + 5, y: y + 10, class: "halo" }, layer, "KV" + d.holds);
       const b = -Math.PI / 2 + (i + 0.5) * 2 * Math.PI / P;
       V.s("path", { d: "M" + (cx + (R + 8) * Math.cos(b - 0.25)) + "," + (cy + (R + 8) * Math.sin(b - 0.25)) +
         " A" + (R + 8) + "," + (R + 8) + " 0 0 1 " + (cx + (R + 8) * Math.cos(b + 0.25)) + "," + (cy + (R + 8) * Math.sin(b + 0.25)),

@@ -19,8 +19,10 @@ HERE = pathlib.Path(__file__).resolve().parent
 
 
 def trace(impl: Any) -> dict:
-    """kv_bytes_per_token for each of the lab's model presets and for each attention kind
-    on one shape; pages multiply by the context length (bytes per request)."""
+    """kv_bytes_per_token for each of the lab's model presets, and for each attention kind
+    on that preset's own shape (its layers, heads and head dim; GQA with its K/V heads, or
+    8; MLA with its latent and rope dims, or DeepSeek-V3's 512 + 64); pages multiply by the
+    context length (bytes per request)."""
     provided = load_lab_module(HERE, "provided")
     errors: list[str] = []
     presets = []
@@ -28,21 +30,21 @@ def trace(impl: Any) -> dict:
         b = attempt(errors, impl.kv_bytes_per_token, mdl.kind, mdl.num_layers, mdl.head_dim,
                     mdl.num_heads, num_kv_heads=mdl.num_kv_heads, kv_lora_rank=mdl.kv_lora_rank,
                     rope_dim=mdl.rope_dim)
+        shape = {"kv_heads": mdl.num_kv_heads or 8, "kv_lora_rank": mdl.kv_lora_rank or 512,
+                 "rope_dim": mdl.rope_dim or 64}
+        kinds = []
+        for kind in ("mha", "gqa", "mqa", "mla"):
+            kb = attempt(errors, impl.kv_bytes_per_token, kind, mdl.num_layers, mdl.head_dim,
+                         mdl.num_heads, num_kv_heads=shape["kv_heads"] if kind == "gqa" else None,
+                         kv_lora_rank=shape["kv_lora_rank"] if kind == "mla" else None,
+                         rope_dim=shape["rope_dim"] if kind == "mla" else None)
+            kinds.append({"kind": kind, "bytes_per_token": kb})
         presets.append({"name": mdl.name, "kind": mdl.kind, "layers": mdl.num_layers,
                         "head_dim": mdl.head_dim, "heads": mdl.num_heads,
                         "kv_heads": mdl.num_kv_heads, "kv_lora_rank": mdl.kv_lora_rank,
                         "rope_dim": mdl.rope_dim, "window": mdl.window, "source": mdl.source,
-                        "bytes_per_token": b})
-    shape = {"layers": 61, "head_dim": 128, "heads": 128, "kv_heads": 8, "kv_lora_rank": 512,
-             "rope_dim": 64}
-    kinds = []
-    for kind in ("mha", "gqa", "mqa", "mla"):
-        b = attempt(errors, impl.kv_bytes_per_token, kind, shape["layers"], shape["head_dim"],
-                    shape["heads"], num_kv_heads=shape["kv_heads"] if kind == "gqa" else None,
-                    kv_lora_rank=shape["kv_lora_rank"] if kind == "mla" else None,
-                    rope_dim=shape["rope_dim"] if kind == "mla" else None)
-        kinds.append({"kind": kind, "bytes_per_token": b})
-    return {"lab": "06", "presets": presets, "shape": shape, "kinds": kinds, "errors": errors}
+                        "bytes_per_token": b, "shape": shape, "kinds": kinds})
+    return {"lab": "06", "presets": presets, "errors": errors}
 
 
 WINDOW = {"seq_len": 24, "windows": [2, 3, 4, 6, 8], "layers": 4, "seed": 4}

@@ -89,7 +89,8 @@ def trace(impl: Any) -> dict:
                 "reserved": list(st.reserved_slots), "running": list(st.num_running),
                 "preemptions": st.preemptions, "prompt_tokens": st.prompt_tokens,
                 "cached_prompt_tokens": st.cached_prompt_tokens, "steps": st.steps,
-                "mean_utilisation": rounded(st.mean_utilisation, 4)}
+                "mean_utilisation": rounded(st.mean_utilisation, 4),
+                "waste": rounded(st.waste, 4)}
     return {"lab": "07", "pool": POOL, "events": events, "stream": s,
             "workload": [[w.arrival, len(w.prompt_tokens), w.output_len] for w in work],
             "paged": stats(paged), "contiguous": stats(contig), "errors": errors}

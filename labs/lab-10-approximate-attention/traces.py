@@ -140,7 +140,15 @@ def diff(mine: dict, ref: dict) -> dict | None:
 
 COMPLEXITY = {"sizes": [256, 512, 1024, 2048], "d": 16, "window": 64, "stride": 64, "block": 64,
               "summary": 8, "random": 8, "bucket_size": 32, "rounds": 2, "rank": 64,
-              "features": 64}
+              "features": 64,
+              # beyond the measured sizes, costs only (modelled), to about a million tokens
+              "model_sizes": [2 ** e for e in range(12, 21)],
+              # real models' context lengths, marked on the N axis (from their papers/configs)
+              "contexts": [["GPT-2", 1024, "GPT-2 config n_ctx"],
+                           ["Llama 2", 4096, "Llama 2 paper (arXiv:2307.09288)"],
+                           ["Llama 3.1", 131072, "Llama 3 paper (arXiv:2407.21783): 128K"],
+                           ["Qwen2.5-1M", 1010000,
+                            "Qwen2.5-1M report (arXiv:2501.15383): max_position_embeddings"]]}
 
 
 def _retrieval_errors(out: Any, exact: Any) -> tuple[Any, Any]:
@@ -213,7 +221,44 @@ def trace_complexity(impl: Any) -> dict:
         put("linear (elu + 1)", pairs=0, flops=8 * n * d * d, bytes=2 * (d * d + d), error=e,
             rms=r)
     methods = [{"name": name, **values} for name, values in rows.items()]  # in this order
-    return {"lab": "10", "inputs": c, "methods": methods, "errors": errors}
+    return {"lab": "10", "inputs": c, "methods": methods, "modelled": _modelled(impl, methods),
+            "errors": errors}
+
+
+def _modelled(impl: Any, methods: list[dict]) -> list[dict]:
+    """Costs at ``model_sizes`` (no errors: nothing is run there). Exact and chunked as above
+    (score_matrix_bytes for exact's matrix); the masks' and LSH's pairs grow linearly in N at
+    these sizes (a window, a stride, buckets of a fixed size), so they are extended along the
+    line through the last two measured sizes; Linformer, Performer and linear attention by
+    their formulas above."""
+    c = COMPLEXITY
+    d, n0, n1 = c["d"], c["sizes"][-2], c["sizes"][-1]
+    out = []
+    for m in methods:
+        row: dict[str, Any] = {"name": m["name"], "pairs": [], "flops": [], "bytes": []}
+        for n in c["model_sizes"]:
+            if m["name"] in ("exact", "chunked (exact)"):
+                pairs, flops = n * n, 4 * d * n * n
+                size = (attempt([], impl.score_matrix_bytes, n) if m["name"] == "exact"
+                        else 2 * 64 * 64)
+            elif m["name"] == "Linformer":
+                pairs, flops, size = n * c["rank"], 8 * n * c["rank"] * d, 2 * n * c["rank"]
+            elif m["name"] == "Performer":
+                pairs, flops, size = 0, 8 * n * d * c["features"], 4 * n * c["features"]
+            elif m["name"] == "linear (elu + 1)":
+                pairs, flops, size = 0, 8 * n * d * d, 2 * (d * d + d)
+            else:
+                p0, p1 = m["pairs"][-2], m["pairs"][-1]
+                if p0 is None or p1 is None:
+                    pairs = flops = size = None
+                else:
+                    pairs = round(p1 + (p1 - p0) * (n - n1) / (n1 - n0))
+                    flops, size = 4 * d * pairs, 2 * pairs
+            row["pairs"].append(pairs)
+            row["flops"].append(flops)
+            row["bytes"].append(size)
+        out.append(row)
+    return out
 
 
 # Reference-only traces of other pages (book/pages/): name -> builder.
