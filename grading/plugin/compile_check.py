@@ -158,7 +158,13 @@ def problems(task: dict[str, Any], outcome: dict[str, Any], lab: str) -> list[st
         found.append(f"{name}: {smem // 1024} KB of "
                      f"shared memory per block, over sm_{arch}'s {limit // 1024} KB: smaller "
                      "tiles or fewer pipeline stages (num_stages)")  # fmt: skip
-    rules = rules_of(lab)
+    return found + _offset_problems(name, r, rules_of(lab))
+
+
+def _offset_problems(name: str, r: dict[str, Any], rules: dict[str, Any]) -> list[str]:
+    """The 64-bit rules: a big pointer's chain has an i64 offset, and each of its
+    ``index * stride`` products is computed in i64."""
+    found: list[str] = []
     big = re.compile(rules["big"])
     offsets = r["first_offsets"] if rules["wide_offsets"] else {}
     narrow = [arg for arg, widths in offsets.items() if big.search(arg) and widths == ["i32"]]
