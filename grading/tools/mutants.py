@@ -188,6 +188,59 @@ def labs_using(root: Path, file: str) -> list[str]:
     return users
 
 
+# Course tests that run whole pipelines (grading runs, the suite without triton): too slow to
+# run per mutant, and never the only place a shared mistake shows.
+WHOLE_PIPELINE = ("test_grading", "test_setup", "test_trusted", "test_student_copy")
+
+
+def tests_using(root: Path, file: str) -> list[str]:
+    """The course's own tests (``tests/test_*.py``) that import the shared module ``file``
+    directly: a planner's mistake may be invisible to every lab on a CPU and still be
+    caught by ``tests/test_launch_plan.py``."""
+    modules = {p.stem for p in (root / SHARED).glob("*.py")}
+    target = Path(file).stem
+    return [f"tests/{p.name}" for p in sorted((root / "tests").glob("test_*.py"))
+            if not p.name.startswith(WHOLE_PIPELINE) and target in _imports(p.read_text(), modules)]
+
+
+def _run_course_test(root: Path, mutant: Mutant, test_file: str) -> Outcome:
+    """``test_file`` (``tests/...``) run on a scratch copy of the repository with the shared
+    ``mutant`` applied: ``common/`` and ``tests/`` copied, the rest linked."""
+    base = root / SCRATCH
+    base.mkdir(exist_ok=True)
+    holder = Path(tempfile.mkdtemp(dir=base))
+    try:
+        for entry in root.iterdir():
+            if entry.name in (*COPIED, "tests"):
+                if entry.is_dir():
+                    shutil.copytree(entry, holder / entry.name,
+                                    ignore=shutil.ignore_patterns("__pycache__", "mutants"))
+                else:
+                    shutil.copy2(entry, holder / entry.name)
+            elif entry.name not in (SCRATCH, ".git") and not entry.name.startswith(".venv"):
+                (holder / entry.name).symlink_to(entry)
+        try:
+            apply_mutant(mutant, holder / "labs" / "-")
+        except MutantError as e:
+            return Outcome(mutant, "BROKEN", str(e))
+        env = dict(os.environ, LAB_IMPL="solution", PYTHONDONTWRITEBYTECODE="1")
+        cmd = [sys.executable, "-m", "pytest", test_file, "-x", "-q", "-rf", "--no-header",
+               "-p", "no:cacheprovider", "-m", "not slow and not gpu_report and not gpu_compile"]
+        try:
+            proc = subprocess.run(cmd, cwd=holder, env=env, capture_output=True, text=True,
+                                  timeout=PER_RUN_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            return Outcome(mutant, "killed", f"the tests hit the {PER_RUN_TIMEOUT} s limit")
+        output = proc.stdout + proc.stderr
+        if proc.returncode == 0:
+            return Outcome(mutant, "SURVIVED", "every test passed")
+        if proc.returncode == 1:
+            return Outcome(mutant, "killed", _first_failure(output))
+        return Outcome(mutant, "BROKEN", f"pytest exit {proc.returncode}: {_first_failure(output)}")
+    finally:
+        shutil.rmtree(holder, ignore_errors=True)
+
+
 def _scratch_root(root: Path, lab: str) -> Path:
     """A scratch copy of the repository's shared code with ``lab`` as its only lab: the
     directories a mutant may edit copied, the rest linked; returns the copy's lab folder."""
@@ -263,6 +316,8 @@ def _scratch_copy(root: Path, lab: str) -> Path:
 def run_one(root: Path, mutant: Mutant | None, lab: str) -> Outcome | tuple[int, str]:
     """Run the lab's tests on a scratch copy with ``mutant`` applied (None: unmutated). A
     mutant of shared code gets a scratch root of its own (``_scratch_root``)."""
+    if mutant is not None and lab.startswith("tests/"):
+        return _run_course_test(root, mutant, lab)
     shared = mutant is not None and any("/" in file for file, _, _ in mutant.edits)
     copy = _scratch_root(root, lab) if shared else _scratch_copy(root, lab)
     where = copy.parent.parent if shared else root
@@ -298,6 +353,8 @@ def shared_mutants(root: Path, wanted: str | None) -> list[tuple[Mutant, list[st
         if wanted:
             labs = [lab for lab in labs if lab.startswith((f"lab-{wanted}", wanted))]
         labs = [lab for lab in labs if (root / "labs" / lab / "solution.py").is_file()]
+        if not wanted:
+            labs += sorted(set().union(*(tests_using(root, f) for f in files)))
         if labs:
             out.append((mutant, labs))
     return out
