@@ -12,11 +12,12 @@ difference names the program, the access (``loads of k``, ``stores of out``) or 
 
 from __future__ import annotations
 
-import math
 import pathlib
 from typing import Any
 
 import numpy as np
+
+from common.tracing import rounded
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 LAB09 = REPO / "labs" / "lab-09-triton-primer"
@@ -29,17 +30,8 @@ def _recorder() -> Any:
     return load_lab_module(str(LAB09 / "provided.py"), "provided").record_memory
 
 
-def _r(x: Any, nd: int = 5) -> Any:
-    if isinstance(x, np.ndarray):
-        x = x.tolist()
-    if isinstance(x, list | tuple):
-        return [_r(v, nd) for v in x]
-    x = float(x)
-    if math.isnan(x):
-        return "nan"
-    if math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    return round(x, nd)
+def _r(x: Any) -> Any:
+    return rounded(x, 5)
 
 
 def _programs(trace: Any, named: dict[str, Any]) -> dict[str, dict[str, list[int]]]:

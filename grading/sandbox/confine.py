@@ -73,6 +73,21 @@ PRIVATE_TEMP_DIRS = ("/tmp", "/var/tmp")  # /dev/shm stays: shared memory needs 
 _CLONE_NEWNS, _MS_BIND, _MS_REC, _MS_PRIVATE, _MNT_DETACH = 0x20000, 0x1000, 0x4000, 0x40000, 2
 
 
+
+def _private_mount_namespace() -> Any:
+    """Enter a mount namespace of this process's own, its mounts private (not propagated):
+    libc on success (the caller mounts through it), else None."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.unshare(_CLONE_NEWNS) == 0 and libc.mount(
+                b"none", b"/", None, _MS_REC | _MS_PRIVATE, None) == 0:
+            return libc
+    except (OSError, AttributeError):
+        pass
+    return None
+
 def private_temp(tmp: str | None) -> bool:
     """Linux, as root: a mount namespace of this process's own in which ``/tmp`` and
     ``/var/tmp`` are its lab's ``tmp`` folder (``<scratch>/tmp``, removed with the scratch
@@ -83,14 +98,8 @@ def private_temp(tmp: str | None) -> bool:
     if not tmp or not sys.platform.startswith("linux") or os.path.basename(tmp) != "tmp":
         return False
     scratch = os.path.dirname(tmp)
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.unshare(_CLONE_NEWNS) != 0 or libc.mount(
-                b"none", b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
-            return False
-    except (OSError, AttributeError):
+    libc = _private_mount_namespace()
+    if libc is None:
         return False
     fds: list[int] = []
     bound: list[bytes] = []
@@ -187,14 +196,8 @@ def expose_python() -> bool:
                     closed[top].append(real)
     if not closed:
         return True
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.unshare(_CLONE_NEWNS) != 0 or libc.mount(
-                b"none", b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
-            return False
-    except (OSError, AttributeError):
+    libc = _private_mount_namespace()
+    if libc is None:
         return False
     links = _links_under(tuple(closed))
     for top, paths in sorted(closed.items()):
