@@ -927,26 +927,40 @@ def test_loss_backward_through_flash_attention_gives_the_float64_gradients(h, kv
 
 
 
-@pytest.mark.triton
-@pytest.mark.points(1)
-@pytest.mark.parametrize("scale", [0.0, 0.3])
-def test_flash_attention_takes_the_scale_keyword_forward_and_backward(scale):
-    """``flash_attention(..., scale=)``: the output and, through loss.backward(), the
-    gradients use the given scale; 0 is a scale (uniform weights), only None is 1/sqrt(d)."""
+SCALE_HINT = ("the scale must reach the forward and be kept for the backward (ctx.scale); "
+              "0 is a scale, only None means 1/sqrt(d) (`if scale is None`)")
+
+
+def _scale_case(scale):
     import torch
 
-    q, k, v, o, _, do = torch_case(1, 2, 1, 12, 12, 16, torch.float32, seed=13, scale=scale,
-                                   causal=True)  # fmt: skip
+    return torch_case(1, 2, 1, 12, 12, 16, torch.float32, seed=13, scale=scale, causal=True)
+
+
+@pytest.mark.points(0.5)
+@pytest.mark.parametrize("scale", [0.0, 0.3])
+def test_flash_attention_forward_takes_the_scale_keyword(scale):
+    """``flash_attention(..., scale=)``: the output uses the given scale; 0 is a scale
+    (uniform weights), only None is 1/sqrt(d). (The forward is given: no Triton kernel.)"""
+    q, k, v, o, _, _ = _scale_case(scale)
     atol, rtol = tolerance("float32")
-    hint = ("the scale must reach the forward and be kept for the backward (ctx.scale); "
-            "0 is a scale, only None means 1/sqrt(d) (`if scale is None`)")
     got = impl.flash_attention(q, k, v, causal=True, scale=scale)
     assert_close(got, o, what=f"flash_attention output (scale={scale})", atol=atol, rtol=rtol,
-                 hint=hint)  # fmt: skip
+                 hint=SCALE_HINT)  # fmt: skip
+
+
+@pytest.mark.triton
+@pytest.mark.points(0.5)
+@pytest.mark.parametrize("scale", [0.0, 0.3])
+def test_flash_attention_backward_takes_the_scale_keyword(scale):
+    """Through loss.backward(), the Triton backward's gradients use the forward's scale."""
+    q, k, v, _, _, do = _scale_case(scale)
+    atol, rtol = tolerance("float32")
     grads = impl.gradients_through_autograd(q, k, v, do, causal=True, scale=scale)
     for name, g, w in zip(NAMES, grads, reference_bhld_backward(q, k, v, do, True, scale)):
         assert_close(g, w, what=f"{name} through autograd (scale={scale})", atol=atol,
-                     rtol=rtol, hint=hint)  # fmt: skip
+                     rtol=rtol, hint=SCALE_HINT)  # fmt: skip
+
 
 # ---- 7. realistic sizes on a real GPU (skipped without CUDA) ----------------------------
 
