@@ -157,7 +157,8 @@ def test_a_launcher_that_computes_with_torch_scores_zero_on_its_triton_tests(gra
     run = graded["torch"]
     assert run["code"] == 0, run["text"]
     tests = _tests(run)
-    add = {n: t for n, t in tests.items() if "add_vectors" in n}
+    # (the degenerate n = 0 case launches nothing, whoever computes it: no kernel to require)
+    add = {n: t for n, t in tests.items() if "add_vectors" in n and "n=0" not in n}
     assert add and all(t["score"] == 0 for t in add.values()), add
     assert "without launching a Triton kernel" in next(iter(add.values()))["output"]
     compile_add = [t for n, t in tests.items() if "sm_90" in n and "_add_vectors_kernel" in n]
