@@ -30,6 +30,8 @@ LEVEL = re.compile(
 )
 POINTS_TO = re.compile(r'If a test says "([^"]+)": hint (\d)')
 TEST_FILES = ("test_lab.py",)
+# the words of a step's title that are not names: "add_vectors and _add_vectors_kernel"
+TITLE_WORDS = {"and", "its", "launcher", "is", "given", "used", "by", "the"}
 
 
 def read_steps(path: pathlib.Path) -> dict[int, tuple[str, str]]:
@@ -123,3 +125,23 @@ def hint_command(lab_dir: pathlib.Path, test_name: str, message: str = "") -> st
         return ""
     number = pathlib.Path(lab_dir).name.split("-")[1]
     return f"make hint LAB={number} STEP={found[0]} LEVEL={found[1]}"
+
+
+def readme_section(lab_dir: pathlib.Path) -> str:
+    """The README's collapsible pointers to the hints, one ``<details>`` per step (made from
+    ``HINTS.md``; ``tests/test_hints.py`` checks that each README holds its own)."""
+    lab_dir = pathlib.Path(lab_dir)
+    number = lab_dir.name.split("-")[1]
+    lines = ["### Hints, in levels", "",
+             "Stuck on a function? Open its step. Level 1 is the idea, 2 the API and the shapes,",
+             "3 near-code; each level stays closed until you ask for it. Failing tests point to",
+             f"one: `make grade LAB={number}` prints `see: make hint LAB={number} STEP=S LEVEL=L`.",
+             ""]
+    for n, (title, _) in read_steps(lab_dir / "HINTS.md").items():
+        names = ", ".join(f"<code>{name}</code>" for name in step_functions(title)
+                          if name not in TITLE_WORDS)
+        lines += [f"<details><summary>Step {n}: {names}</summary>", "",
+                  f"`make hint LAB={number} STEP={n} LEVEL=1` (the idea), then `LEVEL=2` (the API),"
+                  f" then `LEVEL=3` (near-code); or read step {n} of [HINTS.md](HINTS.md).", "",
+                  "</details>", ""]
+    return "\n".join(lines)

@@ -21,7 +21,13 @@ import tokenize
 
 import pytest
 
-from labs.hints import hint_levels, misconception_levels, read_steps, steps_of_tests
+from labs.hints import (
+    hint_levels,
+    misconception_levels,
+    read_steps,
+    readme_section,
+    steps_of_tests,
+)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 LABS = sorted(p for p in (ROOT / "labs").glob("lab-*") if (p / "HINTS.md").is_file())
@@ -191,3 +197,13 @@ def test_the_grade_report_says_which_hint_level_a_failing_tests_misconception_po
         assert want in output, output
     passed = LabResult(lab, [TestResult(f"labs/{lab}/test_lab.py::{name}", name, 2, "passed")])
     assert "make hint" not in details(passed, ascii_only=True)
+
+
+@pytest.mark.parametrize("lab", LABS, ids=lambda p: p.name)
+def test_the_readme_opens_each_step_of_the_hints_in_a_collapsed_section(lab):
+    readme = (lab / "README.md").read_text(encoding="utf-8")
+    assert readme_section(lab) in readme, (
+        f"{lab.name}/README.md: its 'Hints, in levels' section (one <details> per step of "
+        "HINTS.md) is missing or stale: paste labs.hints.readme_section(lab) under ## Reference")
+    assert readme.index(readme_section(lab)) > readme.index("\n## Reference"), (
+        "the hints' section is reference, below ## Reference (the lesson's word budget)")

@@ -16,7 +16,7 @@ import argparse
 import pathlib
 import sys
 
-from labs.hints import hint_levels, read_steps
+from labs.hints import hint_levels, read_steps, step_functions
 
 __all__ = ["hint_levels", "main", "read_steps"]
 
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
               "3 (near-code)")
         return 0
     chosen = [n for n, (title, _) in steps.items()
-              if args.step == str(n) or args.step in title.replace("`", "").split()]
+              if args.step == str(n) or args.step in step_functions(title)]
     if not chosen:
         print(f"STEP={args.step}: no such step in {lab.name}/HINTS.md (make hint "
               f"LAB={args.lab} lists them)", file=sys.stderr)

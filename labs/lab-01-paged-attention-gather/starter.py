@@ -1,7 +1,7 @@
 """Lab 01 starter: PagedAttention decode = the online softmax streamed over a block table.
 
 Your work goes in the functions that raise ``NotImplementedError`` and in the kernel
-``_paged_decode_kernel`` (its docstring lists the steps). Run the spec with
+``_paged_decode_kernel`` (HINTS.md has its hints, in levels). Run the spec with
 
     LAB_IMPL=starter pytest labs/lab-01-paged-attention-gather -q
 

@@ -13,7 +13,7 @@ Cascade (a prompt prefix shared by a batch):
 
 The e4m3 grid, the input checks and the tile plan are given in ``provided.py``.
 Your work goes in the functions that raise ``NotImplementedError`` and in the kernel
-``_paged_decode_fp8_kernel`` (its docstring lists what changes from lab 01's). Run the spec:
+``_paged_decode_fp8_kernel`` (HINTS.md has its hints, in levels). Run the spec:
 
     LAB_IMPL=starter pytest labs/lab-12-fp8-kv-and-cascade -q
 """
