@@ -111,10 +111,41 @@ def book(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
         (lab / "solution.py").unlink()
         assert traces_main(["--impl", "starter", "--lab", "10", "--lab-dir", str(lab),
                             "--out", str(traces)]) == 0
+    plant_kernel_mistakes(tmp, traces)
     out = ROOT / "build" / "book-test"
     assert build_main(["--out", str(out), "--src", str(tmp / "src"),
                        "--starter-traces", str(traces)]) == 0
     return out
+
+
+# Kernel mistakes planted for the kernel-traces page (tests/mutants): lab 00's causal key loop
+# runs to Lq (program (0, 0, 0), query rows 0..15, loads key tile 2, keys 16..19, which no
+# row of it may see); lab 09's add_vectors launches a floor(n / block) grid (program (2, 0,
+# 0) never runs, so its load of x is missing).
+KERNEL_MISTAKES = (("00", "triton-causal-loop-runs-to-lq", ["--kernel"]),
+                   ("09", "p2-grid-floor", []))
+
+
+def plant_kernel_mistakes(tmp: pathlib.Path, traces: pathlib.Path) -> None:
+    """``make trace LAB=00 KERNEL=1`` and ``LAB=09`` on starters holding a kernel mistake
+    (the instructor's tree, with triton installed)."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return
+    from grading.tools.mutants import apply_mutant, parse_mutant
+
+    for lab, mutant, flags in KERNEL_MISTAKES:
+        folder = next((ROOT / "labs").glob(f"lab-{lab}-*"))
+        if not (folder / "solution.py").is_file():
+            return
+        copy = tmp / "kernels" / lab / folder.name
+        shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("__pycache__", "figures"))
+        apply_mutant(parse_mutant(ROOT / "tests" / "mutants" / folder.name / f"{mutant}.mutant",
+                                  folder.name), copy)
+        (copy / "solution.py").rename(copy / "starter.py")
+        assert traces_main(["--impl", "starter", "--lab", lab, *flags, "--lab-dir", str(copy),
+                            "--out", str(traces)]) == 0
 
 
 @pytest.fixture(scope="module")
@@ -290,6 +321,44 @@ def test_a_starter_that_does_not_rescale_acc_differs_at_the_tile_where_the_max_g
     SHOTS.mkdir(parents=True, exist_ok=True)
     shot = SHOTS / "viz_flash-attention-tiling-wrong-starter.png"
     p.page.locator("#fa-viz").screenshot(path=str(shot))
+
+
+@BROWSER
+def test_kernel_traces_outline_a_planted_kernel_mistake_at_its_program_and_tile(open_page):
+    pytest.importorskip("triton", reason="the kernels are traced through Triton's interpreter")
+    if not (ROOT / "labs" / "lab-00-online-softmax" / "solution.py").is_file():
+        pytest.skip("the mistakes are planted in copies of solution.py (instructor's tree)")
+    p = open_page("viz/kernel-traces.html")
+    assert not p.errors, p.errors
+    # lab 00: the causal loop that runs to Lq loads key tile 2 in program (0, 0, 0)
+    viz = p.page.locator("#kt00-viz")
+    assert viz.locator(".viz-starter").get_attribute("data-state") == "differs"
+    assert (viz.get_attribute("data-first-diff-program"),
+            viz.get_attribute("data-first-diff-tile")) == ("(0, 0, 0)", "1")
+    outlined = viz.locator("td.first-diff")
+    assert outlined.count() == 1
+    assert (outlined.get_attribute("data-program"), outlined.get_attribute("data-tile")) == (
+        "(0, 0, 0)", "1")
+    assert "yours: keys 16..19 (4)" in outlined.inner_text(), outlined.inner_text()
+    assert "key tile 2" in viz.locator(".viz-starter").inner_text()
+    # the running state of that program's rows, per tile, is shown (the reference's numbers)
+    state = reference("lab00-kernel")["tiles"]["(0, 0, 0)"]["tiles"][0]
+    table = p.page.inner_text("#kt00-state")
+    assert f"{state['m'][0]:.3f}, {state['l'][0]:.3f}" in table, table
+    p.page.click("#kt00-grid button[data-program='(2, 0, 0)']")
+    assert viz.get_attribute("data-program") == "(2, 0, 0)"
+    # lab 09: the floor grid never runs program (2, 0, 0) of add_vectors (puzzle 2): its
+    # store, the third call of the reference's program, is missing
+    viz = p.page.locator("#kt09-viz")
+    assert viz.get_attribute("data-puzzle") == "1"
+    assert viz.get_attribute("data-first-diff-program") == "(2, 0, 0)"
+    outlined = viz.locator("td.first-diff")
+    assert outlined.count() == 1 and outlined.get_attribute("data-program") == "(2, 0, 0)"
+    assert outlined.get_attribute("data-call") == "2"
+    assert "stores of out 32..36 (5)" in outlined.inner_text()
+    assert "yours: —" in outlined.inner_text(), outlined.inner_text()
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    p.page.locator("#kt00-viz").screenshot(path=str(SHOTS / "viz_kernel-traces-wrong-kernel.png"))
 
 
 @BROWSER
