@@ -207,3 +207,19 @@ def test_the_readme_opens_each_step_of_the_hints_in_a_collapsed_section(lab):
         "HINTS.md) is missing or stale: paste labs.hints.readme_section(lab) under ## Reference")
     assert readme.index(readme_section(lab)) > readme.index("\n## Reference"), (
         "the hints' section is reference, below ## Reference (the lesson's word budget)")
+
+
+ALL_LABS = sorted(p for p in (ROOT / "labs").glob("lab-*") if (p / "README.md").is_file())
+
+
+@pytest.mark.parametrize("lab", ALL_LABS, ids=lambda p: p.name)
+def test_say_it_out_loud_asks_the_learner_to_defend_a_design_decision(lab):
+    """Every lab leaves at least one decision to the learner (a loop order, a tile plan, the
+    state between tiles, where a scale or a sink enters), tested by behaviour only; the
+    README's "Say it out loud" asks them to defend it."""
+    text = (lab / "README.md").read_text(encoding="utf-8")
+    found = re.search(r"^## Say it out loud\n(.*?)(?=^## )", text, re.M | re.S)
+    assert found, f"{lab.name}/README.md has no '## Say it out loud' section"
+    assert re.search(r"\bdefend\b", found[1], re.I), (
+        f"{lab.name}/README.md: 'Say it out loud' asks the learner to defend none of the "
+        "decisions the lab leaves to them ('Then defend your ...')")
