@@ -54,7 +54,10 @@ def slot_mapping(block_table: np.ndarray, positions: np.ndarray, block_size: int
         ``[n]`` int64: each position's row in the flattened cache
         ``cache.reshape(num_blocks * block_size, num_kv_heads, head_dim)``.
     """
-    raise NotImplementedError("TODO: HINTS.md step 1 (make hint LAB=01 STEP=1 LEVEL=1)")
+    raise NotImplementedError(
+        "TODO: a position names a logical block and an offset; the table names the physical block"
+        " (HINTS.md step 1: make hint LAB=01 STEP=1 LEVEL=1)"
+    )
 
 
 def write_kv(
@@ -107,7 +110,10 @@ def paged_decode_attention(
         0 and ``lse = -inf``. Query head ``h`` reads KV head ``h // (num_heads //
         num_kv_heads)``. Slots past ``seq_len`` are never read.
     """
-    raise NotImplementedError("TODO: HINTS.md step 2 (make hint LAB=01 STEP=2 LEVEL=1)")
+    raise NotImplementedError(
+        "TODO: keep (m, l, acc) per query head the exact summary of the blocks visited so far; "
+        "never read a slot at or past seq_len (HINTS.md step 2: make hint LAB=01 STEP=2 LEVEL=1)"
+    )
 
 
 def paged_decode_attention_batch(
@@ -150,7 +156,9 @@ def _paged_decode_kernel(
     Grid ``(batch, num_kv_heads)``. Every head dim is a contiguous last dimension
     (the launcher makes it so); ``v_cache`` has ``q``'s head dim.
     """
-    pass  # TODO: HINTS.md step 4 (make hint LAB=01 STEP=4 LEVEL=1)
+    # TODO: keep m, l, acc the summary of the positions loaded so far; load nothing at or past
+    # seq_len (HINTS.md step 4: make hint LAB=01 STEP=4 LEVEL=1)
+    pass
 
 
 def paged_decode_triton(

@@ -60,7 +60,10 @@ def prefill_attention(
     Returns:
         ``(out [M, H, dv], lse [M, H])``. Query i reads keys ``0 .. start_pos + i``.
     """
-    raise NotImplementedError("TODO: HINTS.md step 1 (make hint LAB=03 STEP=1 LEVEL=1)")
+    raise NotImplementedError(
+        "TODO: query i never reads a key past its own position; the mask is the loop bound "
+        "(HINTS.md step 1: make hint LAB=03 STEP=1 LEVEL=1)"
+    )
 
 
 def chunked_prefill(
@@ -80,7 +83,10 @@ def chunked_prefill(
     Returns:
         ``out [M, H, dv]``, equal to ``prefill_attention(q, k, v, 0)[0]`` for any chunking.
     """
-    raise NotImplementedError("TODO: HINTS.md step 2 (make hint LAB=03 STEP=2 LEVEL=1)")
+    raise NotImplementedError(
+        "TODO: each chunk sees exactly the tokens before it and its own causal part (HINTS.md "
+        "step 2: make hint LAB=03 STEP=2 LEVEL=1)"
+    )
 
 
 def varlen_prefill_attention(
@@ -151,7 +157,10 @@ def _varlen_prefill_kernel(
     V's head dim HEAD_DIM_V may differ from K's HEAD_DIM; both are padded to powers of two
     >= 16, HEAD_DIM_PAD and HEAD_DIM_V_PAD, for tl.dot).
     """
-    tl.static_assert(False, "TODO: HINTS.md step 5 (make hint LAB=03 STEP=5 LEVEL=1)")
+    tl.static_assert(False,
+        "TODO: every row's state summarises only keys at or before its own position (HINTS.md "
+        "step 5: make hint LAB=03 STEP=5 LEVEL=1)"
+    )
 
 
 def varlen_prefill_triton(

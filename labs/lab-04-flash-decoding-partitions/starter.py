@@ -59,7 +59,10 @@ def empty_state(num_heads: int | tuple[int, ...], head_dim: int) -> AttentionSta
 
 def merge(a: AttentionState, b: AttentionState) -> AttentionState:
     """The state of the union of two disjoint key sets. Exact, associative, commutative."""
-    raise NotImplementedError("TODO: HINTS.md step 1 (make hint LAB=04 STEP=1 LEVEL=1)")
+    raise NotImplementedError(
+        "TODO: merge(a, b) is the exact state of the union, in any order; the empty state changes"
+        " nothing (HINTS.md step 1: make hint LAB=04 STEP=1 LEVEL=1)"
+    )
 
 
 def finalize(state: AttentionState) -> tuple[np.ndarray, np.ndarray]:
@@ -82,7 +85,10 @@ def partial_state(
         ``AttentionState`` with ``m, l [H]`` and an unnormalised ``acc [H, dv]``;
         ``n = 0`` gives the identity.
     """
-    raise NotImplementedError("TODO: HINTS.md step 2 (make hint LAB=04 STEP=2 LEVEL=1)")
+    raise NotImplementedError(
+        "TODO: a partial is a summary, not an answer: do not divide (HINTS.md step 2: make hint "
+        "LAB=04 STEP=2 LEVEL=1)"
+    )
 
 
 def split_kv_attention(
@@ -129,7 +135,10 @@ def merge_attn_states(
     Returns:
         ``(out [*S, dv], lse [*S])``; two empty sides give ``(0, -inf)``, never NaN.
     """
-    raise NotImplementedError("TODO: HINTS.md step 4 (make hint LAB=04 STEP=4 LEVEL=1)")
+    raise NotImplementedError(
+        "TODO: an empty side (lse -inf) has weight 0; nothing overflows at lse of +-800 (HINTS.md"
+        " step 4: make hint LAB=04 STEP=4 LEVEL=1)"
+    )
 
 
 # ---- ring attention (context parallelism), simulated -----------------------------------
@@ -160,7 +169,10 @@ def ring_step(
     Returns:
         ``merge(state, state of q against this block)``.
     """
-    raise NotImplementedError("TODO: HINTS.md step 5 (make hint LAB=04 STEP=5 LEVEL=1)")
+    raise NotImplementedError(
+        "TODO: after the step, the state summarises every shard seen so far; causal uses global "
+        "positions (HINTS.md step 5: make hint LAB=04 STEP=5 LEVEL=1)"
+    )
 
 
 def ring_attention(
@@ -213,7 +225,10 @@ def _split_kv_partition_kernel(
     partial output ``part_out[b, h, split] [dv]`` and its natural-log LSE
     ``part_lse[b, h, split]`` (float32), for each query head h of the group.
     """
-    tl.static_assert(False, "TODO: HINTS.md step 6 (make hint LAB=04 STEP=6 LEVEL=1)")
+    tl.static_assert(False,
+        "TODO: a split reads only its own positions; an empty split stores lse -inf (HINTS.md "
+        "step 6: make hint LAB=04 STEP=6 LEVEL=1)"
+    )
 
 
 @triton.jit

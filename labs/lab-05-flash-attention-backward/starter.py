@@ -113,7 +113,10 @@ def flash_attention_backward(
     Returns:
         ``(dq [Lq, d], dk [Lk, d], dv [Lk, dv])``.
     """
-    raise NotImplementedError("TODO: HINTS.md step 3 (make hint LAB=05 STEP=3 LEVEL=1)")
+    raise NotImplementedError(
+        "TODO: P is recomputed tile by tile from lse, never stored whole (HINTS.md step 3: make "
+        "hint LAB=05 STEP=3 LEVEL=1)"
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -156,7 +159,10 @@ def _bwd_dkdv_kernel(
     accumulators stay on chip while the program loops over the query tiles of every query
     head of the KV head's group: dK and dV are sums over the group, written once, no atomics.
     """
-    tl.static_assert(False, "TODO: HINTS.md step 5 (make hint LAB=05 STEP=5 LEVEL=1)")
+    tl.static_assert(False,
+        "TODO: one program is the only writer of its rows of dK and dV: no atomics (HINTS.md step"
+        " 5: make hint LAB=05 STEP=5 LEVEL=1)"
+    )
 
 
 @triton.jit
@@ -172,7 +178,10 @@ def _bwd_dq_kernel(
     Same layouts as ``_bwd_dkdv_kernel``; grid ``provided.tile_grid(B, H, Lq, BLOCK_M)``.
     Each program owns its rows of dQ, so it writes them once: no atomics.
     """
-    tl.static_assert(False, "TODO: HINTS.md step 6 (make hint LAB=05 STEP=6 LEVEL=1)")
+    tl.static_assert(False,
+        "TODO: one program is the only writer of its rows of dQ (HINTS.md step 6: make hint "
+        "LAB=05 STEP=6 LEVEL=1)"
+    )
 
 
 # fmt: on

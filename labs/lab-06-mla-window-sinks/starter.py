@@ -142,7 +142,10 @@ def window_decode_attention(
     Returns:
         ``(out [num_heads, head_dim], lse [num_heads])``.
     """
-    raise NotImplementedError("TODO: HINTS.md step 3 (make hint LAB=06 STEP=3 LEVEL=1)")
+    raise NotImplementedError(
+        "TODO: the window is where the loop starts, not a mask over keys read anyway (HINTS.md "
+        "step 3: make hint LAB=06 STEP=3 LEVEL=1)"
+    )
 
 
 def sink_decode_attention(
@@ -166,7 +169,10 @@ def sink_decode_attention(
         ``(out [num_heads, head_dim], lse [num_heads])``; ``lse`` includes the sink, so an
         empty context gives output 0 and ``lse = sinks``.
     """
-    raise NotImplementedError("TODO: HINTS.md step 3 (make hint LAB=06 STEP=3 LEVEL=1)")
+    raise NotImplementedError(
+        "TODO: a sink adds to the denominator l and to nothing else (HINTS.md step 3: make hint "
+        "LAB=06 STEP=3 LEVEL=1)"
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -198,7 +204,9 @@ def _window_sink_decode_kernel(
     """One program = one sequence x one KV head x one KV split (lab 01's grid, plus
     ``num_splits``: grid ``(batch, num_kv_heads, num_splits)``).
     """
-    pass  # TODO: HINTS.md step 4 (make hint LAB=06 STEP=4 LEVEL=1)
+    # TODO: the sink enters one split only; a split reads only its positions (HINTS.md step 4: make
+    # hint LAB=06 STEP=4 LEVEL=1)
+    pass
 
 
 def paged_decode_window_sink_triton(

@@ -81,7 +81,10 @@ class BlockPool:
     def allocate(self, n: int) -> list[int]:
         """Take ``n`` blocks from the head of the free queue (count 1 each; a cached block
         loses its hash: it is evicted). ``NoFreeBlocks`` if fewer than ``n`` are free."""
-        raise NotImplementedError("TODO: HINTS.md step 1 (make hint LAB=07 STEP=1 LEVEL=1)")
+        raise NotImplementedError(
+            "TODO: a block is free exactly when its reference count is 0 (HINTS.md step 1: make "
+            "hint LAB=07 STEP=1 LEVEL=1)"
+        )
 
     def touch(self, block_ids: list[int]) -> None:
         """One more reference to each block; a free (cached) block leaves the free queue."""
@@ -90,7 +93,10 @@ class BlockPool:
     def free(self, block_ids: list[int]) -> None:
         """One reference fewer to each block, in the order given. A block reaching 0 joins
         the free queue: at the head without a hash, at the tail with one (in that order)."""
-        raise NotImplementedError("TODO: HINTS.md step 1 (make hint LAB=07 STEP=1 LEVEL=1)")
+        raise NotImplementedError(
+            "TODO: a block returns to the free queue only when its last reference goes (HINTS.md "
+            "step 1: make hint LAB=07 STEP=1 LEVEL=1)"
+        )
 
     def cache_block(self, block_id: int, block_hash: bytes) -> bool:
         """Make a full, owned block findable by ``block_hash``. False (and nothing changes)
@@ -154,7 +160,10 @@ class KVCacheManager:
         A request not yet held starts from its longest cached prefix (as
         ``get_computed_blocks`` reports it) and ``num_new_tokens`` counts the tokens after it.
         """
-        raise NotImplementedError("TODO: HINTS.md step 3 (make hint LAB=07 STEP=3 LEVEL=1)")
+        raise NotImplementedError(
+            "TODO: all or nothing: when it returns None, nothing changed (HINTS.md step 3: make "
+            "hint LAB=07 STEP=3 LEVEL=1)"
+        )
 
     def take_copies(self) -> list[BlockCopy]:
         """The copy-on-writes ``allocate_slots`` decided since the last call (then cleared).

@@ -116,7 +116,10 @@ class Scheduler:
     def schedule(self) -> provided.SchedulerOutput:
         """This step's batch: who runs and how many tokens each, in batch order (decode rows,
         running prefill chunks, newly admitted requests), and who was preempted."""
-        raise NotImplementedError("TODO: HINTS.md step 3 (make hint LAB=11 STEP=3 LEVEL=1)")
+        raise NotImplementedError(
+            "TODO: never more tokens than the budget; every running request keeps its blocks or "
+            "is preempted (HINTS.md step 3: make hint LAB=11 STEP=3 LEVEL=1)"
+        )
 
     def update_from_output(self, out: provided.SchedulerOutput, sampled: dict[str, int]
                            ) -> None:
@@ -156,7 +159,10 @@ class ModelRunner:
         """The step's varlen batch: every scheduled token back to back with its position and
         slot, each request's ``query_start_loc``, ``seq_lens``, block table and the row of its
         last token (``logits_indices``). Updates the kept block tables first."""
-        raise NotImplementedError("TODO: HINTS.md step 4 (make hint LAB=11 STEP=4 LEVEL=1)")
+        raise NotImplementedError(
+            "TODO: every scheduled token gets exactly one position and one slot (HINTS.md step 4:"
+            " make hint LAB=11 STEP=4 LEVEL=1)"
+        )
 
     # Given
     def finish(self, request_id: str) -> None:

@@ -60,7 +60,10 @@ def quantize_kv(
         ``(bits uint8 [..., head_dim], scale float32 [] or x.shape[:-1])``:
         ``dequantize_kv(bits, scale) ≈ x``.
     """
-    raise NotImplementedError("TODO: HINTS.md step 1 (make hint LAB=12 STEP=1 LEVEL=1)")
+    raise NotImplementedError(
+        "TODO: never a NaN byte: beyond 448 * scale saturates (HINTS.md step 1: make hint LAB=12 "
+        "STEP=1 LEVEL=1)"
+    )
 
 
 def dequantize_kv(bits: np.ndarray, scale: np.ndarray | float) -> np.ndarray:
@@ -126,7 +129,9 @@ def _paged_decode_fp8_kernel(
     Grid ``(batch, num_kv_heads)``; every head dim is contiguous. Lab 01's kernel, except
     where the FP8 bytes and their scales enter.
     """
-    pass  # TODO: HINTS.md step 3 (make hint LAB=12 STEP=3 LEVEL=1)
+    # TODO: l sums the unscaled weights; a scale multiplies only what it belongs to (HINTS.md step
+    # 3: make hint LAB=12 STEP=3 LEVEL=1)
+    pass
 
 
 
@@ -184,7 +189,10 @@ def merge_states(
     (lab 04's merge): weights ``exp(lse_x - lse)``, ``lse = log(exp(lse_a) + exp(lse_b))``.
     ``out [..., dv]``, ``lse [...]``; an empty side (lse -inf) contributes nothing, two
     empty sides give out 0 and lse -inf."""
-    raise NotImplementedError("TODO: HINTS.md step 4 (make hint LAB=12 STEP=4 LEVEL=1)")
+    raise NotImplementedError(
+        "TODO: the merged state is exact: each side weighed by its share of the denominator "
+        "(HINTS.md step 4: make hint LAB=12 STEP=4 LEVEL=1)"
+    )
 
 
 def cascade_attention(
