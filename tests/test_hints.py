@@ -223,3 +223,10 @@ def test_say_it_out_loud_asks_the_learner_to_defend_a_design_decision(lab):
     assert re.search(r"\bdefend\b", found[1], re.I), (
         f"{lab.name}/README.md: 'Say it out loud' asks the learner to defend none of the "
         "decisions the lab leaves to them ('Then defend your ...')")
+
+
+@pytest.mark.parametrize("lab", ALL_LABS, ids=lambda p: p.name)
+def test_every_lab_has_hints_in_levels(lab):
+    assert (lab / "HINTS.md").is_file(), (
+        f"{lab.name} has no HINTS.md: the hints in levels live there, not in the starter "
+        "(CONTRIBUTING.md, 'Adding a lab')")
