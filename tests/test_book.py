@@ -40,6 +40,7 @@ STRIDE_LINE = "    mask = (np.abs(i - j) < stride) | ((i - j) % stride == 0)"  #
 STRIDE_WRONG = STRIDE_LINE.replace("(i - j) % stride", "j % stride")  # absolute, not relative
 
 sys.path.insert(0, str(ROOT))
+from book.alignment_trace import NAME as ALIGNMENT_TRACE  # noqa: E402
 from book.attention_trace import NAME as ATTENTION_TRACE  # noqa: E402
 from book.build import main as build_main  # noqa: E402
 from book.traces import main as traces_main  # noqa: E402
@@ -736,7 +737,8 @@ def test_the_committed_reference_traces_are_the_solutions_current_output(tmp_pat
     assert not stale, f"{stale} are stale: run `.venv/bin/python -m book.traces` and commit them"
     extra = sorted({f.name for f in (ROOT / "book" / "viz" / "traces").glob("*.js")}
                    - {f.name for f in tmp_path.glob("*.js")}
-                   - {f"{ATTENTION_TRACE}.js"})  # book.attention_trace's, checked below
+                   - {f"{ATTENTION_TRACE}.js"}  # book.attention_trace's, checked below
+                   - {f"{ALIGNMENT_TRACE}.js"})  # book.alignment_trace's, checked below
     assert not extra, f"{extra} are no longer written by book.traces: delete them"
 
 
@@ -821,3 +823,56 @@ def test_the_committed_attention_trace_is_the_trained_models_current_output(tmp_
     fresh = read_script(tmp_path / "adder-reference.js")
     assert fresh == reference("adder"), \
         "book/viz/traces/adder-reference.js is stale: run .venv/bin/python -m book.attention_trace"
+
+
+@BROWSER
+def test_a_trained_alignment_is_the_traces_beside_the_expected_permutation(open_page):
+    """Every date and decoder step of the date model's page shows the trace's weights, the
+    expected copy and the held-out measurements; the model learned the reordering."""
+    ref = reference("dates")
+    held = ref["held_out"]
+    assert held["exact"] == 1.0 and held["digits_argmax"] > 0.95, held
+    assert all(r["correct"] and r["held_out"] for r in ref["runs"])
+    p = open_page("viz/bahdanau-trained-alignment.html")
+    exp = ref["expected_source"]
+    for run, r in enumerate(ref["runs"]):
+        p.page.select_option("#dates-date", str(run))
+        p.page.click("#dates-viz [data-action=reset]")
+        for k in range(len(r["weights"])):
+            assert p.page.get_attribute("#dates-viz", "data-view") == f"{run}-{k}"
+            for j in range(len(r["source"])):
+                assert p.value(f"#dates-cell-{k}-{j}") == r["weights"][k][j], (run, k, j)
+                assert p.value(f"#dates-w-{j}") == r["weights"][k][j]
+                assert p.value(f"#dates-e-{j}") == r["scores"][k][j]
+                on = k < len(exp) and exp[k] == j and r["source"][j].isdigit()
+                assert p.value(f"#dates-expected-{k}-{j}") == int(on), (run, k, j)
+            if k < len(exp):
+                assert p.value("#dates-mass-here") == held["mass_on_copied"][k]
+            assert p.value("#dates-argmax") == held["digits_argmax"]
+            p.page.click("#dates-viz [data-action=step]")
+
+
+def test_the_committed_alignment_trace_is_the_date_models_current_output(tmp_path):
+    """`python -m book.alignment_trace` reproduces the committed trace (one torch thread)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("safetensors")
+    if not (ROOT / "labs" / "lab-08-attention-from-scratch" / "solution.py").is_file():
+        pytest.skip("the trace runs lab 08's solution (instructor's tree)")
+    from book.alignment_trace import main as alignment_main
+    assert alignment_main(["--out", str(tmp_path)]) == 0
+    assert read_script(tmp_path / "dates-reference.js") == reference("dates"), \
+        "book/viz/traces/dates-reference.js is stale: run .venv/bin/python -m book.alignment_trace"
+
+
+def test_the_date_models_training_is_seeded(tmp_path):
+    """Two short runs of `models.bahdanau` write the same weights and log (the shipped model
+    comes from `make model-dates`, the same code at 500 steps)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("safetensors")
+    from models import bahdanau
+    for name in ("a", "b"):
+        bahdanau.train(steps=3, seed=0, batch_size=8, lr=5e-3, out=tmp_path / name)
+    assert (tmp_path / "a" / "model.safetensors").read_bytes() == \
+        (tmp_path / "b" / "model.safetensors").read_bytes()
+    log = [(tmp_path / n / "train_log.txt").read_text().splitlines()[:-1] for n in "ab"]
+    assert log[0] == log[1]
