@@ -41,6 +41,7 @@ STRIDE_WRONG = STRIDE_LINE.replace("(i - j) % stride", "j % stride")  # absolute
 
 sys.path.insert(0, str(ROOT))
 from book.alignment_trace import NAME as ALIGNMENT_TRACE  # noqa: E402
+from book.approximation_trace import NAME as APPROX_TRACE  # noqa: E402
 from book.attention_trace import NAME as ATTENTION_TRACE  # noqa: E402
 from book.build import main as build_main  # noqa: E402
 from book.traces import main as traces_main  # noqa: E402
@@ -738,7 +739,8 @@ def test_the_committed_reference_traces_are_the_solutions_current_output(tmp_pat
     extra = sorted({f.name for f in (ROOT / "book" / "viz" / "traces").glob("*.js")}
                    - {f.name for f in tmp_path.glob("*.js")}
                    - {f"{ATTENTION_TRACE}.js"}  # book.attention_trace's, checked below
-                   - {f"{ALIGNMENT_TRACE}.js"})  # book.alignment_trace's, checked below
+                   - {f"{ALIGNMENT_TRACE}.js"}  # book.alignment_trace's, checked below
+                   - {f"{APPROX_TRACE}.js"})  # book.approximation_trace's, checked below
     assert not extra, f"{extra} are no longer written by book.traces: delete them"
 
 
@@ -876,3 +878,36 @@ def test_the_date_models_training_is_seeded(tmp_path):
         (tmp_path / "b" / "model.safetensors").read_bytes()
     log = [(tmp_path / n / "train_log.txt").read_text().splitlines()[:-1] for n in "ab"]
     assert log[0] == log[1]
+
+
+@BROWSER
+def test_lab_10_on_a_trained_models_qk_shows_the_traces_spectrum_and_errors(open_page):
+    """Every head's singular values, ranks and method errors on the page are the trace's."""
+    ref = reference("adder-approx")
+    p = open_page("viz/approximations-on-a-trained-model.html")
+    flattest = max(range(len(ref["spectrum"])), key=lambda i: (ref["spectrum"][i]["rank90"], -i))
+    assert p.page.get_attribute("#approx-viz", "data-view") == str(flattest)
+    for h, (sp, rt) in enumerate(zip(ref["spectrum"], ref["retrieval"])):
+        p.page.select_option("#approx-head", str(h))
+        assert p.page.get_attribute("#approx-viz", "data-view") == str(h)
+        assert p.value("#approx-rank") == sp["rank90"]
+        for i, v in enumerate(sp["sv"]):
+            assert p.value(f"#approx-sv-head-{i}") == v
+        for i, m in enumerate(ref["methods"]):
+            assert p.value(f"#approx-err-{i}") == rt["error"][m], (h, m)
+            assert p.value(f"#approx-task-{i}") == ref["synthetic"]["task_error"][m]
+    assert p.value("#approx-rank-random") == ref["synthetic"]["random_rank90"]
+    exact = ref["methods"].index("chunked (exact)")
+    assert all(r["error"]["chunked (exact)"] < 1e-12 for r in ref["retrieval"]), exact
+
+
+def test_the_committed_approximation_trace_is_lab_10_on_the_models_current_qk(tmp_path):
+    """`python -m book.approximation_trace` reproduces the committed trace (one torch thread)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    if not (ROOT / "labs" / "lab-10-approximate-attention" / "solution.py").is_file():
+        pytest.skip("the trace runs lab 10's solution (instructor's tree)")
+    from book.approximation_trace import main as approx_main
+    assert approx_main(["--out", str(tmp_path)]) == 0
+    assert read_script(tmp_path / f"{APPROX_TRACE}.js") == reference("adder-approx"), \
+        "the committed trace is stale: run .venv/bin/python -m book.approximation_trace"
