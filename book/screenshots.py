@@ -60,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(steps):
                 viz.locator("[data-action=step]").first.click()
             page.mouse.move(0, 0)  # no button tooltip in the picture
+            page.evaluate("document.activeElement && document.activeElement.blur()")
             page.wait_for_timeout(600)
             viz.screenshot(path=str(args.out / f"{name}.png"))
             page.close()

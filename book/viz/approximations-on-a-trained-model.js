@@ -23,6 +23,12 @@
     "singular values of the softmax matrix: this head, random vectors, lab 10's retrieval task");
   const colors = { head: "#4e79a7", random: "#8c8c8c", task: "#e15759" };
 
+  function err(v, id) { // tiny errors (rounding, a perfect hash) in scientific notation, not "0.000"
+    const el = V.num(v, 3, { id: id });
+    if (typeof v === "number" && v !== 0 && Math.abs(v) < 1e-3) el.textContent = v.toExponential(1).replace("e", "×10^");
+    return el;
+  }
+
   function render() {
     const sp = ref.spectrum[state.head], rt = ref.retrieval[state.head], syn = ref.synthetic;
     root.setAttribute("data-view", String(state.head));
@@ -55,7 +61,7 @@
     });
     side.appendChild(dl);
     side.appendChild(V.table(["method", "error, this head", "error, retrieval task"], ref.methods.map(function (m, i) {
-      return { cells: [m, V.num(rt.error[m], 3, { id: "approx-err-" + i }), V.num(syn.task_error[m], 3, { id: "approx-task-" + i })] };
+      return { cells: [m, err(rt.error[m], "approx-err-" + i), err(syn.task_error[m], "approx-task-" + i)] };
     }), { id: "approx-table" }));
     side.appendChild(V.h("p", { class: "viz-caption" }, "Error: ‖approx − exact‖ / ‖exact‖ of the row that predicts an answer digit, " +
       "over the sequence up to that row (there the model's causal attention is the unmasked attention lab 10 computes), " +
