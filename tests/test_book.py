@@ -821,3 +821,24 @@ def test_the_committed_attention_trace_is_the_trained_models_current_output(tmp_
     fresh = read_script(tmp_path / "adder-reference.js")
     assert fresh == reference("adder"), \
         "book/viz/traces/adder-reference.js is stale: run .venv/bin/python -m book.attention_trace"
+
+
+def test_the_vendored_d3_and_katex_are_the_pinned_versions_with_their_licences():
+    """book/viz/vendor/ holds what `make vendor` copies at book/vendor/package.json's pins."""
+    from book.vendor import D3_MODULES, versions
+    vendor = ROOT / "book" / "viz" / "vendor"
+    pins = versions()
+    listed = dict(line.split() for line in (vendor / "VERSIONS").read_text().splitlines())
+    assert listed == {n: pins[n] for n in (*D3_MODULES, "katex")}, "run make vendor"
+    d3 = (vendor / "d3" / "d3.min.js").read_text()
+    banners = re.findall(r"^// https://d3js.org/(d3-[a-z]+)/ v(\S+) ", d3, flags=re.M)
+    assert banners == [(n, pins[n]) for n in D3_MODULES], "d3.min.js is not the pinned modules"
+    licences = (vendor / "d3" / "LICENSES.txt").read_text()
+    assert all(f"== {n} {pins[n]} ==" in licences for n in D3_MODULES)
+    katex = (vendor / "katex" / "katex.min.js").read_text()
+    assert f'version:"{pins["katex"]}"' in katex.replace(" ", ""), "katex.min.js is not the pin"
+    assert "MIT" in (vendor / "katex" / "LICENSE").read_text()
+    css = (vendor / "katex" / "katex.min.css").read_text()
+    fonts = re.findall(r"url\(fonts/([\w-]+\.woff2)\)", css)
+    assert fonts and all((vendor / "katex" / "fonts" / f).is_file() for f in fonts), \
+        "every woff2 font KaTeX's stylesheet names is vendored (the book works offline)"
