@@ -842,3 +842,53 @@ def test_the_vendored_d3_and_katex_are_the_pinned_versions_with_their_licences()
     fonts = re.findall(r"url\(fonts/([\w-]+\.woff2)\)", css)
     assert fonts and all((vendor / "katex" / "fonts" / f).is_file() for f in fonts), \
         "every woff2 font KaTeX's stylesheet names is vendored (the book works offline)"
+
+
+def test_the_fa3_timelines_are_fa3_schedule_and_never_double_book_a_unit():
+    """The FA3 page's model: each unit (copy engine, tensor cores, exponentials) runs one
+    operation at a time, a tile's GEMM waits for its copy, and the same work takes less time
+    when one warpgroup's softmax hides under the other's wgmma."""
+    from common.loader import load_lab_module
+    traces = load_lab_module(ROOT / "labs" / "lab-00-online-softmax", "traces")
+    ref = reference("fa3")
+    assert ref["modelled"] is True
+    unit = {"tma": "tma", "wgmma": "tensor", "softmax": "sfu"}
+    for mode in ("fa2", "fa3"):
+        run = traces.fa3_schedule(mode)
+        assert run == ref["runs"][mode], f"book/viz/traces/fa3-reference.js is stale ({mode})"
+        for u in set(unit.values()):
+            spans = sorted((b["start"], b["end"]) for b in run["bars"] if unit[b["kind"]] == u)
+            assert all(a[1] <= b[0] + 1e-6 for a, b in zip(spans, spans[1:])), (mode, u)
+        copies = {b["tile"]: b["end"] for b in run["bars"] if b["kind"] == "tma"}
+        assert all(b["start"] >= copies[b["tile"]] for b in run["bars"] if b["kind"] == "wgmma")
+        gemms = sum(b["end"] - b["start"] for b in run["bars"] if b["kind"] == "wgmma")
+        assert run["tensor_busy"] == pytest.approx(gemms / run["total_ns"], abs=1e-4)
+    assert ref["runs"]["fa3"]["total_ns"] < ref["runs"]["fa2"]["total_ns"]
+    with pytest.raises(ValueError, match="mode"):
+        traces.fa3_schedule("fa4")
+
+
+@BROWSER
+def test_fa3_page_plays_fa3_schedules_timelines_with_their_totals(open_page):
+    ref = reference("fa3")
+    p = open_page("viz/fa3-warp-specialization.html")
+    assert "a model" in p.page.inner_text("h1")
+    for run in ("fa2", "fa3"):
+        assert p.value(f"#fa3-total-{run}") == ref["runs"][run]["total_ns"]
+        assert p.value(f"#fa3-tflops-{run}") == ref["runs"][run]["tflops"]
+        bars = p.page.locator(f"#fa3-{run} rect.bar")
+        assert bars.count() == len(ref["runs"][run]["bars"])
+    assert p.value("#fa3-speedup") == ref["speedup"]
+    p.page.focus("#fa3-viz")
+    p.page.keyboard.press("End")
+    p.page.wait_for_timeout(700)  # the bars' transitions
+    t = float(p.page.get_attribute("#fa3-viz", "data-time"))
+    assert t == ref["runs"]["fa2"]["total_ns"]
+    for run in ("fa2", "fa3"):
+        assert p.value(f"#fa3-tiles-{run}") == ref["inputs"]["kv_tiles"]
+        widths = p.page.locator(f"#fa3-{run} rect.bar").evaluate_all(
+            "els => els.map(e => Number(e.getAttribute('width')))")
+        assert min(widths) > 0, "at the end every bar is drawn"
+    p.page.keyboard.press("Home")
+    p.page.wait_for_timeout(700)
+    assert p.value("#fa3-tiles-fa3") == 0
