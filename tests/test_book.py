@@ -892,3 +892,29 @@ def test_fa3_page_plays_fa3_schedules_timelines_with_their_totals(open_page):
     p.page.keyboard.press("Home")
     p.page.wait_for_timeout(700)
     assert p.value("#fa3-tiles-fa3") == 0
+
+
+@BROWSER
+def test_ring_wall_times_are_lab_04s_ring_timeline_and_the_shards_travel(open_page):
+    ref = reference("ring")
+    p = open_page("viz/ring-attention-rotation.html")
+    names = ["ring overlapped", "ring, no overlap", "all-gather, then compute"]
+    for shard in ref["timing_inputs"]["shards"]:
+        tm = ref["timing"][str(shard)]
+        p.page.select_option("#ring-shard", str(shard))
+        for i, name in enumerate(names):
+            assert p.value(f"#ring-wall-{i}") == tm["wall_us"][name], (shard, name)
+            assert p.value(f"#ring-mem-{i}") == tm["kv_memory"][name], (shard, name)
+        assert p.page.get_attribute("#ring-hidden", "data-hidden") == str(tm["hidden"]).lower()
+        assert f"{shard:,} tokens per device" in p.page.inner_text("#ring-timeline")
+    small, large = (ref["timing"][str(s)] for s in (ref["timing_inputs"]["shards"][0],
+                                                    ref["timing_inputs"]["shards"][-1]))
+    assert not small["hidden"] and large["hidden"], "compute grows as the shard squared"
+    before = p.page.get_attribute("#ring-chip-0", "transform")
+    p.page.focus("#ring-viz")
+    p.page.keyboard.press("ArrowRight")
+    p.page.wait_for_timeout(900)  # the shard's transition along the ring
+    assert p.page.get_attribute("#ring-chip-0", "transform") != before, "K/V shard 0 moved on"
+    tm = ref["timing"][str(ref["timing_inputs"]["shards"][-1])]
+    two = sum(max(s["compute_us"], s["send_us"]) for s in tm["steps"][:2])
+    assert p.value("#ring-wall-now-overlapped") == pytest.approx(two, abs=1e-3)
