@@ -918,3 +918,27 @@ def test_ring_wall_times_are_lab_04s_ring_timeline_and_the_shards_travel(open_pa
     tm = ref["timing"][str(ref["timing_inputs"]["shards"][-1])]
     two = sum(max(s["compute_us"], s["send_us"]) for s in tm["steps"][:2])
     assert p.value("#ring-wall-now-overlapped") == pytest.approx(two, abs=1e-3)
+
+
+@BROWSER
+def test_flash_tiles_travel_into_sram_and_both_schedules_hbm_bytes_sit_side_by_side(open_page):
+    ref = reference("00")
+    p = open_page("viz/flash-attention-tiling.html")
+    p.page.focus("#fa-viz")
+    p.page.keyboard.press("ArrowRight")
+    p.page.wait_for_timeout(100)  # mid-flight: the K/V tile is on its way from its strip
+    mid = float(p.page.get_attribute("#fa-mover-kv rect", "y"))
+    p.page.wait_for_timeout(900)
+    end = float(p.page.get_attribute("#fa-mover-kv rect", "y"))
+    assert mid < end, "the K/V tile moves down from its strip into the SRAM box"
+    st = ref["steps"][1]
+    assert p.value("#fa-meter-flash") == st["hbm"]
+    assert p.value("#fa-meter-standard") == ref["standard"][-1]["hbm_total"]
+    box = p.page.locator("#fa-tile-box")
+    assert float(box.get_attribute("x")) > float(p.page.locator("#fa-viz svg rect").first
+                                                 .get_attribute("x")), "the outline is on tile 1"
+    p.page.click("#fa-mode-standard")
+    p.page.wait_for_timeout(500)
+    assert p.value("#fa-meter-standard") == ref["standard"][0]["hbm_total"]
+    assert p.value("#fa-meter-flash") == ref["steps"][-1]["hbm"]
+    assert "so far" in p.page.inner_text("#fa-viz .viz-meter")
