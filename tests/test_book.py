@@ -924,13 +924,16 @@ def test_ring_wall_times_are_lab_04s_ring_timeline_and_the_shards_travel(open_pa
 def test_flash_tiles_travel_into_sram_and_both_schedules_hbm_bytes_sit_side_by_side(open_page):
     ref = reference("00")
     p = open_page("viz/flash-attention-tiling.html")
-    p.page.focus("#fa-viz")
-    p.page.keyboard.press("ArrowRight")
-    p.page.wait_for_timeout(100)  # mid-flight: the K/V tile is on its way from its strip
-    mid = float(p.page.get_attribute("#fa-mover-kv rect", "y"))
-    p.page.wait_for_timeout(900)
-    end = float(p.page.get_attribute("#fa-mover-kv rect", "y"))
-    assert mid < end, "the K/V tile moves down from its strip into the SRAM box"
+    # one step, and in the same task where the K/V tile starts: on its strip, in flight
+    start, flying = p.page.evaluate("""() => {
+        const v = document.querySelector('#fa-viz');
+        v.dispatchEvent(new KeyboardEvent('keydown', {key: 'ArrowRight', bubbles: true}));
+        const r = document.querySelector('#fa-mover-kv rect');
+        return [Number(r.getAttribute('y')), !!r.__transition];
+    }""")
+    assert flying, "the K/V tile travels (a D3 transition), it does not jump"
+    p.page.wait_for_function("y => Number(document.querySelector('#fa-mover-kv rect')"
+                             ".getAttribute('y')) > y + 300", arg=start, timeout=10000)
     st = ref["steps"][1]
     assert p.value("#fa-meter-flash") == st["hbm"]
     assert p.value("#fa-meter-standard") == ref["standard"][-1]["hbm_total"]
