@@ -945,3 +945,23 @@ def test_flash_tiles_travel_into_sram_and_both_schedules_hbm_bytes_sit_side_by_s
     assert p.value("#fa-meter-standard") == ref["standard"][0]["hbm_total"]
     assert p.value("#fa-meter-flash") == ref["steps"][-1]["hbm"]
     assert "so far" in p.page.inner_text("#fa-viz .viz-meter")
+
+
+@BROWSER
+def test_lsh_hash_regions_are_lab_10s_buckets_and_turn_with_the_round(open_page):
+    ref = reference("10")["lsh"]
+    p = open_page("viz/lsh-attention-bucketing.html")
+    for r, regions in enumerate(ref["regions"]):
+        covered = sum(g["to"] - g["from"] for g in regions)
+        assert covered == 360, "the wedges of a round cover the plane once"
+        if r:
+            before = p.page.get_attribute(f"#lsh-region-{regions[0]['bucket']}", "d")
+            p.page.focus("#lsh-rounds")
+            p.page.keyboard.press("ArrowRight")
+            p.page.wait_for_function(
+                "([b, d]) => document.querySelector('#lsh-region-' + b).getAttribute('d') !== d",
+                arg=[regions[0]["bucket"], before], timeout=10000)
+        assert p.page.get_attribute("#lsh-regions", "data-round") == str(r + 1)
+        for g in regions:
+            assert p.page.get_attribute(f"#lsh-region-{g['bucket']}", "data-from") == \
+                str(g["from"] % 360)
