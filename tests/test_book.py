@@ -965,3 +965,23 @@ def test_lsh_hash_regions_are_lab_10s_buckets_and_turn_with_the_round(open_page)
         for g in regions:
             assert p.page.get_attribute(f"#lsh-region-{g['bucket']}", "data-from") == \
                 str(g["from"] % 360)
+
+
+@BROWSER
+def test_fa1_vs_fa2_occupancy_at_a_real_size_is_sm_occupancy_for_every_batch(open_page):
+    ref = reference("fagrid")
+    p = open_page("viz/fa1-vs-fa2-parallelism.html")
+    for gpu, rows in ref["occupancy"].items():
+        p.page.select_option("#fagrid-gpu", gpu)
+        for i, r in enumerate(rows):
+            p.page.select_option("#fagrid-batch", str(i))
+            assert p.page.get_attribute("#fagrid-occupancy", "data-batch") == str(r["batch"])
+            for n in ("fa1", "fa2"):
+                assert p.value(f"#fagrid-occ-programs-{n}") == r[n]["programs"]
+                assert p.value(f"#fagrid-occ-waves-{n}") == r[n]["waves"]
+                assert p.value(f"#fagrid-occ-time-{n}") == r[n]["time"]
+            assert p.value("#fagrid-occ-speedup") == r["speedup"]
+        first, last = rows[0], rows[-1]
+        assert first["speedup"] > 2 > 1.1 > last["speedup"], \
+            "at batch 1 FlashAttention-2 fills the SMs; at a large batch both do"
+        assert first["fa1"]["programs"] < ref["sms"][gpu] <= first["fa2"]["programs"]

@@ -207,9 +207,36 @@ def trace_fagrid(impl: Any) -> dict:
                              "l": [rounded(s[w["kt"]][1]) if s else None for s in st]})
             steps.append({"work": rows, "hbm": hbm})
         schedules[name] = {"grid": list(grid), "steps": steps}
+    occupancy = {g: [sm_occupancy(b, provided, launch_plan.TARGETS[GPUS[g]["arch"]].sms)
+                     for b in OCCUPANCY["batches"]] for g in GPUS}
     return {"lab": "00", "inputs": p, "n_q": n_q, "n_k": n_k, "schedules": schedules,
             "out": outs, "sms": {g: launch_plan.TARGETS[GPUS[g]["arch"]].sms for g in GPUS},
-            "errors": errors}
+            "occupancy": occupancy, "occupancy_inputs": OCCUPANCY, "errors": errors}
+
+
+# FA1 vs FA2 at a real size: Llama-2-7B-like prefill (32 heads, 8,192 tokens, tiles of 128).
+OCCUPANCY = {"heads": 32, "seq": 8192, "tile": 128, "batches": [1, 2, 4, 8, 16, 32, 64]}
+
+
+def sm_occupancy(batch: int, provided: Any, sms: int) -> dict:
+    """Both schedules on ``sms`` SMs at batch ``batch`` (a model: one program per SM at a
+    time, every tile pair takes one time unit). FlashAttention-2's programs are lab 00's
+    ``attention_grid`` (each walks ``n_k`` tile pairs); FlashAttention-1 has one program per
+    batch·head (each walks ``n_q * n_k``). Per schedule: programs, waves (``ceil(programs
+    / sms)``; every wave but the last fills every SM), the last wave's busy SMs, time (tile
+    pairs) and the share of SM time used."""
+    p = OCCUPANCY
+    n = math.ceil(p["seq"] / p["tile"])
+    out = {"batch": batch}
+    for name, programs, work in (("fa1", batch * p["heads"], n * n),
+                                 ("fa2", provided.attention_grid(batch, p["heads"], p["seq"],
+                                                                 p["tile"])[0], n)):
+        waves = math.ceil(programs / sms)
+        out[name] = {"programs": programs, "work": work, "waves": waves,
+                     "last_wave_busy": programs - (waves - 1) * sms,
+                     "time": waves * work, "utilisation": round(programs / (waves * sms), 4)}
+    out["speedup"] = round(out["fa1"]["time"] / out["fa2"]["time"], 3)
+    return out
 
 
 # ---- FlashAttention-3: warp specialisation on one H100 SM (a model) ---------------------
