@@ -985,3 +985,80 @@ def test_fa1_vs_fa2_occupancy_at_a_real_size_is_sm_occupancy_for_every_batch(ope
         assert first["speedup"] > 2 > 1.1 > last["speedup"], \
             "at batch 1 FlashAttention-2 fills the SMs; at a large batch both do"
         assert first["fa1"]["programs"] < ref["sms"][gpu] <= first["fa2"]["programs"]
+
+
+@BROWSER
+@pytest.mark.parametrize("rel", ["labs/lab-00-online-softmax/index.html",
+                                 "viz/fa3-warp-specialization.html"])
+def test_a_tap_on_a_glossary_term_opens_its_definition(open_page, rel):
+    """On a touch screen (no hover): a tap on a term shows its definition; a tap elsewhere
+    closes it."""
+    if not (ROOT / "GLOSSARY.md").is_file():
+        pytest.skip("the repository has no GLOSSARY.md: the book has no glossary")
+    p = open_page(rel, width=390, has_touch=True, is_mobile=True)
+    term = p.page.locator("article abbr[title]").first
+    definition = term.get_attribute("title")
+    term.scroll_into_view_if_needed()
+    term.tap()
+    tip = p.page.locator(".md-tooltip2--active")
+    tip.wait_for(state="visible", timeout=5000)
+    assert definition[:40] in tip.inner_text(), "the tooltip shows the term's definition"
+    p.page.locator("h1").tap()
+    p.page.wait_for_function("() => !document.querySelector('.md-tooltip2--active')",
+                             timeout=5000)
+
+
+SVG_CLIP = (ROOT / "tests" / "book_svg_clip.js").read_text()
+
+
+@BROWSER
+@pytest.mark.parametrize("rel", [f"viz/{n}.html" for n in VIZ])
+def test_no_svg_label_is_clipped_by_its_drawing_or_runs_over_its_box(open_page, rel):
+    """From the SVG's bounding boxes (tests/book_svg_clip.js): every label inside its
+    drawing, and a label written on a box inside that box; wide and narrow, first and last
+    step."""
+    for width in (1280, 390):
+        p = open_page(rel, width=width)
+        p.page.wait_for_timeout(100)
+        for moment in ("first", "last"):
+            if moment == "last":
+                if p.page.locator(".viz [data-action=end]").count() == 0:
+                    continue
+                p.page.focus(".viz")
+                p.page.keyboard.press("End")
+                p.page.wait_for_timeout(900)  # the D3 transitions (at most 700 ms)
+            found = p.page.evaluate(SVG_CLIP)
+            assert found["outside"] == [], \
+                f"{rel} ({width} px, {moment}): cut off {found['outside'][:5]}"
+            assert found["overflow"] == [], \
+                f"{rel} ({width} px, {moment}): runs over its box {found['overflow'][:5]}"
+
+
+@BROWSER
+@pytest.mark.parametrize("rel", [f"viz/{n}.html" for n in VIZ])
+def test_every_visualisation_has_full_screen_and_new_tab_buttons_that_do_what_they_say(
+        open_page, rel):
+    p = open_page(rel)
+    ids = p.page.locator(".viz[id]").evaluate_all("els => els.map(e => e.id)")
+    assert ids
+    for vid in ids:
+        full = p.page.locator(f"#{vid} > .viz-frame [data-action=fullscreen]")
+        assert full.inner_text() == "Full screen"
+        full.click()
+        p.page.wait_for_function("id => document.fullscreenElement === document.getElementById(id)",
+                                 arg=vid, timeout=5000)
+        assert full.inner_text() == "Exit full screen"
+        full.click()
+        p.page.wait_for_function("() => !document.fullscreenElement", timeout=5000)
+        assert full.inner_text() == "Full screen"
+        link = p.page.locator(f"#{vid} > .viz-frame [data-action=new-tab]")
+        assert link.get_attribute("target") == "_blank"
+        href = link.get_attribute("href")
+        assert href.endswith(f"?viz={vid}")
+        solo = p.context.new_page()
+        solo.goto(href)
+        solo.wait_for_load_state("load")
+        assert solo.locator(f"#{vid}").is_visible(), "the new tab shows the visualisation"
+        assert not solo.locator(".md-header").is_visible(), "... alone, without the site around it"
+        assert not solo.locator("article h1").is_visible()
+        solo.close()

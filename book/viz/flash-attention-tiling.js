@@ -160,7 +160,7 @@
     last = { qt: st.qt, mode: "flash" };
     meter(st.hbm, stdTotalBytes, "so far", "whole run");
     sramText.textContent = "Q" + st.qt + " (" + T + "×" + inp.d + "), K" + st.kt + ", V" + st.kt + ", S tile " + T + "×" + T;
-    sramText2.textContent = "m, l, acc for " + T + " rows" + (lastK ? "; then O = acc / l" : "");
+    sramText2.textContent = "m, l, acc of " + T + " rows" + (lastK ? " → O = acc / l" : "");
     hbmText.textContent = "Q, K, V (read), O and lse (written)";
     hbmText2.textContent = "the " + L + "×" + L + " S and P: never";
     caption.textContent = "Q tile " + st.qt + " against K/V tile " + st.kt + ": a " + T + "×" + T +
