@@ -825,14 +825,14 @@ def test_the_committed_attention_trace_is_the_trained_models_current_output(tmp_
 
 def test_the_vendored_d3_and_katex_are_the_pinned_versions_with_their_licences():
     """book/viz/vendor/ holds what `make vendor` copies at book/vendor/package.json's pins."""
-    from book.vendor import D3_MODULES, versions
+    from book.vendor import D3_FILES, D3_MODULES, versions
     vendor = ROOT / "book" / "viz" / "vendor"
     pins = versions()
     listed = dict(line.split() for line in (vendor / "VERSIONS").read_text().splitlines())
     assert listed == {n: pins[n] for n in (*D3_MODULES, "katex")}, "run make vendor"
-    d3 = (vendor / "d3" / "d3.min.js").read_text()
+    d3 = "".join((vendor / "d3" / f).read_text() for f in D3_FILES)
     banners = re.findall(r"^// https://d3js.org/(d3-[a-z]+)/ v(\S+) ", d3, flags=re.M)
-    assert banners == [(n, pins[n]) for n in D3_MODULES], "d3.min.js is not the pinned modules"
+    assert banners == [(n, pins[n]) for n in D3_MODULES], "d3/*.min.js: not the pinned modules"
     licences = (vendor / "d3" / "LICENSES.txt").read_text()
     assert all(f"== {n} {pins[n]} ==" in licences for n in D3_MODULES)
     katex = (vendor / "katex" / "katex.min.js").read_text()

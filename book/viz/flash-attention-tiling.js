@@ -1,7 +1,8 @@
 /* FlashAttention tiling: plays back lab 00's trace (traces/lab00-reference.js) and, when
  * `make trace LAB=00` made one, your starter's (traces/lab00-starter.js) beside it. D3
  * transitions move each step's Q and K/V tiles from their strips into the SRAM box and slide
- * the score tile's outline; a D3 bar scale puts both schedules' HBM traffic side by side. */
+ * the score tile's outline; both schedules' HBM traffic side by side on one bar length.
+ * (d3-core only: selections and transitions; the page has no axis.) */
 (function () {
   "use strict";
   const V = window.Viz;
@@ -105,7 +106,7 @@
   const msvg = d3.select(meterBox).append("svg").attr("class", "viz-svg").attr("viewBox", "0 0 300 84")
     .attr("role", "img").attr("aria-label", "HBM traffic of FlashAttention and of standard attention");
   const stdTotalBytes = ref.standard[ref.standard.length - 1].hbm_total;
-  const mx = d3.scaleLinear().domain([0, stdTotalBytes]).range([0, 180]);
+  const mx = function (b) { return 120 * b / stdTotalBytes; };  // bytes -> bar length
   msvg.append("text").attr("x", 4).attr("y", 12).attr("class", "title").text("HBM traffic so far");
   const meterNames = [], meterValues = [];
   const meters = [["flash", "FlashAttention"], ["standard", "Standard"]].map(function (m, i) {
@@ -116,7 +117,6 @@
     return msvg.append("rect").attr("id", "fa-meter-" + m[0]).attr("x", 96).attr("y", 24 + i * 26)
       .attr("height", 14).attr("width", 0).attr("fill", m[0] === "flash" ? "#2ca02c" : "#9467bd");
   });
-  mx.range([0, 120]);
   function meter(flashBytes, stdBytes, flashWhen, stdWhen) {
     const ms = V.reducedMotion() ? 0 : 400;
     [flashBytes, stdBytes].forEach(function (b, i) {
