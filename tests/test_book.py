@@ -1062,3 +1062,25 @@ def test_every_visualisation_has_full_screen_and_new_tab_buttons_that_do_what_th
         assert not solo.locator(".md-header").is_visible(), "... alone, without the site around it"
         assert not solo.locator("article h1").is_visible()
         solo.close()
+
+
+@BROWSER
+def test_a_new_request_mid_stream_is_out_of_memory_when_contiguous_and_fits_paged(open_page):
+    ref = reference("07")
+    p = open_page("viz/paged-attention-blocks.html")
+    button = p.page.locator("#stream-arrive")
+    assert button.inner_text() == "A new request arrives now"
+    p.page.focus("#stream-viz")
+    p.page.keyboard.press("ArrowRight")
+    button.click()
+    assert button.inner_text() == "Take the new request back"
+    total, k = ref["paged"]["total_slots"], 1
+    for run in ("contiguous", "paged"):
+        assert p.value(f"#stream-free-{run}") == total - ref[run]["reserved"][k], run
+    assert p.value("#stream-need-contiguous") == ref["stream"]["max_model_len"]
+    assert p.page.get_attribute("#stream-arrival-contiguous", "data-fits") == "false"
+    assert p.page.get_attribute("#stream-arrival-paged", "data-fits") == "true"
+    assert p.page.inner_text("#stream-verdict-contiguous") == "OOM"
+    assert p.page.locator("#stream-new-paged").count() == 1
+    button.click()
+    assert p.page.locator("#stream-arrival").count() == 0
