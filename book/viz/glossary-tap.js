@@ -1,7 +1,7 @@
 /* The glossary by tap: every glossary term (an <abbr title> from GLOSSARY.md, book/build.py)
  * becomes focusable, and a tap or click focuses it, so Material's tooltip (which follows
- * hover and focus) opens on a touch screen, where there is no hover; a tap elsewhere, or
- * Escape, moves the focus away and closes it. Keyboard users reach the terms with Tab. */
+ * hover and focus) opens on a touch screen, where there is no hover, and keyboard users
+ * reach every term with Tab. Escape moves the focus away. */
 (function () {
   "use strict";
   function arm() {
