@@ -1079,7 +1079,7 @@ def test_a_new_request_mid_stream_is_out_of_memory_when_contiguous_and_fits_page
     assert p.value("#stream-need-contiguous") == ref["stream"]["max_model_len"]
     assert p.page.get_attribute("#stream-arrival-contiguous", "data-fits") == "false"
     assert p.page.get_attribute("#stream-arrival-paged", "data-fits") == "true"
-    assert p.page.inner_text("#stream-verdict-contiguous") == "OOM"
+    assert p.page.text_content("#stream-verdict-contiguous") == "OOM"
     assert p.page.locator("#stream-new-paged").count() == 1
     button.click()
     assert p.page.locator("#stream-arrival").count() == 0
