@@ -95,6 +95,12 @@ book: $(DEPS) $(BOOK_DEPS)
 	@echo ">> building the web book from the READMEs into build/book/ (no network)"
 	$(PY) -m book.build
 
+# The book's vendored D3 and KaTeX, re-copied from npm at the pins of book/vendor/package.json
+# (needs npm; the copies under book/viz/vendor/ are committed, so `make book` does not).
+.PHONY: vendor
+vendor: $(DEPS)
+	$(PY) -m book.vendor
+
 # One level of one hint of a lab's HINTS.md (tools/hint.py); without STEP, the list of steps.
 .PHONY: hint
 hint:
