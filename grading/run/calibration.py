@@ -6,7 +6,7 @@ on a busier or slower one they are scaled by a calibration run before grading
 numpy work, its wall time against the CPU time it got (contention), and that CPU time
 against this machine's (a slower machine).
 
-The calibration takes about half a second of one core, and more when the machine is busy,
+The calibration takes about a quarter of a second of one core, and more when the machine is busy,
 so ``python -m grading`` starts it first, in a forked child (:func:`start`), while the
 grader imports itself and sets the grading session up on the other core; the factor is
 read (:meth:`Pending.result`) just before the limits are needed.
@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import time
 
-CALIBRATION_CPU_SECONDS = 0.11  # the work below on this 2-core machine (CPU time)
+CALIBRATION_CPU_SECONDS = 0.055  # the work below on this 2-core machine (CPU time)
 MAX_LOAD_FACTOR = 6.0
 
 
@@ -26,10 +26,10 @@ def calibration_work() -> None:
     import numpy as np
 
     total = 0
-    for i in range(1_000_000):
+    for i in range(500_000):
         total += i % 7
     a = np.arange(200_000, dtype=np.float64)
-    for _ in range(200):
+    for _ in range(100):
         a = np.sqrt(a * a + 1.0)
 
 
