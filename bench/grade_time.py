@@ -23,7 +23,7 @@ Both run as from a student's shell: ``PYTHONDONTWRITEBYTECODE`` is removed from 
 environment (the grader sets it again for its test process, whose bytecode it never writes).
 
 A benchmark, not a test: nothing here asserts a time (``captured_outputs/cpu/grade-time.txt``
-is its output on the course's 2-core machine).
+and ``grade-time-labs-09-12.txt`` are its output on the course's 2-core machine).
 """
 
 from __future__ import annotations
