@@ -45,6 +45,7 @@ help::
 	@echo "make grade LAB=00    grade your starter.py (LAB_IMPL=starter); omit LAB for all labs"
 	@echo "make test-lab LAB=00 run one lab's tests ($(TEST_IMPL).py)"
 	@echo "make bench           benchmark the Triton kernels (interpreter mode without CUDA)"
+	@echo "make bench-grade     time make grade LAB=NN against bare pytest of each lab (minutes)"
 	@echo "make gpu-report      compile the kernels for sm_80/86/90/100 on the CPU: regs, spills, smem, MMAs"
 	@echo "make lint            ruff"
 	@echo "make vllm-check      lab-02 ($(TEST_IMPL).py) against the real vLLM 0.33.0 (own .venv-vllm)"
@@ -167,6 +168,13 @@ grade: $(DEPS)
 bench: $(DEPS)
 	@echo ">> benchmarking the lab kernels"
 	$(PY) -m bench --impl $(TEST_IMPL) $(BENCH_ARGS)
+
+# `make grade LAB=NN` beside bare pytest of the same lab, every lab, interleaved (bench/grade_time.py;
+# captured_outputs/cpu/grade-time.txt). Takes minutes: each lab is graded and tested twice.
+.PHONY: bench-grade
+bench-grade: $(DEPS)
+	@echo ">> timing make grade against bare pytest, lab by lab (LAB_IMPL=$(TEST_IMPL))"
+	$(PY) -m bench.grade_time --impl $(TEST_IMPL) $(BENCH_ARGS)
 
 gpu-report: $(DEPS)
 	@echo ">> compiling the lab kernels for sm_80, sm_86, sm_90, sm_100 (compiled, not run; cached in build/gpu-report/)"

@@ -978,3 +978,17 @@ def test_make_release_on_the_real_course_gives_a_copy_written_for_a_student(tmp_
     commands = [line for line in dry.stdout.splitlines()
                 if not line.startswith(("echo", "make["))]  # fmt: skip
     assert len(commands) == 3 and all(c.startswith("LAB_IMPL=starter ") for c in commands)
+
+
+def test_the_load_calibration_started_early_gives_a_factor_and_leaves_no_child():
+    from grading.run import calibration
+
+    pending = calibration.start()
+    assert pending is not None and 1.0 <= pending.result() <= calibration.MAX_LOAD_FACTOR
+    assert pending.result() == pending.result()  # read once, kept
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pending.pid, 0)  # reaped
+    unused = calibration.start()  # the limits were given: the child is ended, not waited for
+    unused.cancel()
+    with pytest.raises(ChildProcessError):
+        os.waitpid(unused.pid, 0)

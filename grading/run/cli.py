@@ -42,6 +42,7 @@ import sys
 from pathlib import Path
 
 from common.loader import ALLOWED_IMPLS, lab_impl
+from grading.run.calibration import Pending, load_factor
 from grading.run.discovery import PROJECT_ROOT, discover_labs, select_labs
 from grading.run.lab import grade
 from grading.run.report import (
@@ -64,7 +65,6 @@ from grading.run.runner import (
     DEFAULT_RUN_TIMEOUT,
     DEFAULT_TEST_TIMEOUT,
     Options,
-    load_factor,
 )
 
 # ---- arguments ---------------------------------------------------------------------------
@@ -217,17 +217,30 @@ def _choose(args: argparse.Namespace) -> tuple[str, Path, list[Path]]:
     return impl, root, labs
 
 
-def _load_factor(argv: list[str] | None) -> float:
-    """The calibration's factor (:func:`grading.run.runner.load_factor`) for the default
-    limits; 1 when the limits were given (``--test-timeout``, ``GRADE_TEST_TIMEOUT``...)."""
+def _load_factor(argv: list[str] | None, calibration: Pending | None = None) -> float:
+    """The calibration's factor (:func:`grading.run.calibration.load_factor`, or the one
+    ``calibration`` computed meanwhile) for the default limits; 1 when the limits were given
+    (``--test-timeout``, ``GRADE_TEST_TIMEOUT``...)."""
     given = sys.argv[1:] if argv is None else argv
     if any(a.startswith(("--test-timeout", "--lab-timeout")) for a in given) or any(
             os.environ.get(n) for n in ("GRADE_TEST_TIMEOUT", "GRADE_LAB_TIMEOUT")):
+        if calibration is not None:
+            calibration.cancel()
         return 1.0
-    return load_factor()
+    return calibration.result() if calibration is not None else load_factor()
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, calibration: Pending | None = None) -> int:
+    """The grader's command line; ``calibration``: the load calibration, already started
+    (``python -m grading`` starts it before importing the grader)."""
+    try:
+        return _main(argv, calibration)
+    finally:
+        if calibration is not None:
+            calibration.cancel()  # an early return (bad arguments): the child is not left
+
+
+def _main(argv: list[str] | None, calibration: Pending | None) -> int:
     args = parse_args(argv)
     try:
         impl, root, labs = _choose(args)
@@ -240,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(exc, file=sys.stderr)
         return 2
-    factor = _load_factor(argv)
+    factor = _load_factor(argv, calibration)
     opts = Options(
         root=root,
         impl=impl,

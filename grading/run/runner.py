@@ -118,41 +118,8 @@ RESTART_ALLOWANCE = 15.0  # seconds: starting pytest again (torch, triton) on a 
 MAX_EXTENDING_TIMEOUTS = 5
 DEFAULT_RUN_TIMEOUT = 3600.0
 
-# The per-test and per-lab limits above hold for this machine kept busy; on a busier or slower
-# one they are scaled by a calibration run before grading (:func:`load_factor`), so that correct
-# code never races them: a fixed piece of Python and numpy work, its wall time against the CPU
-# time it got (contention), and that CPU time against this machine's (a slower machine).
-CALIBRATION_CPU_SECONDS = 0.11  # the work below on this 2-core machine (CPU time)
-MAX_LOAD_FACTOR = 6.0
-
-
-def calibration_work() -> None:
-    """A fixed amount of interpreter and numpy work (what a test spends its time on)."""
-    import numpy as np
-
-    total = 0
-    for i in range(1_000_000):
-        total += i % 7
-    a = np.arange(200_000, dtype=np.float64)
-    for _ in range(200):
-        a = np.sqrt(a * a + 1.0)
-
-
-def load_factor(runs: int = 3) -> float:
-    """How much slower than this machine idle a test runs now: the median over ``runs`` of
-    wall time / CPU time of :func:`calibration_work` (after a warm-up), or its CPU time
-    against :data:`CALIBRATION_CPU_SECONDS`, whichever is larger, between 1 and
-    :data:`MAX_LOAD_FACTOR`: what the default limits are multiplied by."""
-    calibration_work()
-    walls, cpus = [], []
-    for _ in range(runs):
-        wall, cpu = time.perf_counter(), time.process_time()
-        calibration_work()
-        walls.append(time.perf_counter() - wall)
-        cpus.append(max(time.process_time() - cpu, 1e-3))
-    ratio = sorted(w / c for w, c in zip(walls, cpus))[runs // 2]
-    slower = sorted(cpus)[runs // 2] / CALIBRATION_CPU_SECONDS
-    return round(min(max(ratio, slower, 1.0), MAX_LOAD_FACTOR), 2)
+# The limits above are scaled by grading.run.calibration.load_factor (a calibration of the
+# machine's load, run before grading).
 
 
 @dataclass

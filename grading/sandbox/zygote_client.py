@@ -59,6 +59,8 @@ def lab_imports(lab_dir: Path) -> list[str]:
     """The modules a lab's files import (read, never run): what its zygote imports first."""
     names: list[str] = []
     for path in sorted(lab_dir.glob("*.py")):
+        if is_test_file(path.name):  # never in the scratch copy: not the zygote's concern
+            continue
         try:
             if path.stat().st_size > 1 << 20:
                 continue
