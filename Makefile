@@ -191,7 +191,7 @@ lint: $(STAMP)
 # tools/check_setup.py's REQUIREMENTS_FILES, which a test keeps complete), then run the suite with triton unimportable (what a Mac or Windows laptop
 # runs).
 check-setup: $(DEPS) $(CHECK_DEPS)
-	@echo ">> resolving requirements-{cpu,book,check}.txt for Linux x86-64/aarch64, macOS arm64, Windows x Python 3.10-3.13"
+	@echo ">> resolving requirements-{cpu,book,check,real-model}.txt for Linux x86-64/aarch64, macOS arm64, Windows x Python 3.10-3.13"
 	CHECK_SETUP=1 LAB_IMPL=$(TEST_IMPL) $(PY) -m pytest -q -p no:cacheprovider -m setup \
 	  tests/test_setup.py tests/test_setup_no_triton.py
 
