@@ -44,7 +44,7 @@ help::
 	@echo "                     kernel compiled for sm_90); CI (.ci/run) runs make test, then this"
 	@echo "make grade LAB=00    grade your starter.py (LAB_IMPL=starter); omit LAB for all labs"
 	@echo "make test-lab LAB=00 run one lab's tests ($(TEST_IMPL).py)"
-	@echo "make bench           benchmark the Triton kernels (interpreter mode without CUDA)"
+	@echo "make bench           benchmark the Triton kernels (interpreter mode without CUDA), then lab-11's engine"
 	@echo "make gpu-report      compile the kernels for sm_80/86/90/100 on the CPU: regs, spills, smem, MMAs"
 	@echo "make lint            ruff"
 	@echo "make vllm-check      lab-02 ($(TEST_IMPL).py) against the real vLLM 0.33.0 (own .venv-vllm)"
