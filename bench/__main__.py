@@ -6,9 +6,13 @@ against PyTorch SDPA and plain torch, in one run on one device.
     python -m bench --quick              # GPU: the target shapes only (about 8)
     python -m bench --json captured_outputs/bench.json --plot captured_outputs/roofline.png
     python -m bench --list               # kernels and shapes, nothing run
+    python -m bench --only engine        # lab-11's engine rows only (also: --no-engine)
 
 Output: the table on stdout (progress on stderr), a JSON record (default
-build/bench/bench.json) and a roofline PNG (default build/bench/roofline.png).
+build/bench/bench.json) and a roofline PNG (default build/bench/roofline.png). After the
+kernels, lab-11's serving engine beside transformers' generate() on one workload, on the
+CPU (bench/engine.py: tokens/s, TTFT, TPOT, requests held at once paged vs contiguous,
+prefix-cache hit rate).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 DEFAULT_JSON = ROOT / "build" / "bench" / "bench.json"
 DEFAULT_PLOT = ROOT / "build" / "bench" / "roofline.png"
 CAPTURED = ROOT / "captured_outputs"
+ENGINE_NAMES = ("engine", "11", "lab-11-serving-engine")  # --only: lab-11's engine rows
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -49,6 +54,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rep-ms", type=int, default=100, help="do_bench repetition time (ms)")
     p.add_argument("--strict", action="store_true", help="exit 1 if a lab kernel fails or is wrong")
     p.add_argument("--list", action="store_true", help="list kernels and shapes, run nothing")
+    p.add_argument("--no-engine", action="store_true", help="skip lab-11's engine rows")
     p.add_argument("--labs-root", type=pathlib.Path, default=ROOT / "labs", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -75,8 +81,12 @@ def list_kernels(kernels: list[KernelSpec]) -> str:
 
 def main(argv: list[str] | None = None, kernels: tuple[KernelSpec, ...] = KERNELS) -> int:
     args = parse_args(argv)
+    wanted = [w.strip() for w in (args.only or "").split(",") if w.strip()]
+    engine = [w for w in wanted if w in ENGINE_NAMES]  # not kernels: bench/engine.py's rows
+    args.engine = not args.no_engine and (not wanted or bool(engine))
     try:
-        chosen = select(args.only, kernels)
+        chosen = select(",".join(w for w in wanted if w not in engine), kernels) if (
+            not engine or len(engine) < len(wanted)) else []
     except ValueError as exc:
         print(exc, file=sys.stderr)
         return 2
@@ -141,6 +151,14 @@ def run(args: argparse.Namespace, chosen: list[KernelSpec], command: str) -> int
         for t in res.shape.targets
     ]
     _print_results(per_kernel, verdicts, roofs, dtype_name, real, runner.cuda_broken)
+    engine = None
+    if args.engine:
+        from bench import engine as serving
+
+        _log(">> lab-11's engine beside transformers' generate() (CPU, one thread)")
+        print("\nServing engine (lab-11, CPU wall clock; only the ratios within this run mean "
+              "anything):")
+        engine = serving.section(args.impl, lab_dir=args.labs_root / serving.LAB.name)
     elapsed = time.perf_counter() - t0
 
     if not args.no_files:
@@ -153,7 +171,8 @@ def run(args: argparse.Namespace, chosen: list[KernelSpec], command: str) -> int
             "timer": timer.method,
             "seconds": round(elapsed, 1),
         }
-        report.write_json(args.json, record(info, settings, roofs, per_kernel, verdicts, real))
+        report.write_json(args.json, {**record(info, settings, roofs, per_kernel, verdicts, real),
+                                      "engine": engine})
         _plot(args.plot, per_kernel, roofs, info, dtype_name, real)
         print(f"\nwrote {_rel(args.json)} and {_rel(args.plot)}")
     if not real:

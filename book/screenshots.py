@@ -29,6 +29,7 @@ SHOTS = {
     "attention-multihead-self": 0,
     "attention-pattern-zoo": 0,
     "approximations-on-a-trained-model": 0,
+    "serving-engine-steps": 5,  # the first preemption
 }
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--no-first-run"]

