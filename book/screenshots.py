@@ -30,6 +30,7 @@ SHOTS = {
     "attention-pattern-zoo": 0,
     "approximations-on-a-trained-model": 0,
     "serving-engine-steps": 5,  # the first preemption
+    "kernel-traces": 0,
 }
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--no-first-run"]
