@@ -103,21 +103,23 @@ def _copy_into(dst: Any, src: Any) -> None:
 
 # ---- a Triton test needs the graded file's kernel ------------------------------------------
 
-WRITTEN = 0.99  # the share of each output tensor the file's own kernels must have stored
+WRITTEN = 0.99  # the share of each output tensor the file's own kernels must have made
 
 
 def require_kernel(info: Any, what: str, impl: str) -> None:
     """In a Triton test, a call that returned (or wrote into) tensors must have launched a
-    kernel of the graded file, and that kernel's stores must have written each of them
-    (``info``: the worker's record, :func:`grading.sandbox.launches.report`); else
-    :class:`NoKernel`, which no test can catch. None (no interpreter: a GPU) checks nothing."""
+    kernel of the graded file, and each of those tensors must hold what that kernel stored
+    there (``info``: the worker's record, :func:`grading.sandbox.launches.report`), or what
+    the lab's given merge kernel made from that kernel's partials (lab-06's
+    ``provided.merge_splits``); else :class:`NoKernel`, which no test can catch. A kernel
+    that stores into a scratch buffer while torch makes the answer, or whose output torch
+    overwrites, earns nothing. None (no interpreter: a GPU) checks nothing."""
     __tracebackhide__ = True
     if info is None:
         return
     try:
         kernels = [(str(k[0])[:100], k[1] is True) for k in info["kernels"][:64]]
         written = [(str(w[0]), float(w[1]), int(w[2])) for w in info["written"][:32]]
-        stored = int(info.get("stored") or 0)
         empty = info.get("empty") is True
     except (TypeError, KeyError, IndexError, ValueError, AttributeError):
         raise NoKernel(f"{what}: the worker's record of its kernel launches is malformed"
@@ -132,15 +134,15 @@ def require_kernel(info: Any, what: str, impl: str) -> None:
             + (f" (it launched only {', '.join(others)})" if others else "")
             + ": a Triton test grades the kernel, and a result computed another way (torch, "
             "numpy) earns nothing here") from None
-    returned = [w for w in written if w[0] == "ret"]
-    short = [w for w in returned[:1] + [w for w in written if w[0] == "arg"] if w[1] < WRITTEN]
-    # an output made by torch from what the kernels stored (a split's partial results merged
-    # on the host, as lab-06's launchers do): the kernels stored at least as many elements
-    if short and stored < max(w[2] for w in short):
+    short = [w for w in written if not w[1] >= WRITTEN]
+    if short:
+        where, share, _ = short[0]
         raise NoKernel(
-            f"{what}: only {short[0][1]:.0%} of an output of the call was stored by "
-            f"{', '.join(own)}: the result must come from the kernel's own tl.store, not "
-            "from torch around it") from None
+            f"{what}: only {share:.0%} of "
+            + ("a tensor it returned" if where == "ret" else "what it wrote into an argument")
+            + f" holds what {', '.join(own)} stored there: the result must come from the "
+            "kernel's own tl.store (a kernel that stores elsewhere, or an output that torch "
+            "computes or overwrites after the kernel, earns nothing)") from None
 
 
 # ---- client ------------------------------------------------------------------------------
