@@ -260,8 +260,8 @@ class ResidentPeak:
         return max(self._status(self.pid, "VmHWM") - self.base - code, 0) + self.others
 
 
-NOT_MEASURED = ("not run on this machine: peak memory cannot be measured from outside the "
-                "worker here (/proc/<pid>/clear_refs)")
+NOT_MEASURED = ("not run: peak memory cannot be measured from outside the worker on this "
+                "machine (/proc/<pid>/clear_refs)")
 
 
 class Client:
