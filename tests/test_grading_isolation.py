@@ -244,3 +244,25 @@ def test_memory_written_into_an_arena_touched_before_the_call_is_counted(probed)
     peaks = probed["peaks"]
     assert peaks["arena"] >= 48 << 20, f"the import-time arena hid 64 MiB: {peaks}"
     assert peaks["lazy_arena"] >= 48 << 20, f"an earlier call's arena hid 64 MiB: {peaks}"
+
+
+def test_every_link_of_a_venv_symlink_chain_under_temp_is_made_again(tmp_path, monkeypatch):
+    """``.venv -> /tmp/link -> the venv``: both links lie under a private temp folder, so
+    both must be made again inside the sandbox (the second was missed: 708.5 of 1108.5
+    points, ``No module named 'triton.experimental'``)."""
+    from grading.sandbox import confine
+
+    venv = tmp_path / "venv"
+    (venv / "lib" / "site-packages").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(venv)
+    clone = tmp_path / "clone"
+    clone.mkdir()
+    (clone / ".venv").symlink_to(tmp_path / "link")
+    prefix = str(clone / ".venv")
+    monkeypatch.setattr(sys, "prefix", prefix)
+    monkeypatch.setattr(sys, "exec_prefix", prefix)
+    monkeypatch.setattr(sys, "executable", prefix + "/bin/python")
+    monkeypatch.setattr(sys, "path", [prefix + "/lib/site-packages"])
+    links = dict(confine._links_under((str(tmp_path),)))
+    assert links == {str(clone / ".venv"): str(tmp_path / "link"),
+                     str(tmp_path / "link"): str(venv)}, links
