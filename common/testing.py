@@ -376,9 +376,11 @@ def peak_memory(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any,
     """``(fn(*args, **kwargs), peak bytes the call added)``.
 
     In a plain pytest run: the bytes Python and numpy allocated at the peak (``tracemalloc``).
-    Under the grader, where the code runs in a sandboxed worker: the growth of the worker's
-    resident-memory high-water mark over the call, read by the grader from ``/proc``, so a
-    submission cannot replace the measurement; it counts pages the call touched (its inputs'
+    Under the grader, where the code runs in a sandboxed worker: the call runs in a fresh
+    worker of its own, and the growth of its resident-memory high-water mark from before it
+    imports the submission to the end of the call (its forks' memory included) is read by the
+    grader from ``/proc``, so a submission can neither replace the measurement nor reuse an
+    arena it touched earlier; it counts pages the import and the call touched (the inputs'
     copies included), a little more than ``tracemalloc``."""
     remote = getattr(fn, "__instrumented_call__", None)
     if remote is not None:

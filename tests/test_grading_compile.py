@@ -12,6 +12,11 @@ switch). The compile step imports the submission only inside the lab's sandbox
   solution earns, the possible points are not inflated, the tree is untouched;
 - ``torch``: ``add_vectors`` computes with torch and launches nothing: its Triton tests and
   its compile test score 0, the rest full marks;
+- ``scratch``: ``add_vectors`` launches its kernel into a scratch buffer of as many elements
+  and computes the answer with torch; ``row_sum_max`` launches its kernel on zeros into the
+  real outputs, then overwrites them with torch's sums and maxes: every Triton test of both
+  with data scores 0 (the output must hold what the kernel stored there), the rest full
+  marks;
 - ``tf32``: ``matmul``'s launcher passes ``input_precision="tf32"`` for float32 inputs: the
   compile of what the launcher launches catches it (the interpreter ignores precision);
 - ``starter``: the untouched starter: the grade exits 0, scores 0, and the compile tests
@@ -74,6 +79,27 @@ def add_vectors(x, y, out, n, *, block=None):  # planted: torch, no kernel
     out[:n] = x[:n] + y[:n]
 '''
 
+SCRATCH = '''
+
+def add_vectors(x, y, out, n, *, block=None):  # planted: a kernel for show, torch's answer
+    """``out[:n] = x[:n] + y[:n]``."""
+    if n:
+        scratch = torch.empty(n, dtype=out.dtype)  # as many elements as the output needs
+        _add_vectors_kernel[(cdiv(n, 16),)](x, y, scratch, n, BLOCK=16)
+        out[:n] = x[:n] + y[:n]
+
+
+def row_sum_max(x, sums, maxes, m, n, *, block_n=None):  # planted: outputs overwritten
+    """``sums[:m] = x[:m, :n].sum(1)`` and ``maxes[:m] = x[:m, :n].max(1)``."""
+    if m:
+        zeros = torch.zeros((m, max(n, 1)), dtype=x.dtype)
+        _row_sum_max_kernel[(m,)](zeros, sums, maxes, n, *zeros.stride(),
+                                  BLOCK_N=max(16, triton.next_power_of_2(n)))
+        if n:
+            sums[:m] = x[:m, :n].sum(1)
+            maxes[:m] = x[:m, :n].amax(1)
+'''
+
 
 def _copy(tmp: Path, name: str, starter: str) -> Path:
     root = tmp / name
@@ -116,7 +142,8 @@ def graded(tmp_path_factory) -> dict:
     tf32 = solution.replace("DOT_PRECISION=dot_precision(a.dtype))",
                             'DOT_PRECISION="tf32")', 1)
     assert tf32 != solution
-    cases = {"tail": tail, "torch": solution + TORCH_ADD, "tf32": tf32,
+    cases = {"tail": tail, "torch": solution + TORCH_ADD, "scratch": solution + SCRATCH,
+             "tf32": tf32,
              "starter": (ROOT / "labs" / LAB / "starter.py").read_text()}
     roots = {name: _copy(tmp, name, text) for name, text in cases.items()}
     before = {name: {rel: (root / rel).read_bytes()
@@ -165,6 +192,24 @@ def test_a_launcher_that_computes_with_torch_scores_zero_on_its_triton_tests(gra
     assert compile_add and compile_add[0]["score"] == 0
     assert "never launched" in compile_add[0]["output"]
     others = [t for n, t in tests.items() if "add_vectors" not in n and "_add_vectors" not in n]
+    assert all(t["score"] == t["max_score"] for t in others), [
+        (t["name"], t["output"][:300]) for t in others if t["score"] < t["max_score"]]
+
+
+@pytest.mark.slow
+def test_a_kernel_that_stores_elsewhere_or_is_overwritten_scores_zero(graded):
+    run = graded["scratch"]
+    assert run["code"] == 0, run["text"]
+    tests = _tests(run)
+    # (n = 0 or m = 0 launch nothing, and a row of n = 0 is what the kernel stored: no cheat)
+    cheats = {n: t for n, t in tests.items()
+              if ("add_vectors" in n and "n=0" not in n or "row_sum_and_max" in n
+                  and "-0-None" not in n) and "sm_90" not in n}
+    assert len(cheats) >= 8 and all(t["score"] == 0 for t in cheats.values()), {
+        n: (t["score"], t["output"][:200]) for n, t in cheats.items()}
+    assert all("holds what" in t["output"] for n, t in cheats.items()
+               if "loads_only" not in n), [t["output"][:300] for t in cheats.values()]
+    others = [t for n, t in tests.items() if "add_vectors" not in n and "row_sum" not in n]
     assert all(t["score"] == t["max_score"] for t in others), [
         (t["name"], t["output"][:300]) for t in others if t["score"] < t["max_score"]]
 

@@ -1,5 +1,6 @@
 """Labs share nothing, and memory cannot be hidden: what a sandboxed worker can reach, and
-what a forked child's memory counts, probed by planted submissions (not graded).
+what a forked child's memory, or work done in an arena touched before the call, counts,
+probed by planted submissions (not graded).
 
 A lab of a small copy of the course whose ``starter.py`` has a ``probe()``; its test calls
 it and reports what it saw. Meanwhile this test process (standing in for another lab, or
@@ -112,6 +113,33 @@ def forked(n):
         os._exit(len(data) & 1)
     os.waitpid(pid, 0)
     return n
+
+
+_CHUNK = b"y" * (1 << 20)
+_ARENA = bytearray(b"x" * (96 << 20))  # planted: an arena touched at import
+_LAZY = None
+
+
+def _fill(arena, n):
+    for offset in range(0, n << 20, 1 << 20):  # no temporary: the arena's own pages
+        arena[offset:offset + (1 << 20)] = _CHUNK
+    return n
+
+
+def arena(n):
+    \"\"\"Does its n MiB of work in the arena touched at import.\"\"\"
+    return _fill(_ARENA, n)
+
+
+def warm():
+    \"\"\"An unmeasured call that touches an arena for later calls.\"\"\"
+    global _LAZY
+    _LAZY = bytearray(b"x" * (96 << 20))
+
+
+def lazy_arena(n):
+    \"\"\"Does its n MiB of work in the arena an earlier call touched (if this worker has it).\"\"\"
+    return _fill(_LAZY if _LAZY is not None else bytearray(n << 20), n)
 """
 MEMORY_TESTS = """
 import json
@@ -126,7 +154,9 @@ impl = load_impl(__file__)
 
 @pytest.mark.points(1)
 def test_peaks():
-    peaks = {name: peak_memory(getattr(impl, name), 64)[1] for name in ("honest", "forked")}
+    impl.warm()
+    peaks = {name: peak_memory(getattr(impl, name), 64)[1]
+             for name in ("honest", "forked", "arena", "lazy_arena")}
     pytest.fail("PEAKS " + json.dumps(peaks))
 """
 
@@ -204,3 +234,35 @@ def test_memory_a_forked_child_holds_is_counted(probed):
     honest, forked = probed["peaks"]["honest"], probed["peaks"]["forked"]
     assert honest >= 48 << 20, probed["peaks"]
     assert forked >= 48 << 20, f"the forked child's 64 MiB went unseen: {probed['peaks']}"
+
+
+@pytest.mark.slow
+def test_memory_written_into_an_arena_touched_before_the_call_is_counted(probed):
+    """The arena attack: 64 MiB written into an arena touched at import, or by an earlier
+    (unmeasured) call, shows in the peak as fresh memory does (the call is measured in a
+    fresh worker, from before it imports the submission)."""
+    peaks = probed["peaks"]
+    assert peaks["arena"] >= 48 << 20, f"the import-time arena hid 64 MiB: {peaks}"
+    assert peaks["lazy_arena"] >= 48 << 20, f"an earlier call's arena hid 64 MiB: {peaks}"
+
+
+def test_every_link_of_a_venv_symlink_chain_under_temp_is_made_again(tmp_path, monkeypatch):
+    """``.venv -> /tmp/link -> the venv``: both links lie under a private temp folder, so
+    both must be made again inside the sandbox (the second was missed: 708.5 of 1108.5
+    points, ``No module named 'triton.experimental'``)."""
+    from grading.sandbox import confine
+
+    venv = tmp_path / "venv"
+    (venv / "lib" / "site-packages").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(venv)
+    clone = tmp_path / "clone"
+    clone.mkdir()
+    (clone / ".venv").symlink_to(tmp_path / "link")
+    prefix = str(clone / ".venv")
+    monkeypatch.setattr(sys, "prefix", prefix)
+    monkeypatch.setattr(sys, "exec_prefix", prefix)
+    monkeypatch.setattr(sys, "executable", prefix + "/bin/python")
+    monkeypatch.setattr(sys, "path", [prefix + "/lib/site-packages"])
+    links = dict(confine._links_under((str(tmp_path),)))
+    assert links == {str(clone / ".venv"): str(tmp_path / "link"),
+                     str(tmp_path / "link"): str(venv)}, links

@@ -103,21 +103,23 @@ def _copy_into(dst: Any, src: Any) -> None:
 
 # ---- a Triton test needs the graded file's kernel ------------------------------------------
 
-WRITTEN = 0.99  # the share of each output tensor the file's own kernels must have stored
+WRITTEN = 0.99  # the share of each output tensor the file's own kernels must have made
 
 
 def require_kernel(info: Any, what: str, impl: str) -> None:
     """In a Triton test, a call that returned (or wrote into) tensors must have launched a
-    kernel of the graded file, and that kernel's stores must have written each of them
-    (``info``: the worker's record, :func:`grading.sandbox.launches.report`); else
-    :class:`NoKernel`, which no test can catch. None (no interpreter: a GPU) checks nothing."""
+    kernel of the graded file, and each of those tensors must hold what that kernel stored
+    there (``info``: the worker's record, :func:`grading.sandbox.launches.report`), or what
+    the lab's given merge kernel made from that kernel's partials (lab-06's
+    ``provided.merge_splits``); else :class:`NoKernel`, which no test can catch. A kernel
+    that stores into a scratch buffer while torch makes the answer, or whose output torch
+    overwrites, earns nothing. None (no interpreter: a GPU) checks nothing."""
     __tracebackhide__ = True
     if info is None:
         return
     try:
         kernels = [(str(k[0])[:100], k[1] is True) for k in info["kernels"][:64]]
         written = [(str(w[0]), float(w[1]), int(w[2])) for w in info["written"][:32]]
-        stored = int(info.get("stored") or 0)
         empty = info.get("empty") is True
     except (TypeError, KeyError, IndexError, ValueError, AttributeError):
         raise NoKernel(f"{what}: the worker's record of its kernel launches is malformed"
@@ -132,15 +134,15 @@ def require_kernel(info: Any, what: str, impl: str) -> None:
             + (f" (it launched only {', '.join(others)})" if others else "")
             + ": a Triton test grades the kernel, and a result computed another way (torch, "
             "numpy) earns nothing here") from None
-    returned = [w for w in written if w[0] == "ret"]
-    short = [w for w in returned[:1] + [w for w in written if w[0] == "arg"] if w[1] < WRITTEN]
-    # an output made by torch from what the kernels stored (a split's partial results merged
-    # on the host, as lab-06's launchers do): the kernels stored at least as many elements
-    if short and stored < max(w[2] for w in short):
+    short = [w for w in written if not w[1] >= WRITTEN]
+    if short:
+        where, share, _ = short[0]
         raise NoKernel(
-            f"{what}: only {short[0][1]:.0%} of an output of the call was stored by "
-            f"{', '.join(own)}: the result must come from the kernel's own tl.store, not "
-            "from torch around it") from None
+            f"{what}: only {share:.0%} of "
+            + ("a tensor it returned" if where == "ret" else "what it wrote into an argument")
+            + f" holds what {', '.join(own)} stored there: the result must come from the "
+            "kernel's own tl.store (a kernel that stores elsewhere, or an output that torch "
+            "computes or overwrites after the kernel, earns nothing)") from None
 
 
 # ---- client ------------------------------------------------------------------------------
@@ -152,26 +154,32 @@ MAX_TIMEOUTS = 2
 
 
 class ResidentPeak:
-    """The growth of another process's resident memory high-water mark, measured from
-    outside it (Linux): ``start(pid)`` resets the mark (``/proc/<pid>/clear_refs`` <- "5")
-    and notes the resident size; ``peak()`` is ``VmHWM`` minus that, in bytes, plus the
-    most private memory the other processes of the worker's uid (its forks, however
-    detached) held at once meanwhile, sampled from their ``smaps_rollup`` every
-    :data:`SAMPLE_SECONDS` by a thread of this process (a fork that does the work cannot
-    hide it). The grader measures a sandboxed worker's call with it, where the graded code
-    cannot replace the instrument; ``None`` where ``/proc`` does not allow it (then the
-    worker measures)."""
+    """The peak memory of a fresh worker's import and call, measured from outside it
+    (Linux): ``start(pid)`` is called before the worker imports the graded module (it waits
+    for the grader there): it resets the mark (``/proc/<pid>/clear_refs`` <- "5") and notes
+    the resident size; ``peak()`` is ``VmHWM`` minus that, in bytes, plus the most private
+    memory the worker's other processes (its forks, however detached) held at once
+    meanwhile, sampled from their ``smaps_rollup`` every :data:`SAMPLE_SECONDS` by a thread
+    of this process: with the user switch every process of the worker's uid (a uid of its
+    own), else the worker's descendants. A fork that does the work cannot hide it, nor can an
+    arena touched at import (the import is measured) or in an earlier call (a fresh worker
+    holds none). The library code a fresh process faults in from files already in memory
+    (resident, but no memory the call allocated: ``RssFile``'s growth, a few MiB) is left
+    out, up to :data:`FILE_ALLOWANCE`. ``None`` where ``/proc`` does not allow it: the
+    memory tests then say they cannot measure here and carry no points."""
 
     SAMPLE_SECONDS = 0.01
+    FILE_ALLOWANCE = 16 << 20  # bytes: well under the 32 MiB arrays the memory tests look for
 
     def __init__(self, pid: int, base: int, uid: int | None) -> None:
-        self.pid, self.base, self.uid = pid, base, uid
+        self.pid, self.base = pid, base
+        self.base_file = self._status(pid, "RssFile")
+        self.uid = uid if uid is not None and uid not in (0, os.getuid()) else None
         self.others = 0
         self.stop = threading.Event()
-        self.thread: threading.Thread | None = None
-        if uid is not None and uid != 0:  # a uid of its own: the user switch
-            self.thread = threading.Thread(target=self._sample, daemon=True)
-            self.thread.start()
+        self.thread: threading.Thread | None = threading.Thread(target=self._sample,
+                                                                daemon=True)
+        self.thread.start()
 
     @staticmethod
     def _status(pid: int, key: str) -> int:
@@ -190,15 +198,40 @@ class ResidentPeak:
                     total += int(line.split()[1]) * 1024
         return total
 
+    def _descendants(self) -> list[int]:
+        """The worker's descendants (without the user switch: no uid of its own)."""
+        found, todo = [], [self.pid]
+        while todo and len(found) < 4096:
+            pid = todo.pop()
+            try:
+                for task in os.scandir(f"/proc/{pid}/task"):
+                    with open(f"{task.path}/children", encoding="ascii") as f:
+                        kids = [int(x) for x in f.read().split()]
+                    found += kids
+                    todo += kids
+            except (OSError, ValueError):
+                continue
+        return found
+
+    def _others(self) -> list[int]:
+        if self.uid is None:
+            return self._descendants()
+        pids = []
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit() and int(entry.name) != self.pid:
+                try:
+                    if entry.stat(follow_symlinks=False).st_uid == self.uid:
+                        pids.append(int(entry.name))
+                except OSError:
+                    continue
+        return pids
+
     def _sample(self) -> None:
         while not self.stop.wait(self.SAMPLE_SECONDS):
             held = 0
-            for entry in os.scandir("/proc"):
-                if not entry.name.isdigit() or int(entry.name) == self.pid:
-                    continue
+            for pid in self._others():
                 try:
-                    if entry.stat(follow_symlinks=False).st_uid == self.uid:
-                        held += self._private(int(entry.name))
+                    held += self._private(pid)
                 except (OSError, ValueError):
                     continue  # it exited while we looked
             self.others = max(self.others, held)
@@ -222,17 +255,13 @@ class ResidentPeak:
 
     def peak(self) -> int:
         self.close()
-        return max(self._status(self.pid, "VmHWM") - self.base, 0) + self.others
+        code = min(max(self._status(self.pid, "RssFile") - self.base_file, 0),
+                   self.FILE_ALLOWANCE)
+        return max(self._status(self.pid, "VmHWM") - self.base - code, 0) + self.others
 
 
-def _peak_from_outside(instrument: str | None, pid: int) -> tuple[Any, str | None]:
-    """``(measurement, instrument left to the worker)``: ``peak_memory`` is measured by the
-    trusted side (the worker's resident high-water mark, :class:`ResidentPeak`)
-    where ``/proc`` allows it, and then the worker just calls."""
-    if instrument != "peak_memory":
-        return None, instrument
-    measured = ResidentPeak.start(pid)
-    return measured, (instrument if measured is None else None)
+NOT_MEASURED = ("not run: peak memory cannot be measured from outside the worker on this "
+                "machine (/proc/<pid>/clear_refs)")
 
 
 class Client:
@@ -310,9 +339,11 @@ class Client:
         if target[0] == "h" and target[1] != self.generation:
             raise WorkerError(f"{what}: this object lived in a worker that has since been "
                               f"restarted ({self.last_death})") from None
+        if instrument == "peak_memory":
+            return self._measure(op, target, name, args, kwargs, what, deadline)
         if self.proc is None:
             self.start(deadline, what)
-        measured, instrument = _peak_from_outside(instrument, self.proc.pid)
+        measured = None
         try:
             payload = dumps_args((op, target, name, args, kwargs, instrument,
                                   list(self.released)))
@@ -423,6 +454,51 @@ class Client:
             if match.group(1).startswith(lab + os.sep):
                 return f"{Path(match.group(1)).name}:{match.group(2)}, in {match.group(3)}"
         return None
+
+    def _measure(self, op: str, target: tuple, name: str | None, args: tuple, kwargs: dict,
+                 what: str, deadline: float) -> Any:
+        """``(result, peak bytes)`` of one call in a fresh worker of its own (forked from the
+        zygote, measured from before it imports the graded module, killed after): an arena
+        the submission touched earlier, at import or in another call, cannot hide the
+        call's memory (:class:`ResidentPeak`). The lab's own worker is left as it was."""
+        __tracebackhide__ = True
+        if op != "call" or target[0] != "mod":
+            raise WorkerError(f"{what}: peak_memory measures a function of the graded module "
+                              "(in a fresh worker), not a method of an object") from None
+        try:
+            payload = dumps_args((op, target, name, args, kwargs, None, []))
+        except GradingError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a test passed something that cannot travel
+            raise WorkerError(f"the arguments of {what} cannot be sent to the sandboxed "
+                              f"worker: {exc!r} (pass arrays, tensors and plain values)"
+                              ) from None
+        main, self.proc = self.proc, None
+        measured = None
+        try:
+            self.proc = self.box.spawn_worker(0, max(deadline, time.monotonic() + 5),
+                                              measure=True)
+            if self._receive(deadline, what, importing=True)[0] != "forked":
+                raise WorkerError(f"{what}: the measuring worker did not start") from None
+            measured = ResidentPeak.start(self.proc.pid)
+            if measured is None:
+                import pytest
+
+                pytest.skip(NOT_MEASURED)
+            frames.send_frame(self.proc.sock, b"go")
+            reply = self._receive(deadline, what, importing=True)
+            if reply[0] == "error":
+                raise build_exception(reply[1], what, self.handle) from None
+            frames.send_frame(self.proc.sock, payload)
+            return self._answer(self._receive(deadline, what), op, args, kwargs, what,
+                                measured)
+        except OSError:
+            self._crashed(what)
+        finally:
+            if measured is not None:
+                measured.close()
+            self._discard(wait=False)
+            self.proc = main
 
     # -- handles --
 

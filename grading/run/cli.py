@@ -57,6 +57,7 @@ from grading.run.report import (
     plain_summary,
     possible_line,
     problem_lines,
+    slowest_line,
     write_json,
 )
 from grading.run.runner import (
@@ -319,6 +320,7 @@ def _grade_and_show(args: argparse.Namespace, opts: Options, labs: list[Path],
         ascii_only = "utf" not in (sys.stdout.encoding or "").lower()
         for lab in report.labs:
             say(details(lab, ascii_only))
+            say(slowest_line(lab, opts.test_timeout))
     notes = problem_lines(report)
     if notes:
         say(notes)

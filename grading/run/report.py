@@ -262,6 +262,17 @@ def hint_line(lab_name: str, t: TestResult) -> str:
     return f"see: {command}" if command else ""
 
 
+def slowest_line(lab: LabResult, limit: float) -> str:
+    """The lab's slowest test against the per-test limit it ran under (a share of the
+    limit: how close a correct solution came to timing out on this machine, at this load)."""
+    ran = [t for t in lab.tests if t.outcome != "skipped"]
+    if not ran or limit <= 0:
+        return ""
+    t = max(ran, key=lambda t: t.duration)
+    return (f"  slowest test: {t.name}, {t.duration:.1f} s of its {limit:g} s limit "
+            f"({t.duration / limit:.0%})")
+
+
 # ---- gradescope --------------------------------------------------------------------------
 
 

@@ -248,10 +248,14 @@ def _links_under(roots: tuple[str, ...]) -> list[tuple[str, str]]:
         current = "/"
         for part in path.strip("/").split("/"):
             current = os.path.join(current, part)
-            if os.path.islink(current):
+            hops = 0
+            while os.path.islink(current) and hops < 40:  # every link of a chain, one hop
+                target = os.readlink(current)  # at a time (.venv -> /tmp/link -> the venv)
                 if any(current.startswith(d + os.sep) for d in roots):
-                    found[current] = os.readlink(current)
-                current = os.path.realpath(current)
+                    found[current] = target
+                current = os.path.normpath(os.path.join(os.path.dirname(current), target))
+                hops += 1
+            current = os.path.realpath(current)
     return sorted(found.items())
 
 

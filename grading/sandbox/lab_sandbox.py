@@ -279,7 +279,8 @@ class LabSandbox:
         except OSError:
             return ""
 
-    def spawn_worker(self, generation: int, deadline: float) -> WorkerProcess:
+    def spawn_worker(self, generation: int, deadline: float, measure: bool = False
+                     ) -> WorkerProcess:
         client = self.connect()
         self.count += 1
         parent, child = socket.socketpair()
@@ -288,7 +289,7 @@ class LabSandbox:
         with open(log, "wb") as log_file, open(stack, "wb") as stack_file:
             reply = client.request(
                 {"op": "worker", "gen": generation, "lab_dir": str(self.scratch_lab),
-                 "impl": self.impl, "cwd": str(self.scratch)},
+                 "impl": self.impl, "cwd": str(self.scratch), "measure": measure},
                 fds=[child.fileno(), log_file.fileno(), stack_file.fileno()],
                 deadline=deadline,
             )

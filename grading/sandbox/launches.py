@@ -1,17 +1,23 @@
 """Inside the sandbox: which Triton kernels a call launched, and which of its output tensors
-their stores wrote (the interpreter's launch and store, recorded in the worker).
+hold what their stores wrote (the interpreter's launch, load, store and atomics, recorded in
+the worker).
 
 The worker installs :func:`install` once, before it imports the graded module. Around each
 call, :func:`recording` collects the kernels the interpreter ran (name, and whether it is a
-kernel of the graded file) and the addresses the graded file's own kernels stored to. After
-the call, :func:`report` says, for each tensor the call returned or wrote into, the share of
-its elements those stores wrote: plain data the trusted side checks (a Triton test's
-launcher must launch its lab's kernel, and that kernel's stores must make the output).
+kernel of the graded file) and, per address written, the bytes last written there and by
+whom (a kernel of the graded file, one of the lab's given kernels, another). After the call,
+:func:`report` says, for each tensor the call returned or wrote into, the share of its
+elements whose bytes are what the graded file's kernels wrote there, or what the lab's given
+merge kernel wrote from their partials (lab-06's ``provided.merge_splits``): plain data the
+trusted side checks (a Triton test's launcher must launch its lab's kernel, and that
+kernel's stores must make the output; a kernel that stores into a scratch buffer while torch
+computes the answer, or whose output torch overwrites, made nothing).
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import sys
 from collections.abc import Iterator
@@ -23,50 +29,133 @@ _STATE: dict[str, Any] = {"file": None, "active": None, "installed": False}
 class _Record:
     def __init__(self) -> None:
         self.kernels: list[tuple[str, bool]] = []
-        self.stored: list[Any] = []  # numpy arrays of addresses stored by the file's kernels
-        self.own = False
+        # address -> (bytes written there last, as an unsigned int; who wrote it: OWN, a
+        # given kernel's launch number, or OTHER)
+        self.last: dict[int, tuple[int, int]] = {}
+        self.merges: list[list[int]] = []  # per given launch: [elements loaded, own-made]
+        self.writer = OTHER  # the running launch
+        self.stored = 0  # elements the file's own kernels stored
         self.unknown = False  # Triton was imported during the call: launches went unseen
 
 
+OWN, OTHER = -1, -2  # writers: a kernel of the graded file; any kernel but the lab's given ones
+
+
+def _bits(values: Any) -> Any:
+    """Loaded or stored values as unsigned ints of their width (NaN bytes compare equal)."""
+    import numpy as np
+
+    values = np.ascontiguousarray(values)
+    return values.view(f"u{values.dtype.itemsize}").astype(np.uint64)
+
+
+def _writer_of(fn: Any) -> int:
+    """OWN for a kernel of the graded file, a new given-launch number for a kernel of the
+    lab's given files (``provided.py``: a merge the lab's contract makes), else OTHER."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return OTHER
+    path = os.path.realpath(code.co_filename)
+    if path == _STATE["file"]:
+        return OWN
+    if os.path.dirname(path) == os.path.dirname(_STATE["file"]):
+        record = _STATE["active"]
+        record.merges.append([0, 0])
+        return len(record.merges) - 1
+    return OTHER
+
+
+def _wrote(ptrs: Any, mask: Any) -> None:
+    """Read back what a store or atomic just wrote at its active addresses, and keep it."""
+    record = _STATE["active"]
+    if record is None:
+        return
+    import numpy as np
+    from triton.runtime import interpreter
+
+    addresses = np.asarray(ptrs.data, dtype=np.uint64)
+    active = np.broadcast_to(np.asarray(True if mask is None else mask.data, dtype=bool),
+                             addresses.shape)
+    dtype = interpreter._get_np_dtype(ptrs.get_element_ty())
+    now = interpreter._interpreter.load(addresses, np.ascontiguousarray(active),
+                                        np.zeros(addresses.shape, dtype=dtype), dtype)
+    addresses, now = addresses[active].ravel(), _bits(now[active].ravel())
+    record.last.update(zip(addresses.tolist(),
+                           zip(now.tolist(), itertools.repeat(record.writer))))
+    if record.writer == OWN:
+        record.stored += int(addresses.size)
+
+
+def _loaded(ptrs: Any, mask: Any, out: Any) -> None:
+    """A given kernel's load: count how much of it reads what the graded file's kernels
+    wrote there (a merge of their partials reads only that)."""
+    record = _STATE["active"]
+    if record is None or record.writer < 0:
+        return
+    import numpy as np
+
+    addresses = np.asarray(ptrs.data, dtype=np.uint64)
+    active = np.broadcast_to(np.asarray(mask.data, dtype=bool), addresses.shape)
+    values = _bits(np.asarray(out.data)[active].ravel()).tolist()
+    last = record.last
+    made = sum(last.get(a) == (v, OWN) for a, v in zip(addresses[active].ravel().tolist(), values))
+    counts = record.merges[record.writer]
+    counts[0] += len(values)
+    counts[1] += made
+
+
+def _writes(original: Any, ptr_arg: int, mask_arg: int | None) -> Any:
+    def op(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = original(self, *args, **kwargs)
+        _wrote(args[ptr_arg], args[mask_arg] if mask_arg is not None else None)
+        return out
+    return op
+
+
+def _loads(original: Any) -> Any:
+    def op(self: Any, ptrs: Any, mask: Any, *rest: Any, **kwargs: Any) -> Any:
+        out = original(self, ptrs, mask, *rest, **kwargs)
+        _loaded(ptrs, mask, out)
+        return out
+    return op
+
+
+def _launches(original: Any) -> Any:
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        record = _STATE["active"]
+        if record is None:
+            return original(self, *args, **kwargs)
+        writer = _writer_of(self.fn)
+        record.kernels.append((str(getattr(self.fn, "__name__", "?")), writer == OWN))
+        outer, record.writer = record.writer, writer
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            record.writer = outer
+    return call
+
+
 def install(lab_file: str) -> bool:
-    """Wrap the interpreter's launch and masked store (once per worker, once Triton is
-    imported: never importing it here, which costs seconds); False where there is no Triton
-    interpreter yet."""
+    """Wrap the interpreter's launch, load, store and atomics (once per worker, once Triton
+    is imported: never importing it here, which costs seconds); False where there is no
+    Triton interpreter yet. Every write a kernel makes is read back from memory and kept
+    (address, bytes, writer); a given kernel's loads are compared with what the graded
+    file's kernels wrote there."""
     _STATE["file"] = os.path.realpath(lab_file)
     if _STATE["installed"]:
         return True
     if os.environ.get("TRITON_INTERPRET", "0") in ("", "0") or "triton" not in sys.modules:
         return False
     try:
-        import numpy as np
         from triton.runtime import interpreter
     except ImportError:
         return False
-    executor, builder = interpreter.GridExecutor, interpreter.InterpreterBuilder
-    original_call, original_store = executor.__call__, builder.create_masked_store
-
-    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
-        record = _STATE["active"]
-        if record is None:
-            return original_call(self, *args, **kwargs)
-        code = getattr(self.fn, "__code__", None)
-        own = code is not None and os.path.realpath(code.co_filename) == _STATE["file"]
-        record.kernels.append((str(getattr(self.fn, "__name__", "?")), own))
-        outer, record.own = record.own, own
-        try:
-            return original_call(self, *args, **kwargs)
-        finally:
-            record.own = outer
-
-    def store(self: Any, ptrs: Any, value: Any, mask: Any, *rest: Any) -> Any:
-        record = _STATE["active"]
-        if record is not None and record.own:
-            data = np.asarray(ptrs.data, dtype=np.uint64)
-            active = np.broadcast_to(np.asarray(mask.data, dtype=bool), data.shape)
-            record.stored.append(data[active].ravel())
-        return original_store(self, ptrs, value, mask, *rest)
-
-    executor.__call__, builder.create_masked_store = call, store
+    builder = interpreter.InterpreterBuilder
+    builder.create_masked_store = _writes(builder.create_masked_store, 0, 2)
+    builder.create_atomic_rmw = _writes(builder.create_atomic_rmw, 1, 3)
+    builder.create_atomic_cas = _writes(builder.create_atomic_cas, 0, None)
+    builder.create_masked_load = _loads(builder.create_masked_load)
+    interpreter.GridExecutor.__call__ = _launches(interpreter.GridExecutor.__call__)
     _STATE["installed"] = True
     return True
 
@@ -146,12 +235,46 @@ def _leaves(value: Any, depth: int = 0) -> list[Any]:
     return []
 
 
+MERGE_LOADS = 0.99  # a given kernel is a merge of partials when this share of its loads
+# read what the graded file's kernels wrote there
+
+
+def _made(record: _Record, addresses: Any, bits: Any) -> tuple[float, float]:
+    """``(own, merged)``: the shares of these elements (their addresses, their bytes now)
+    that hold what a kernel of the graded file wrote there last, or what a given kernel
+    wrote there last from partials the graded file's kernels wrote (a merge)."""
+    if not addresses.size:
+        return 1.0, 0.0
+    merges = [m[0] > 0 and m[1] >= MERGE_LOADS * m[0] for m in record.merges]
+    last, own, merged = record.last, 0, 0
+    for address, value in zip(addresses.tolist(), bits.tolist()):
+        entry = last.get(address)
+        if entry is None or entry[0] != value:
+            continue  # never written by a kernel, or changed since (torch, numpy)
+        if entry[1] == OWN:
+            own += 1
+        elif entry[1] >= 0 and merges[entry[1]]:
+            merged += 1
+    return own / addresses.size, merged / addresses.size
+
+
+def _now(tensor: Any) -> Any:
+    """A tensor's elements as unsigned ints of their width, in the order of :func:`_addresses`."""
+    import torch
+
+    kind = getattr(torch, _INT_VIEW[tensor.element_size()])
+    return _bits(tensor.detach().contiguous().view(kind).reshape(-1).numpy())
+
+
 def report(record: _Record | None, result: Any, before: dict[int, tuple[Any, Any]],
            args: tuple, kwargs: dict) -> dict[str, Any] | None:
-    """``{"kernels": [[name, own], ...], "written": [["ret" | "arg", share, elements], ...],
-    "stored": elements the file's kernels stored, "empty": any empty tensor argument}``: per
-    tensor the call returned, the share of its elements the graded file's kernels stored;
-    per tensor argument it changed, the share of the changed elements they stored. None when
+    """``{"kernels": [[name, own], ...], "written": [["ret" | "arg", made, elements, own],
+    ...], "stored": elements the file's kernels wrote, "empty": any empty tensor argument}``:
+    per tensor the call returned (and per tensor argument it changed, over the changed
+    elements), the share of its elements whose bytes are what a kernel of the graded file
+    wrote there last (``own``), or that plus what the lab's given merge kernel wrote there
+    from the graded kernels' partials (``made``). A kernel that stored elsewhere (a
+    scratch buffer) and a value torch computed or overwrote count as not made. None when
     nothing was recorded."""
     if record is None or record.unknown:
         return None
@@ -160,22 +283,20 @@ def report(record: _Record | None, result: Any, before: dict[int, tuple[Any, Any
     if not inputs and not outputs:
         return {"kernels": [list(k) for k in record.kernels[:64]], "written": [],
                 "empty": False}
-    import numpy as np
-
-    stored = np.unique(np.concatenate(record.stored)) if record.stored else np.zeros(0, np.uint64)
     written: list[list[Any]] = []
     try:
         for t in outputs[:16]:
-            if any(t is i for i in inputs) or t.numel() == 0 or t.numel() > LARGEST:
+            if (any(t is i for i in inputs) or t.numel() == 0 or t.numel() > LARGEST
+                    or t.element_size() not in _INT_VIEW):
                 continue
-            share = float(np.isin(_addresses(t), stored).mean())
-            written.append(["ret", round(share, 4), int(t.numel())])
+            own, merged = _made(record, _addresses(t), _now(t))
+            written.append(["ret", round(own + merged, 4), int(t.numel()), round(own, 4)])
         for leaf, old in before.values():
             mask = _changed_mask(leaf, old)
             if mask.any():
-                hit = np.isin(_addresses(leaf)[mask], stored).mean()
-                written.append(["arg", round(float(hit), 4), int(mask.sum())])
+                own, merged = _made(record, _addresses(leaf)[mask], _now(leaf)[mask])
+                written.append(["arg", round(own + merged, 4), int(mask.sum()), round(own, 4)])
     except Exception:  # noqa: BLE001 - a tensor it cannot describe counts as unwritten
-        written.append(["arg", 0.0, 0])
+        written.append(["arg", 0.0, 0, 0.0])
     return {"kernels": [list(k) for k in record.kernels[:64]], "written": written[:32],
-            "stored": int(stored.size), "empty": any(i.numel() == 0 for i in inputs)}
+            "stored": record.stored, "empty": any(i.numel() == 0 for i in inputs)}

@@ -192,6 +192,7 @@ class Worker:
         self.impl = request["impl"]
         self.handles = Handles(request["gen"])
         self.module: types.ModuleType | None = None
+        self.measure = request.get("measure") is True
 
     def send(self, message: Any) -> None:
         try:
@@ -210,6 +211,12 @@ class Worker:
     def start(self) -> None:
         from common.loader import load_lab_module
 
+        if self.measure:  # the grader notes this process's memory before the import
+            self.send(("forked",))
+            try:
+                frames.recv_frame(self.sock, alone=True)
+            except EOFError:
+                return
         launches.install(str(self.lab_dir / f"{self.impl}.py"))
         try:
             self.module = load_lab_module(self.lab_dir, self.impl)

@@ -58,7 +58,7 @@ from grading.run.report import (
     plain_summary,
     write_json,
 )
-from grading.run.runner import Options
+from grading.run.runner import Options, load_factor
 from grading.tools.release import (
     HIDDEN_TESTS,
     PROJECT_ROOT,
@@ -264,6 +264,12 @@ def run(root: Path) -> int:
         placed = place_submission(submission, source)
         print("\n".join(placed), flush=True)
         opts = Options(root=source, impl="starter")
+        if not any(os.environ.get(n) for n in ("GRADE_LAB_TIMEOUT", "GRADE_TEST_TIMEOUT")):
+            factor = load_factor()  # the default limits scaled to this machine's load now
+            opts.lab_timeout, opts.test_timeout = (opts.lab_timeout * factor,
+                                                   opts.test_timeout * factor)
+            print(f"limits: {opts.test_timeout:g} s per test, {opts.lab_timeout:g} s per lab "
+                  f"(load calibration x{factor:g})", flush=True)
         for name, attr in (
             ("GRADE_LAB_TIMEOUT", "lab_timeout"),
             ("GRADE_TEST_TIMEOUT", "test_timeout"),
