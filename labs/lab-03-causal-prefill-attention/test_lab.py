@@ -30,6 +30,7 @@ from common.testing import (
     LAYOUTS,
     NAN_HINT,
     ODD_HEAD_DIMS,
+    PADDED_SCALE,
     TILE_SHAPES,
     assert_close,
     assert_loads_in_bounds,
@@ -42,7 +43,9 @@ from common.testing import (
     examples,
     head_counts,
     host_syncs,
+    interpreter_only,
     kernel_memory,
+    scale_wrong,
     sm90_compile_test,
     strided_view,
     tile_shapes,
@@ -80,10 +83,6 @@ WRONG_GQA = (
 SWAPPED_GQA = (
     "swapped 'group size' and 'number of KV heads' in the head mapping: head h reads KV head "
     "h // group with group = H // KVH, not h // KVH"
-)
-PADDED_SCALE = (
-    "took the default scale from the padded head dim: the kernel pads d to a tl.dot tile "
-    "(24 -> 32, 40 -> 64), but the scale is 1/sqrt(d) of the real head dim"
 )
 LSE_HINT = "lse is the natural log of the softmax denominator including the max: m + log(l)"
 LSE_NO_MAX = (
@@ -345,18 +344,6 @@ def check_varlen(result, batch, label, atol=1e-12, rtol=1e-12, hint=""):
             hint=hint,
         )
 
-
-
-SCALE_ZERO_AS_DEFAULT = (
-    "scale=0 was not used, 1/sqrt(d) was: either the keyword is not passed on, or 0 was taken "
-    "for 'use the default' (`scale or 1/sqrt(d)`). 0 is a scale (every score 0, uniform "
-    "weights); only None means the default (`if scale is None`)"
-)
-SCALE_IGNORED = "scale= was not used: 1/sqrt(d) was (pass the keyword on to every call)"
-
-
-def scale_wrong(scale, default):
-    return {SCALE_ZERO_AS_DEFAULT if scale == 0 else SCALE_IGNORED: default}
 
 
 @pytest.mark.points(1)
@@ -1024,13 +1011,6 @@ def test_triton_kernel_reads_transposed_and_sliced_views_through_their_strides(l
                                         block_m=16, block_n=16, max_seq_len=batch.max_seq_len)
     label = f"Triton, {layout} views (one stride per dim, none assumed)"
     check_prefill_kernel(result, batch, label)
-
-
-def interpreter_only():
-    from common.triton_env import on_interpreter
-
-    if not on_interpreter():
-        pytest.skip("counts what the kernel touches through Triton's interpreter (CPU only)")
 
 
 @pytest.mark.triton

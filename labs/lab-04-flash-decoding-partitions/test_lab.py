@@ -28,6 +28,7 @@ from common.testing import (
     LAYOUTS,
     NAN_HINT,
     ODD_HEAD_DIMS,
+    PADDED_SCALE,
     BadInputs,
     LabScript,
     assert_close,
@@ -40,6 +41,7 @@ from common.testing import (
     head_counts,
     host_syncs,
     kernel_memory,
+    scale_wrong,
     sm90_compile_test,
     strided_view,
     tolerance,
@@ -89,10 +91,6 @@ CAUSAL_IGNORED = "the causal mask was ignored: query i must not see keys after p
 MODULO_HEADS = "query head h read KV head h % num_kv_heads; GQA maps it to h // (H // KVH)"
 SWAPPED_GROUP = (
     "query head h read KV head h // num_kv_heads: the divisor is the group size H // KVH"
-)
-PADDED_SCALE = (
-    "the default scale came from the padded head dim (the tl.dot tile): it is "
-    "1/sqrt(head_dim) of the REAL head dim"
 )
 
 
@@ -645,18 +643,6 @@ def check_ring(sizes, heads, causal, seed):
     assert_close(np.concatenate(lses), want_lse, what=f"{what} lse",
                  wrong_answers={why: w[1] for why, w in wrong.items()}, nan_hint=IDENTITY_NAN)
 
-
-
-SCALE_ZERO_AS_DEFAULT = (
-    "scale=0 was not used, 1/sqrt(d) was: either the keyword is not passed on, or 0 was taken "
-    "for 'use the default' (`scale or 1/sqrt(d)`). 0 is a scale (every score 0, uniform "
-    "weights); only None means the default (`if scale is None`)"
-)
-SCALE_IGNORED = "scale= was not used: 1/sqrt(d) was (pass the keyword on)"
-
-
-def scale_wrong(scale, default):
-    return {SCALE_ZERO_AS_DEFAULT if scale == 0 else SCALE_IGNORED: default}
 
 
 @pytest.mark.points(1)

@@ -30,6 +30,8 @@ from common.testing import (
     HEAD_RATIOS,
     LAYOUTS,
     ODD_HEAD_DIMS,
+    SCALE_IGNORED,
+    SCALE_ZERO_AS_DEFAULT,
     BadInputs,
     assert_close,
     assert_loads_in_bounds,
@@ -515,14 +517,6 @@ def test_a_sink_of_minus_infinity_is_no_sink_and_an_empty_context_gives_the_sink
     assert_close(lse, sinks, what="lse of an empty context with sinks",
                  hint="the denominator is exp(sink) alone, so lse = sink", **F64)
 
-
-
-SCALE_ZERO_AS_DEFAULT = (
-    "scale=0 was not used, 1/sqrt(d) was: either the keyword is not passed on, or 0 was taken "
-    "for 'use the default' (`scale or 1/sqrt(d)`). 0 is a scale (every score 0, uniform "
-    "weights); only None means the default (`if scale is None`)"
-)
-SCALE_IGNORED = "scale= was not used: 1/sqrt(d) was (pass the keyword on)"
 
 
 @pytest.mark.points(1)

@@ -21,6 +21,7 @@ from common import load_impl
 from common.reference import to_float64
 from common.testing import (
     ACC_IN_FP16,
+    LSE_WITHOUT_MAX,
     assert_close,
     assert_loads_in_bounds,
     called_on_copies,
@@ -107,7 +108,6 @@ ACC_OVERWRITTEN = (
 FIRST_K_SKIPPED = "the k loop missed k = 0: range(0, k) visits every column of a"
 NO_RESCALE_ACC = "the accumulator was not rescaled (acc * alpha) when the running max grew"
 NO_RESCALE_L = "the denominator l was not rescaled (l * alpha) when the running max grew"
-LSE_WITHOUT_MAX = "lse must include the max: lse = m + log(l)"
 M_STARTS_AT_ZERO = (
     "NaN: every score is near -200 and exp of it underflows to 0 in float32. Start the "
     "running max at -inf (tl.full([BLOCK_M], float('-inf'), tl.float32)), not 0"

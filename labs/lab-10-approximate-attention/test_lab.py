@@ -30,6 +30,7 @@ from common.testing import (
     examples,
     peak_memory,
     random_qkv,
+    scale_wrong,
 )
 
 # every call gets copies of its arrays: expected values come from the test's own
@@ -1054,14 +1055,12 @@ def test_every_scale_keyword_is_used(name, scale):
     call, definition = SCALED[name]
     got, want = call(q, k, v, scale), definition(q, k, v, scale)
     default = definition(q, k, v, None)
-    hint = ("scale=0 was taken for 'no scale given': test `scale is None`, not `not scale`"
-            if scale == 0 else "the scale= argument was ignored (1/sqrt(d) used instead)")
     if isinstance(want, tuple):
         assert_out_and_lse(got, want, f"{name}(..., scale={scale})",
-                           wrong_out={hint: default[0]})  # fmt: skip
+                           wrong_out=scale_wrong(scale, default[0]))  # fmt: skip
     else:
-        assert_close(got, want, what=f"{name}(..., scale={scale})", wrong_answers={hint: default},
-                     atol=1e-10, rtol=1e-10)  # fmt: skip
+        assert_close(got, want, what=f"{name}(..., scale={scale})",
+                     wrong_answers=scale_wrong(scale, default), atol=1e-10, rtol=1e-10)  # fmt: skip
 
 
 NO_KEYS = {  # function -> its call on Lk = 0 keys (every row attends nothing: 0 and -inf)
