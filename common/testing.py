@@ -864,3 +864,19 @@ def interpreter_only() -> None:
 
     if not on_interpreter():
         pytest.skip("counts what the kernel touches through Triton's interpreter (CPU only)")
+
+
+P_NOT_CAST = ("tl.dot was given two dtypes (p in float32, V in float16): cast p to V's dtype "
+              "(p.to(v.dtype)) before the dot; the accumulator stays float32")
+
+
+@contextlib.contextmanager
+def raised_as(hint: str, when: str = "") -> Iterator[None]:
+    """Fail naming ``hint`` when the code under test raises (an exception whose text holds
+    ``when``, if given) instead of answering: the raw error names no misconception."""
+    try:
+        yield
+    except Exception as e:
+        if when not in str(e) or (isinstance(e, AssertionError) and not when):
+            raise
+        raise AssertionError(f"{hint} (the call raised {type(e).__name__}: {e})") from e

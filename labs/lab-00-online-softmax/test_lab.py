@@ -25,6 +25,7 @@ from common.testing import (
     LSE_WITHOUT_MAX,
     NO_SCALE,
     ODD_HEAD_DIMS,
+    P_NOT_CAST,
     PADDED_SCALE,
     SCALE_ZERO_AS_DEFAULT,
     TILE_SHAPES,
@@ -42,6 +43,7 @@ from common.testing import (
     interpreter_only,
     kernel_memory,
     qkv_sizes,
+    raised_as,
     random_qkv,
     scale_wrong,
     sm90_compile_test,
@@ -698,8 +700,9 @@ def check_forward_kernel(
     assert out.dtype == q.dtype, f"out must have q's dtype {q.dtype}, got {out.dtype}"
     assert str(lse.dtype) == "torch.float32", f"lse must be float32, got {lse.dtype}"
     want_out, want_lse = want if want is not None else reference_bhld(q, k, v, causal, scale)
-    wrong_out, wrong_lse = ({}, {}) if scale is not None else (
-        forward_kernel_misconceptions(q, k, v, causal, block_m, block_n))
+    wrong_out, wrong_lse = (  # a scale's misconception: the default 1/sqrt(d) used
+        [scale_wrong(scale, x) for x in reference_bhld(q, k, v, causal)] if scale is not None
+        else forward_kernel_misconceptions(q, k, v, causal, block_m, block_n))
     atol, rtol = tol or tolerance(q.dtype)
     b, h, lq, d = q.shape
     what = (
@@ -799,7 +802,8 @@ def test_triton_kernel_in_float16(causal):
     from common.triton_env import DEVICE
 
     q, k, v = torch_qkv(1, 1, 24, 37, 32, 32, torch.float16, DEVICE, seed=9)
-    check_forward_kernel(q, k, v, causal, (16, 32) if causal else (32, 16))
+    with raised_as(P_NOT_CAST, when="must be same dtype"):
+        check_forward_kernel(q, k, v, causal, (16, 32) if causal else (32, 16))
 
 
 @pytest.mark.triton

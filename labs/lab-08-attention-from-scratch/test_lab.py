@@ -31,6 +31,7 @@ from common.testing import (
     bad_input_test,
     called_on_copies,
     examples,
+    raised_as,
     scale_wrong,
 )
 
@@ -284,10 +285,12 @@ def test_the_additive_score_works_on_batches_of_heads(lead):
     want = np.einsum("a,...ija->...ij", v_a, np.tanh(
         np.einsum("...id,da->...ia", q, w_q)[..., :, None, :]
         + np.einsum("...jd,da->...ja", k, w_k)[..., None, :, :]))  # fmt: skip
-    assert_close(impl.additive_scores(q, k, w_q, w_k, v_a), want,
+    batched = "the additive score works only on 2-D inputs: broadcast over the leading axes"
+    with raised_as(batched):
+        got = impl.additive_scores(q, k, w_q, w_k, v_a)
+    assert_close(got, want,
                  what=f"additive_scores on [{', '.join(map(str, lead))}, L, d] inputs",
-                 hint="broadcast over the leading axes: q w_q is [..., Lq, 1, da], "
-                 "k w_k is [..., 1, Lk, da]")  # fmt: skip
+                 hint=f"{batched}: q w_q is [..., Lq, 1, da], k w_k is [..., 1, Lk, da]")
 
 
 # ---- 2. softmax, entropy and the √d experiment -------------------------------------------
@@ -634,7 +637,8 @@ def test_sdpa_with_no_keys_or_no_queries_is_what_pytorch_returns(lq, lk):
     zeros too); Lq = 0: an empty ``[..., 0, dv]``."""
     q, k, v = normal(14, 1, 2, lq, 4), normal(15, 1, 2, lk, 4), normal(16, 1, 2, lk, 3)
     want = F.scaled_dot_product_attention(t(q), t(k), t(v))
-    with np.errstate(all="ignore"):
+    with np.errstate(all="ignore"), raised_as(f"SDPA with Lq={lq}, Lk={lk}: with no keys the "
+                                              "softmax's max is over nothing (every weight 0)"):
         got = impl.scaled_dot_product_attention(q, k, v)
     assert_close(got, want, what=f"SDPA with Lq={lq}, Lk={lk}",
                  nan_hint="NaN: with no keys the softmax's max and sum are over nothing; "
@@ -1036,7 +1040,8 @@ def test_zero_sizes_give_empty_arrays_not_errors():
             lambda: impl.apply_rope(np.zeros((2, 0, 4)), np.arange(0)), (2, 0, 4)),
     }  # fmt: skip
     for what, (call, shape) in cases.items():
-        got = np.asarray(call())
+        with raised_as(f"{what}: a zero size is allowed, the answer is an empty array"):
+            got = np.asarray(call())
         assert got.shape == shape, f"{what} has shape {got.shape}, expected {shape} (empty)"
 
 
