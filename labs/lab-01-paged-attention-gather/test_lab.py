@@ -35,6 +35,7 @@ from common.testing import (
     HEAD_RATIOS,
     LAYOUTS,
     ODD_HEAD_DIMS,
+    P_NOT_CAST,
     PADDED_SCALE,
     BadInputs,
     assert_close,
@@ -47,6 +48,7 @@ from common.testing import (
     head_counts,
     host_syncs,
     kernel_memory,
+    raised_as,
     scale_wrong,
     sm90_compile_test,
     strided_view,
@@ -199,11 +201,12 @@ def run_triton(q: np.ndarray, paged, scale: float | None = None, *, dtype=torch.
         tensors = [strided_view(x, layout) for x in tensors]
     args = (*tensors, t["seq_lens"])
     kwargs = {"scale": scale, "block_n": block_n, "max_seq_len": max_seq_len}
-    if reports is None:
-        result = impl.paged_decode_triton(*args, **kwargs)
-    else:
-        result, launches = kernel_memory(impl.paged_decode_triton, *args, **kwargs)
-        reports.extend(launches)
+    with raised_as(P_NOT_CAST, when="must be same dtype"):
+        if reports is None:
+            result = impl.paged_decode_triton(*args, **kwargs)
+        else:
+            result, launches = kernel_memory(impl.paged_decode_triton, *args, **kwargs)
+            reports.extend(launches)
     assert isinstance(result, tuple) and len(result) == 2, (
         "paged_decode_triton must return the pair (out, lse)"
     )

@@ -30,6 +30,7 @@ from common.testing import (
     LAYOUTS,
     NAN_HINT,
     ODD_HEAD_DIMS,
+    P_NOT_CAST,
     PADDED_SCALE,
     TILE_SHAPES,
     assert_close,
@@ -45,6 +46,7 @@ from common.testing import (
     host_syncs,
     interpreter_only,
     kernel_memory,
+    raised_as,
     scale_wrong,
     sm90_compile_test,
     strided_view,
@@ -1058,8 +1060,9 @@ def test_triton_kernel_accumulates_float16_in_float32():
     """A 64-token float16 prompt whose values (+-30) cancel over the keys, 16-key tiles."""
     batch = make_batch(np.random.default_rng(16), [48], [16], (2, 1), 16, 16,
                        round_to=np.float16, cancel_values=True)  # fmt: skip
-    out, lse = impl.varlen_prefill_triton(*triton_batch(batch, "float16"), block_m=16,
-                                          block_n=16)  # fmt: skip
+    with raised_as(P_NOT_CAST, when="must be same dtype"):
+        out, lse = impl.varlen_prefill_triton(*triton_batch(batch, "float16"), block_m=16,
+                                              block_n=16)  # fmt: skip
     want_out, want_lse = batch.expected()
     atol, rtol = tolerance("float16")
     assert_close(out, want_out, what="float16 out (cancelling values)", atol=atol, rtol=rtol,
@@ -1073,7 +1076,8 @@ def test_triton_kernel_runs_float16_and_refuses_bfloat16_on_the_interpreter():
     from common.triton_env import on_interpreter
 
     batch = make_batch(np.random.default_rng(13), [9, 0], [1, 6], (4, 2), 8, 8, round_to=np.float16)
-    result = impl.varlen_prefill_triton(*triton_batch(batch, "float16"), block_n=32)
+    with raised_as(P_NOT_CAST, when="must be same dtype"):
+        result = impl.varlen_prefill_triton(*triton_batch(batch, "float16"), block_n=32)
     check_prefill_kernel(result, batch, "Triton, fp16, a decode row and a prompt", "float16")
     if on_interpreter():  # the interpreter's bfloat16 tl.dot is wrong: a clear error instead
         with pytest.raises(ValueError, match=r"\bq\b|bfloat16"):

@@ -28,6 +28,7 @@ from common.testing import (
     LAYOUTS,
     NAN_HINT,
     ODD_HEAD_DIMS,
+    P_NOT_CAST,
     PADDED_SCALE,
     BadInputs,
     LabScript,
@@ -41,6 +42,7 @@ from common.testing import (
     head_counts,
     host_syncs,
     kernel_memory,
+    raised_as,
     scale_wrong,
     sm90_compile_test,
     strided_view,
@@ -803,7 +805,8 @@ def split_kv_args(q, paged, dtype=torch.float32) -> dict[str, torch.Tensor]:
 
 
 def run_split_kv(q, paged, dtype=torch.float32, **kwargs):
-    return impl.split_kv_decode_triton(*split_kv_args(q, paged, dtype).values(), **kwargs)
+    with raised_as(P_NOT_CAST, when="must be same dtype"):
+        return impl.split_kv_decode_triton(*split_kv_args(q, paged, dtype).values(), **kwargs)
 
 
 def check_split_kv(seq_lens, kwargs, dtype=torch.float32, heads=(2, 1), d=16, offset=0.0,

@@ -30,6 +30,7 @@ from common.testing import (
     HEAD_RATIOS,
     LAYOUTS,
     ODD_HEAD_DIMS,
+    P_NOT_CAST,
     SCALE_IGNORED,
     SCALE_ZERO_AS_DEFAULT,
     BadInputs,
@@ -43,6 +44,7 @@ from common.testing import (
     host_syncs,
     kernel_memory,
     peak_memory,
+    raised_as,
     sm90_compile_test,
     strided_view,
     tolerance,
@@ -557,11 +559,13 @@ def run_window_triton(q, paged, window=None, sinks=None, scale=None, *, dtype=to
         tensors = [strided_view(x, layout) for x in tensors]
     args = (*tensors, t["seq_lens"], window, sinks_t)
     kwargs = {"scale": scale, "block_n": block_n, "max_seq_len": max_seq_len, **extra}
-    if reports is None:
-        result = impl.paged_decode_window_sink_triton(*args, **kwargs)
-    else:
-        result, launches = kernel_memory(impl.paged_decode_window_sink_triton, *args, **kwargs)
-        reports.extend(launches)
+    with raised_as(P_NOT_CAST, when="must be same dtype"):
+        if reports is None:
+            result = impl.paged_decode_window_sink_triton(*args, **kwargs)
+        else:
+            result, launches = kernel_memory(impl.paged_decode_window_sink_triton, *args,
+                                             **kwargs)
+            reports.extend(launches)
     assert isinstance(result, tuple) and len(result) == 2, (
         "paged_decode_window_sink_triton must return the pair (out, lse)")
     out, lse = result
