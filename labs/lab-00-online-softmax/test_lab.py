@@ -375,6 +375,9 @@ def test_every_numpy_forward_takes_the_scale_keyword(scale):
         want_out, want_lse = reference(q, k, v, causal, scale=scale)
         default_out, default_lse = reference(q, k, v, causal)
         wrong = scale_wrong(scale, default_out)
+        if causal:  # Lq = 7 < Lk = 11: a bottom-right mask shows here first
+            wrong[BOTTOM_RIGHT] = reference(q, k, v, scale=scale,
+                                            mask=prefix_mask(np.arange(7) + 4, 11))[0]
         got = impl.naive_attention(q, k, v, scale=scale, causal=causal)
         assert_attention_close(got, want_out, what=f"naive_attention(scale={scale}, "
                                f"causal={causal})", wrong_answers=wrong)  # fmt: skip
