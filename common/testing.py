@@ -831,3 +831,54 @@ def sm90_compile_test(test_file: str) -> Callable[[str], None] | None:
         assert_compiles_for_sm_90(test_file, kernel)
 
     return test if kernels else None
+
+
+# Misconceptions named alike in several labs (one wording each).
+NO_SCALE = "forgot the 1/sqrt(d) scale"
+LSE_WITHOUT_MAX = "lse must include the max: lse = m + log(l)"
+BOTTOM_RIGHT = ("causal here is top-left (query i sees keys 0..i, like SDPA is_causal); the mask "
+                "was aligned bottom-right")
+# The scale keyword's two misconceptions, worded once for every lab (0 is a scale).
+SCALE_ZERO_AS_DEFAULT = (
+    "scale=0 was not used, 1/sqrt(d) was: either the keyword is not passed on, or 0 was taken "
+    "for 'use the default' (`scale or 1/sqrt(d)`). 0 is a scale (every score 0, uniform "
+    "weights); only None means the default (`if scale is None`)"
+)
+SCALE_IGNORED = "scale= was not used: 1/sqrt(d) was (pass the keyword on to every call)"
+PADDED_SCALE = (
+    "the default scale came from the padded head dim (the tl.dot tile: 24 -> 32, 40 -> 64), "
+    "not the real one: it is 1/sqrt(d) of the tensors' d"
+)
+
+
+def scale_wrong(scale: float, default: Any) -> dict[str, Any]:
+    """``{misconception: answer}`` for a call given ``scale=``: ``default`` (the 1/sqrt(d)
+    answer) named by the misconception that gives it (``scale=0`` taken for None, or ignored)."""
+    return {SCALE_ZERO_AS_DEFAULT if scale == 0 else SCALE_IGNORED: default}
+
+
+def interpreter_only() -> None:
+    """Skip the calling test unless Triton runs through its interpreter (CPU): for tests that
+    count what a kernel touches, which only the interpreter records."""
+    import pytest
+
+    from common.triton_env import on_interpreter
+
+    if not on_interpreter():
+        pytest.skip("counts what the kernel touches through Triton's interpreter (CPU only)")
+
+
+P_NOT_CAST = ("tl.dot was given two dtypes (p in float32, V in float16): cast p to V's dtype "
+              "(p.to(v.dtype)) before the dot; the accumulator stays float32")
+
+
+@contextlib.contextmanager
+def raised_as(hint: str, when: str = "") -> Iterator[None]:
+    """Fail naming ``hint`` when the code under test raises (an exception whose text holds
+    ``when``, if given) instead of answering: the raw error names no misconception."""
+    try:
+        yield
+    except Exception as e:
+        if when not in str(e) or (isinstance(e, AssertionError) and not when):
+            raise
+        raise AssertionError(f"{hint} (the call raised {type(e).__name__}: {e})") from e

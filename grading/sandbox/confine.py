@@ -69,9 +69,6 @@ def no_new_privileges() -> None:
             pass
 
 
-# the trained models the course ships (models/adder, ...): lab code loads them by path
-SHIPPED_MODELS = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "models")
 PRIVATE_TEMP_DIRS = ("/tmp", "/var/tmp")  # /dev/shm stays: shared memory needs a tmpfs
 _CLONE_NEWNS, _MS_BIND, _MS_REC, _MS_PRIVATE, _MNT_DETACH = 0x20000, 0x1000, 0x4000, 0x40000, 2
 
@@ -140,8 +137,10 @@ def _kept_under_temp(scratch: str) -> list[str]:
     scratch copy, and the Python it runs (a clone in /tmp keeps its .venv there: without it
     the graded code could not import what the zygote did not import first)."""
     packages = [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
-    # never the course tree, except the weights it ships (models/, public: lab 11 serves them)
-    needed = [scratch, sys.prefix, sys.exec_prefix, *packages, SHIPPED_MODELS]
+    # never the course tree, except the weights it ships (models/, public: lab 11 serves them;
+    # the trusted side names the folder, since this code runs from the scratch copy)
+    models = os.environ.get("COURSE_MODELS_DIR", "")
+    needed = [scratch, sys.prefix, sys.exec_prefix, *packages, *([models] if models else [])]
     under = sorted({os.path.realpath(p) for p in needed if os.path.isdir(p) and any(
         os.path.realpath(p).startswith(d + os.sep) for d in PRIVATE_TEMP_DIRS)})
     outer: list[str] = []

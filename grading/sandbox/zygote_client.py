@@ -178,6 +178,8 @@ def sandbox_env(scratch: Path, impl: str) -> dict[str, str]:
         HOME=str(scratch / "home"), TMPDIR=str(scratch / "tmp"), USER="sandbox",
         LOGNAME="sandbox", PYTHONPATH=str(scratch), PYTHONHASHSEED="0", PYTHONNOUSERSITE="1",
         MPLBACKEND="Agg", LAB_IMPL=impl, TRITON_CACHE_DIR=str(scratch / "home" / ".triton"),
+        # the trained weights the course ships (public): a private /tmp mounts them back
+        COURSE_MODELS_DIR=str(Path(__file__).resolve().parents[2] / "models"),
     )
     env.setdefault("PATH", os.defpath)
     return env

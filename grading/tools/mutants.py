@@ -19,7 +19,9 @@ The first comment line says what the mistake is. ``# file:`` names the lab file 
 below it edit (default ``solution.py``; ``provided.py`` also works; a path with a ``/``, such
 as ``common/launch_plan.py``, is a shared file of the repository). ``# expect: words``
 (optional) are words the failure message must contain: the test that catches the mistake
-must also name it, or the mutant counts as UNNAMED, not killed. A mutant may hold
+must also name it, or the mutant counts as UNNAMED, not killed. ``# misconception: words``
+(optional) ties the mutant to the row of its lab README's Misconceptions table that holds
+those words (``tests/test_mutant_expect.py`` requires a mutant for every row). A mutant may hold
 several blocks; each ``find`` text must occur exactly once in its file. The runner copies
 the lab to a scratch folder inside the repository (so ``conftest.py`` applies), applies the
 mutant, runs the lab's tests with ``LAB_IMPL=solution`` and requires them to fail. It first
@@ -90,7 +92,8 @@ def parse_mutant(path: Path, lab: str) -> Mutant:
     text = path.read_text()
     description = ""
     for line in text.splitlines():
-        if line.startswith("#") and not line.startswith(("# file:", "# expect:")):
+        if line.startswith("#") and not line.startswith(("# file:", "# expect:",
+                                                            "# misconception:")):
             description = line.lstrip("# ").strip()
             break
     expect = next((line.split(":", 1)[1].strip() for line in text.splitlines()

@@ -20,8 +20,14 @@ from common.loader import load_lab_module
 from common.reference import reference_softmax, to_float64
 from common.testing import (
     ACC_IN_FP16,
+    BOTTOM_RIGHT,
     LAYOUTS,
+    LSE_WITHOUT_MAX,
+    NO_SCALE,
     ODD_HEAD_DIMS,
+    P_NOT_CAST,
+    PADDED_SCALE,
+    SCALE_ZERO_AS_DEFAULT,
     TILE_SHAPES,
     BadInputs,
     assert_close,
@@ -34,9 +40,12 @@ from common.testing import (
     cancelling,
     examples,
     host_syncs,
+    interpreter_only,
     kernel_memory,
     qkv_sizes,
+    raised_as,
     random_qkv,
+    scale_wrong,
     sm90_compile_test,
     strided_view,
     tile_shapes,
@@ -49,14 +58,8 @@ provided = load_lab_module(__file__, "provided")  # given code: the launch grid 
 
 NO_RESCALE_ACC = "the accumulator was not rescaled when the running max grew"
 NO_RESCALE_L = "the denominator l was not rescaled when the running max grew"
-LSE_WITHOUT_MAX = "lse must include the max: lse = m + log(l)"
-NO_SCALE = "forgot the 1/sqrt(d) scale"
 DIAGONAL = "causal mask off by one: the diagonal must be attended"
 ONE_AHEAD = "causal mask off by one: query i attended key i+1, a future token"
-BOTTOM_RIGHT = (
-    "causal here is top-left (query i sees keys 0..i, like SDPA is_causal); "
-    "the mask was aligned bottom-right"
-)
 TILE_MAX = "m must be the running max over every tile so far, not the current tile's max"
 STRIDED_VIEW = (
     "q, k or v is a strided view here (not contiguous): pass each tensor's own strides "
@@ -364,13 +367,6 @@ def test_scores_are_scaled_by_one_over_sqrt_d_by_default():
     assert_attention_close(out, reference(q, k, v, scale=0.3)[0], what="out with scale=0.3")
 
 
-SCALE_ZERO_AS_DEFAULT = (
-    "scale=0 was not used, 1/sqrt(d) was: either the keyword is not passed on, or 0 was taken "
-    "for 'use the default' (`scale or 1/sqrt(d)`). 0 is a scale (every score 0, uniform "
-    "weights); only None means the default (`if scale is None`)"
-)
-
-
 @pytest.mark.points(0.5)
 @pytest.mark.parametrize("scale", [0.0, 0.3, 2.5])
 def test_every_numpy_forward_takes_the_scale_keyword(scale):
@@ -378,8 +374,10 @@ def test_every_numpy_forward_takes_the_scale_keyword(scale):
     for causal in (False, True):
         want_out, want_lse = reference(q, k, v, causal, scale=scale)
         default_out, default_lse = reference(q, k, v, causal)
-        wrong = {SCALE_ZERO_AS_DEFAULT if scale == 0 else "scale= was ignored: 1/sqrt(d) used":
-                 default_out}  # fmt: skip
+        wrong = scale_wrong(scale, default_out)
+        if causal:  # Lq = 7 < Lk = 11: a bottom-right mask shows here first
+            wrong[BOTTOM_RIGHT] = reference(q, k, v, scale=scale,
+                                            mask=prefix_mask(np.arange(7) + 4, 11))[0]
         got = impl.naive_attention(q, k, v, scale=scale, causal=causal)
         assert_attention_close(got, want_out, what=f"naive_attention(scale={scale}, "
                                f"causal={causal})", wrong_answers=wrong)  # fmt: skip
@@ -585,10 +583,6 @@ test_bad_input_raises_value_error_naming_the_argument = bad_input_test(BAD_INPUT
 
 # ---- 5. the Triton kernel (interpreter on a CPU, CUDA on a GPU) -------------------------
 
-PADDED_SCALE = (
-    "the scale was computed from the padded head dim (the tl.dot tile), not the real one: "
-    "use 1/sqrt(d) of the tensors' d"
-)
 NO_LOG2E = (
     "exp2 without log2(e) folded into the scale: exp(x) = exp2(x * log2(e)), so qk_scale = "
     "scale * LOG2E"
@@ -709,8 +703,9 @@ def check_forward_kernel(
     assert out.dtype == q.dtype, f"out must have q's dtype {q.dtype}, got {out.dtype}"
     assert str(lse.dtype) == "torch.float32", f"lse must be float32, got {lse.dtype}"
     want_out, want_lse = want if want is not None else reference_bhld(q, k, v, causal, scale)
-    wrong_out, wrong_lse = ({}, {}) if scale is not None else (
-        forward_kernel_misconceptions(q, k, v, causal, block_m, block_n))
+    wrong_out, wrong_lse = (  # a scale's misconception: the default 1/sqrt(d) used
+        [scale_wrong(scale, x) for x in reference_bhld(q, k, v, causal)] if scale is not None
+        else forward_kernel_misconceptions(q, k, v, causal, block_m, block_n))
     atol, rtol = tol or tolerance(q.dtype)
     b, h, lq, d = q.shape
     what = (
@@ -810,7 +805,8 @@ def test_triton_kernel_in_float16(causal):
     from common.triton_env import DEVICE
 
     q, k, v = torch_qkv(1, 1, 24, 37, 32, 32, torch.float16, DEVICE, seed=9)
-    check_forward_kernel(q, k, v, causal, (16, 32) if causal else (32, 16))
+    with raised_as(P_NOT_CAST, when="must be same dtype"):
+        check_forward_kernel(q, k, v, causal, (16, 32) if causal else (32, 16))
 
 
 @pytest.mark.triton
@@ -942,13 +938,6 @@ def test_triton_kernel_loads_only_rows_inside_the_tensors(causal):
     assert_attention_close(lse, want_lse, what="lse", atol=2e-5, rtol=2e-5)
     assert_loads_in_bounds(reports, "flash_attention_triton (Lq = 21, Lk = 19, d = 24, "
                                     "16x16 tiles)")
-
-
-def interpreter_only():
-    from common.triton_env import on_interpreter
-
-    if not on_interpreter():
-        pytest.skip("counts what the kernel touches through Triton's interpreter (CPU only)")
 
 
 @pytest.mark.triton

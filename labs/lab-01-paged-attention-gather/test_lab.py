@@ -35,6 +35,8 @@ from common.testing import (
     HEAD_RATIOS,
     LAYOUTS,
     ODD_HEAD_DIMS,
+    P_NOT_CAST,
+    PADDED_SCALE,
     BadInputs,
     assert_close,
     assert_loads_in_bounds,
@@ -46,6 +48,8 @@ from common.testing import (
     head_counts,
     host_syncs,
     kernel_memory,
+    raised_as,
+    scale_wrong,
     sm90_compile_test,
     strided_view,
     tolerance,
@@ -87,10 +91,6 @@ KERNEL_NAN = (
     "them here) and padding entries are NaN: mask the block-table load and the K/V loads with "
     "pos < seq_len and other=0 (NaN * 0 = NaN inside tl.dot), and guard l = 0 for an empty "
     "sequence"
-)
-PADDED_SCALE_MISCONCEPTION = (
-    "it equals attention with scale 1/sqrt(padded head dim): the default scale must come "
-    "from the real head dim, not from the tile the kernel pads it to"
 )
 RESCALE_HINT = (
     "When a later block raises the running max from m to m_new, the old l and acc must be "
@@ -201,11 +201,12 @@ def run_triton(q: np.ndarray, paged, scale: float | None = None, *, dtype=torch.
         tensors = [strided_view(x, layout) for x in tensors]
     args = (*tensors, t["seq_lens"])
     kwargs = {"scale": scale, "block_n": block_n, "max_seq_len": max_seq_len}
-    if reports is None:
-        result = impl.paged_decode_triton(*args, **kwargs)
-    else:
-        result, launches = kernel_memory(impl.paged_decode_triton, *args, **kwargs)
-        reports.extend(launches)
+    with raised_as(P_NOT_CAST, when="must be same dtype"):
+        if reports is None:
+            result = impl.paged_decode_triton(*args, **kwargs)
+        else:
+            result, launches = kernel_memory(impl.paged_decode_triton, *args, **kwargs)
+            reports.extend(launches)
     assert isinstance(result, tuple) and len(result) == 2, (
         "paged_decode_triton must return the pair (out, lse)"
     )
@@ -479,13 +480,6 @@ def test_query_head_h_reads_kv_head_h_div_group_size(which):
                  wrong_answers=head_mapping_mistakes(q[0], ks[0], vs[0]), **tol)
 
 
-SCALE_ZERO_AS_DEFAULT = (
-    "scale=0 was not used, 1/sqrt(d) was: either the keyword is not passed on, or 0 was taken "
-    "for 'use the default' (`scale or 1/sqrt(d)`). 0 is a scale (every score 0, uniform "
-    "weights); only None means the default (`if scale is None`)"
-)
-
-
 @pytest.mark.points(1)
 @pytest.mark.parametrize("scale", [0.0, 0.3])
 @pytest.mark.parametrize("which", IMPLS)
@@ -499,8 +493,7 @@ def test_the_scale_keyword_reaches_every_decode_path(which, scale):
     for b in range(2):
         want_out, want_lse = reference_decode(q[b], ks[b], vs[b], scale=scale)
         default_out, _ = reference_decode(q[b], ks[b], vs[b])
-        wrong = {SCALE_ZERO_AS_DEFAULT if scale == 0 else "scale= was ignored: 1/sqrt(d) used":
-                 default_out}  # fmt: skip
+        wrong = scale_wrong(scale, default_out)
         assert_close(out[b], want_out, what=f"{which} out of sequence {b} (scale={scale})",
                      wrong_answers=wrong, **tol)
         assert_close(lse[b], want_lse, what=f"{which} lse of sequence {b} (scale={scale})",
@@ -527,9 +520,9 @@ def test_head_dims_that_are_not_powers_of_two_use_the_scale_of_the_real_head_dim
     want_out, want_lse = reference_decode(q[0], ks[0], vs[0])
     padded = reference_decode(q[0], ks[0], vs[0], scale=1 / math.sqrt(dot_tile(head_dim)))
     assert_close(out[0], want_out, what=f"out (head_dim {head_dim})",
-                 wrong_answers={PADDED_SCALE_MISCONCEPTION: padded[0]}, **tol)
+                 wrong_answers={PADDED_SCALE: padded[0]}, **tol)
     assert_close(lse[0], want_lse, what=f"lse (head_dim {head_dim})",
-                 wrong_answers={PADDED_SCALE_MISCONCEPTION: padded[1]}, hint=LSE_HINT, **tol)
+                 wrong_answers={PADDED_SCALE: padded[1]}, hint=LSE_HINT, **tol)
 
 
 @pytest.mark.points(2)

@@ -30,6 +30,8 @@ from common.testing import (
     LAYOUTS,
     NAN_HINT,
     ODD_HEAD_DIMS,
+    P_NOT_CAST,
+    PADDED_SCALE,
     TILE_SHAPES,
     assert_close,
     assert_loads_in_bounds,
@@ -42,7 +44,10 @@ from common.testing import (
     examples,
     head_counts,
     host_syncs,
+    interpreter_only,
     kernel_memory,
+    raised_as,
+    scale_wrong,
     sm90_compile_test,
     strided_view,
     tile_shapes,
@@ -80,10 +85,6 @@ WRONG_GQA = (
 SWAPPED_GQA = (
     "swapped 'group size' and 'number of KV heads' in the head mapping: head h reads KV head "
     "h // group with group = H // KVH, not h // KVH"
-)
-PADDED_SCALE = (
-    "took the default scale from the padded head dim: the kernel pads d to a tl.dot tile "
-    "(24 -> 32, 40 -> 64), but the scale is 1/sqrt(d) of the real head dim"
 )
 LSE_HINT = "lse is the natural log of the softmax denominator including the max: m + log(l)"
 LSE_NO_MAX = (
@@ -345,18 +346,6 @@ def check_varlen(result, batch, label, atol=1e-12, rtol=1e-12, hint=""):
             hint=hint,
         )
 
-
-
-SCALE_ZERO_AS_DEFAULT = (
-    "scale=0 was not used, 1/sqrt(d) was: either the keyword is not passed on, or 0 was taken "
-    "for 'use the default' (`scale or 1/sqrt(d)`). 0 is a scale (every score 0, uniform "
-    "weights); only None means the default (`if scale is None`)"
-)
-SCALE_IGNORED = "scale= was not used: 1/sqrt(d) was (pass the keyword on to every call)"
-
-
-def scale_wrong(scale, default):
-    return {SCALE_ZERO_AS_DEFAULT if scale == 0 else SCALE_IGNORED: default}
 
 
 @pytest.mark.points(1)
@@ -1026,13 +1015,6 @@ def test_triton_kernel_reads_transposed_and_sliced_views_through_their_strides(l
     check_prefill_kernel(result, batch, label)
 
 
-def interpreter_only():
-    from common.triton_env import on_interpreter
-
-    if not on_interpreter():
-        pytest.skip("counts what the kernel touches through Triton's interpreter (CPU only)")
-
-
 @pytest.mark.triton
 @pytest.mark.points(2)
 def test_triton_gqa_tiles_store_only_their_own_rows_no_two_programs_write_one_element():
@@ -1078,8 +1060,9 @@ def test_triton_kernel_accumulates_float16_in_float32():
     """A 64-token float16 prompt whose values (+-30) cancel over the keys, 16-key tiles."""
     batch = make_batch(np.random.default_rng(16), [48], [16], (2, 1), 16, 16,
                        round_to=np.float16, cancel_values=True)  # fmt: skip
-    out, lse = impl.varlen_prefill_triton(*triton_batch(batch, "float16"), block_m=16,
-                                          block_n=16)  # fmt: skip
+    with raised_as(P_NOT_CAST, when="must be same dtype"):
+        out, lse = impl.varlen_prefill_triton(*triton_batch(batch, "float16"), block_m=16,
+                                              block_n=16)  # fmt: skip
     want_out, want_lse = batch.expected()
     atol, rtol = tolerance("float16")
     assert_close(out, want_out, what="float16 out (cancelling values)", atol=atol, rtol=rtol,
@@ -1093,7 +1076,8 @@ def test_triton_kernel_runs_float16_and_refuses_bfloat16_on_the_interpreter():
     from common.triton_env import on_interpreter
 
     batch = make_batch(np.random.default_rng(13), [9, 0], [1, 6], (4, 2), 8, 8, round_to=np.float16)
-    result = impl.varlen_prefill_triton(*triton_batch(batch, "float16"), block_n=32)
+    with raised_as(P_NOT_CAST, when="must be same dtype"):
+        result = impl.varlen_prefill_triton(*triton_batch(batch, "float16"), block_n=32)
     check_prefill_kernel(result, batch, "Triton, fp16, a decode row and a prompt", "float16")
     if on_interpreter():  # the interpreter's bfloat16 tl.dot is wrong: a clear error instead
         with pytest.raises(ValueError, match=r"\bq\b|bfloat16"):

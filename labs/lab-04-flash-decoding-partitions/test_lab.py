@@ -28,6 +28,8 @@ from common.testing import (
     LAYOUTS,
     NAN_HINT,
     ODD_HEAD_DIMS,
+    P_NOT_CAST,
+    PADDED_SCALE,
     BadInputs,
     LabScript,
     assert_close,
@@ -40,6 +42,8 @@ from common.testing import (
     head_counts,
     host_syncs,
     kernel_memory,
+    raised_as,
+    scale_wrong,
     sm90_compile_test,
     strided_view,
     tolerance,
@@ -89,10 +93,6 @@ CAUSAL_IGNORED = "the causal mask was ignored: query i must not see keys after p
 MODULO_HEADS = "query head h read KV head h % num_kv_heads; GQA maps it to h // (H // KVH)"
 SWAPPED_GROUP = (
     "query head h read KV head h // num_kv_heads: the divisor is the group size H // KVH"
-)
-PADDED_SCALE = (
-    "the default scale came from the padded head dim (the tl.dot tile): it is "
-    "1/sqrt(head_dim) of the REAL head dim"
 )
 
 
@@ -647,18 +647,6 @@ def check_ring(sizes, heads, causal, seed):
 
 
 
-SCALE_ZERO_AS_DEFAULT = (
-    "scale=0 was not used, 1/sqrt(d) was: either the keyword is not passed on, or 0 was taken "
-    "for 'use the default' (`scale or 1/sqrt(d)`). 0 is a scale (every score 0, uniform "
-    "weights); only None means the default (`if scale is None`)"
-)
-SCALE_IGNORED = "scale= was not used: 1/sqrt(d) was (pass the keyword on)"
-
-
-def scale_wrong(scale, default):
-    return {SCALE_ZERO_AS_DEFAULT if scale == 0 else SCALE_IGNORED: default}
-
-
 @pytest.mark.points(1)
 @pytest.mark.parametrize("scale", [0.0, 0.3])
 def test_ring_step_takes_the_scale_keyword(scale):
@@ -817,7 +805,8 @@ def split_kv_args(q, paged, dtype=torch.float32) -> dict[str, torch.Tensor]:
 
 
 def run_split_kv(q, paged, dtype=torch.float32, **kwargs):
-    return impl.split_kv_decode_triton(*split_kv_args(q, paged, dtype).values(), **kwargs)
+    with raised_as(P_NOT_CAST, when="must be same dtype"):
+        return impl.split_kv_decode_triton(*split_kv_args(q, paged, dtype).values(), **kwargs)
 
 
 def check_split_kv(seq_lens, kwargs, dtype=torch.float32, heads=(2, 1), d=16, offset=0.0,

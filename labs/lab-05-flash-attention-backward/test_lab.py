@@ -22,6 +22,7 @@ from common.reference import reference_attention_backward, to_float64
 from common.testing import (
     LAYOUTS,
     ODD_HEAD_DIMS,
+    PADDED_SCALE,
     BadInputs,
     assert_close,
     assert_loads_in_bounds,
@@ -115,10 +116,6 @@ MODULO_HEADS = (
 LSE_BASE_E = (
     "the natural-log lse was subtracted from base-2 scores: with qk_scale = scale · log2(e) "
     "the kernel needs exp2(s − lse · log2(e))"
-)
-PADDED_SCALE = (
-    "the scale was computed from the padded head dim (the tl.dot tile), not the real one: use "
-    "1/sqrt(d) of the tensors' d"
 )
 GROUP_FIRST = (
     "dK/dV not summed over the query group: only the first query head of each group counted. "

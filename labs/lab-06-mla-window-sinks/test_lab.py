@@ -30,6 +30,9 @@ from common.testing import (
     HEAD_RATIOS,
     LAYOUTS,
     ODD_HEAD_DIMS,
+    P_NOT_CAST,
+    SCALE_IGNORED,
+    SCALE_ZERO_AS_DEFAULT,
     BadInputs,
     assert_close,
     assert_loads_in_bounds,
@@ -41,6 +44,7 @@ from common.testing import (
     host_syncs,
     kernel_memory,
     peak_memory,
+    raised_as,
     sm90_compile_test,
     strided_view,
     tolerance,
@@ -517,14 +521,6 @@ def test_a_sink_of_minus_infinity_is_no_sink_and_an_empty_context_gives_the_sink
 
 
 
-SCALE_ZERO_AS_DEFAULT = (
-    "scale=0 was not used, 1/sqrt(d) was: either the keyword is not passed on, or 0 was taken "
-    "for 'use the default' (`scale or 1/sqrt(d)`). 0 is a scale (every score 0, uniform "
-    "weights); only None means the default (`if scale is None`)"
-)
-SCALE_IGNORED = "scale= was not used: 1/sqrt(d) was (pass the keyword on)"
-
-
 @pytest.mark.points(1)
 @pytest.mark.parametrize("scale", [0.0, 0.3])
 def test_window_and_sink_decode_take_the_scale_keyword(scale):
@@ -563,11 +559,13 @@ def run_window_triton(q, paged, window=None, sinks=None, scale=None, *, dtype=to
         tensors = [strided_view(x, layout) for x in tensors]
     args = (*tensors, t["seq_lens"], window, sinks_t)
     kwargs = {"scale": scale, "block_n": block_n, "max_seq_len": max_seq_len, **extra}
-    if reports is None:
-        result = impl.paged_decode_window_sink_triton(*args, **kwargs)
-    else:
-        result, launches = kernel_memory(impl.paged_decode_window_sink_triton, *args, **kwargs)
-        reports.extend(launches)
+    with raised_as(P_NOT_CAST, when="must be same dtype"):
+        if reports is None:
+            result = impl.paged_decode_window_sink_triton(*args, **kwargs)
+        else:
+            result, launches = kernel_memory(impl.paged_decode_window_sink_triton, *args,
+                                             **kwargs)
+            reports.extend(launches)
     assert isinstance(result, tuple) and len(result) == 2, (
         "paged_decode_window_sink_triton must return the pair (out, lse)")
     out, lse = result

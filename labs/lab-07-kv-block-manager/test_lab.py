@@ -32,7 +32,13 @@ from hypothesis.stateful import (
 
 from common.loader import load_impl, load_lab_module
 from common.reference import reference_attention
-from common.testing import BadInputs, assert_close, bad_input_test, called_on_copies
+from common.testing import (
+    BadInputs,
+    assert_close,
+    bad_input_test,
+    called_on_copies,
+    raised_as,
+)
 
 # every call gets copies of its arrays: expected values come from the test's own
 impl = called_on_copies(load_impl(__file__))
@@ -368,7 +374,10 @@ def test_worked_example_a_prompt_gets_ceil_blocks_and_only_its_full_blocks_are_c
     pool, manager = manager_with()
     a = Request("A", T)
     assert manager.get_computed_blocks(a) == ([], 0)
-    assert manager.allocate_slots(a, 10) == [0, 1, 2]
+    with raised_as("allocate_slots for a fresh 10-token prompt: it needs ceil(10 / 4) = 3 "
+                   "blocks, and copy-on-write applies only to a SHARED partial last block"):
+        got = manager.allocate_slots(a, 10)
+    assert got == [0, 1, 2], f"got {got}: 10 tokens need ceil(10 / 4) = 3 blocks"
     assert manager.block_table(a) == [0, 1, 2] and manager.num_tokens(a) == 10
     h0, h1 = chain(T, 4)
     assert (pool.block_hash(0), pool.block_hash(1)) == (h0, h1), (
@@ -387,7 +396,9 @@ def test_worked_example_a_second_request_hits_the_cached_prefix_and_shares_its_b
     assert manager.allocate_slots(b, 3) == [3]
     assert manager.block_table(b) == [0, 1, 3]
     assert [pool.ref_count(x) for x in range(5)] == [2, 2, 1, 1, 0]
-    assert manager.slot_mapping(b, [8, 9, 10]).tolist() == [12, 13, 14]
+    assert manager.slot_mapping(b, [8, 9, 10]).tolist() == [12, 13, 14], (
+        "slot = block_table[p // block_size] * block_size + p % block_size: logical block 2 of "
+        "B is physical block 3 (a slot mapping without the table reads another request's K/V)")
     assert manager.slot_mapping("A", [0, 5, 9]).tolist() == [0, 5, 9]
 
 
@@ -397,7 +408,9 @@ def test_worked_example_a_full_hit_still_recomputes_the_last_block():
     c = Request("C", T[:8])  # both of its blocks are cached
     hit = manager.get_computed_blocks(c)
     assert hit == ([0], 4), f"got {hit}, expected ([0], 4): {LAST_TOKEN}"
-    assert manager.allocate_slots(c, 4) == [3]
+    got = manager.allocate_slots(c, 4)
+    assert got == [3], (f"got {got}: 4 recomputed tokens need ceil(4 / 4) = 1 new block, not "
+                        "4 // 4 + 1 (blocks needed = ceil(tokens / block_size))")
     assert manager.block_table(c) == [0, 3]
     assert pool.get_cached_block(chain(T, 4)[1]) == 1, "block 1 stays the cached copy of T[4:8]"
     assert manager.get_computed_blocks(Request("D", T[:9])) == ([0, 1], 8)
@@ -430,12 +443,16 @@ def test_worked_example_fork_shares_every_block_and_the_first_write_copies_the_s
     assert isinstance(child, Request) and child.request_id == "B2"
     assert child.token_ids == b.token_ids
     assert manager.block_table(child) == [0, 1, 3]
-    assert [pool.ref_count(x) for x in (0, 1, 3)] == [2, 2, 2]
+    assert [pool.ref_count(x) for x in (0, 1, 3)] == [2, 2, 2], (
+        "a fork takes a reference on every block it shares: freeing the parent must not free "
+        "blocks the child still reads")
     b = b.appended(300)
-    assert manager.allocate_slots(b, 1) == [2]
+    assert manager.allocate_slots(b, 1) == [2], SHARED_WRITE
     assert manager.take_copies() == [BlockCopy(3, 2)], SHARED_WRITE
     assert manager.block_table(b) == [0, 1, 2], SHARED_WRITE
-    assert pool.ref_count(3) == 1 and pool.ref_count(2) == 1
+    assert pool.ref_count(3) == 1 and pool.ref_count(2) == 1, (
+        "after the copy the writer owns its copy only: its reference on the shared source "
+        f"block is dropped (ref counts: block 3 {pool.ref_count(3)}, block 2 {pool.ref_count(2)})")
     assert manager.allocate_slots(child.appended(400), 1) == []
     assert manager.take_copies() == [], (
         "B2 is now the only owner of block 3: it writes in place, without a copy"
@@ -484,7 +501,10 @@ def test_allocate_slots_returns_None_and_changes_nothing_when_the_pool_cannot_se
     too_long = Request("B", [1, 2, 3, 4, 9, 9, 9, 9, 9])  # hits 2 blocks, needs 3 more
     assert manager.get_computed_blocks(too_long) == ([0, 1], 4)
     before = snapshot(pool, manager)
-    assert manager.allocate_slots(too_long, 5) is None, (
+    with raised_as("allocate_slots must return None when the pool cannot serve (count the "
+                   "free hit blocks as used, not as free for the new blocks too)"):
+        got = manager.allocate_slots(too_long, 5)
+    assert got is None, (
         "2 cached hit blocks sit in the free queue, and taking them leaves 2 free blocks for "
         "the 3 new ones: allocate_slots must return None (count free hit blocks as used)"
     )
@@ -981,7 +1001,9 @@ def test_contiguous_reservation_holds_max_model_len_per_request():
     stats = impl.simulate_contiguous(workload, 8, 2, max_num_seqs=8, max_model_len=8)
     assert stats.finish_step == (2, 2, 5), "16 slots hold two reservations of 8: R2 waits"
     assert stats.used_slots == (4, 6, 8, 2, 3, 4)
-    assert stats.reserved_slots == (16, 16, 16, 8, 8, 8)
+    assert stats.reserved_slots == (16, 16, 16, 8, 8, 8), (
+        f"reserved {stats.reserved_slots}: a contiguous reservation holds max_model_len slots "
+        "per running request from admission, not only the slots it has filled")
     assert stats.mean_utilisation == pytest.approx(27 / 96)
     assert stats.waste == pytest.approx(1 - 27 / 72)
     assert stats.preemptions == 0

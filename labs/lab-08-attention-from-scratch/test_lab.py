@@ -22,19 +22,23 @@ from common import load_impl, prefix_mask, reference_attention
 from common.loader import load_lab_module
 from common.reference import to_float64
 from common.testing import (
+    BOTTOM_RIGHT,
     HEAD_RATIOS,
+    NO_SCALE,
+    SCALE_IGNORED,
     BadInputs,
     assert_close,
     bad_input_test,
     called_on_copies,
     examples,
+    raised_as,
+    scale_wrong,
 )
 
 # every call gets copies of its arrays: expected values come from the test's own
 impl = called_on_copies(load_impl(__file__))
 provided = load_lab_module(__file__, "provided")
 
-NO_SCALE = "forgot the 1/sqrt(d) scale"
 SCALE_BY_D = "divided by d instead of sqrt(d)"
 WRONG_AXIS = "softmax over the wrong axis: each query's row must sum to 1 over the KEYS (last axis)"
 MASK_INVERTED = (
@@ -58,10 +62,6 @@ KPM_POLARITY = (
     "the opposite of SDPA's boolean attn_mask"
 )
 DIAGONAL = "causal mask off by one: query i must attend key i itself (the diagonal)"
-BOTTOM_RIGHT = (
-    "causal here is top-left (query i sees keys 0..i, like SDPA is_causal); the mask was "
-    "aligned bottom-right"
-)
 GQA_TILE = (
     "GQA heads repeated with np.tile (query head h read KV head h % Hkv): repeat each KV head "
     "in place (np.repeat / repeat_interleave) so that head h reads KV head h // group"
@@ -98,7 +98,6 @@ K_T_ON_BATCHES = (
     "k.T on a batch reverses ALL axes ([B, H, L, d] -> [d, L, H, B]): transpose only the last "
     "two (np.swapaxes(k, -1, -2)), so that scores[..., i, j] = q[..., i, :] · k[..., j, :]"
 )
-SCALE_IGNORED = "the scale argument was ignored: scale=0.3 multiplies the raw scores by 0.3"
 SCALE_DIVIDES = "the scale was divided by: scale multiplies the scores (1/sqrt(d) by default)"
 MASKED_NOT_LEAKED = (
     "nothing of the padded keys leaked (the output holds no value near {poison:g}), so the "
@@ -286,10 +285,12 @@ def test_the_additive_score_works_on_batches_of_heads(lead):
     want = np.einsum("a,...ija->...ij", v_a, np.tanh(
         np.einsum("...id,da->...ia", q, w_q)[..., :, None, :]
         + np.einsum("...jd,da->...ja", k, w_k)[..., None, :, :]))  # fmt: skip
-    assert_close(impl.additive_scores(q, k, w_q, w_k, v_a), want,
+    batched = "the additive score works only on 2-D inputs: broadcast over the leading axes"
+    with raised_as(batched):
+        got = impl.additive_scores(q, k, w_q, w_k, v_a)
+    assert_close(got, want,
                  what=f"additive_scores on [{', '.join(map(str, lead))}, L, d] inputs",
-                 hint="broadcast over the leading axes: q w_q is [..., Lq, 1, da], "
-                 "k w_k is [..., 1, Lk, da]")  # fmt: skip
+                 hint=f"{batched}: q w_q is [..., Lq, 1, da], k w_k is [..., 1, Lk, da]")
 
 
 # ---- 2. softmax, entropy and the √d experiment -------------------------------------------
@@ -611,26 +612,20 @@ def test_a_query_with_nothing_to_attend_gets_zeros():
     )  # fmt: skip
 
 
-SCALE_IGNORED = "the scale= argument was ignored (1/sqrt(d) used instead)"
-SCALE_ZERO_DEFAULT = (
-    "scale=0 was taken for 'no scale given': test `scale is None`, not `not scale` (scale=0 "
-    "makes every score 0: uniform weights)"
-)
-
-
 @pytest.mark.points(1)
 @pytest.mark.parametrize("scale", [0.37, 0.0], ids=["scale=0.37", "scale=0"])
 def test_sdpa_and_the_weights_use_their_scale_keyword_as_pytorch(scale):
     q, k, v = normal(11, 2, 2, 4, 6), normal(12, 2, 2, 5, 6), normal(13, 2, 2, 5, 3)
     want = F.scaled_dot_product_attention(t(q), t(k), t(v), is_causal=True, scale=scale)
-    hint = SCALE_ZERO_DEFAULT if scale == 0 else SCALE_IGNORED
     default = reference_sdpa(q, k, v, top_left(4, 5))
     assert_close(impl.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale), want,
-                 what=f"SDPA with scale={scale}", wrong_answers={hint: default})  # fmt: skip
+                 what=f"SDPA with scale={scale}",
+                 wrong_answers=scale_wrong(scale, default))  # fmt: skip
     s = q @ np.swapaxes(k, -1, -2) * scale
     assert_close(impl.attention_weights(q, k, scale=scale), softmax_ref(s),
                  what=f"attention_weights with scale={scale}",
-                 wrong_answers={hint: softmax_ref(q @ np.swapaxes(k, -1, -2) / math.sqrt(6))})
+                 wrong_answers=scale_wrong(scale, softmax_ref(q @ np.swapaxes(k, -1, -2)
+                                                              / math.sqrt(6))))  # fmt: skip
     assert_close(impl.scaled_dot_scores(q, k, scale=scale), s,
                  what=f"scaled_dot_scores with scale={scale}")  # fmt: skip
 
@@ -642,7 +637,8 @@ def test_sdpa_with_no_keys_or_no_queries_is_what_pytorch_returns(lq, lk):
     zeros too); Lq = 0: an empty ``[..., 0, dv]``."""
     q, k, v = normal(14, 1, 2, lq, 4), normal(15, 1, 2, lk, 4), normal(16, 1, 2, lk, 3)
     want = F.scaled_dot_product_attention(t(q), t(k), t(v))
-    with np.errstate(all="ignore"):
+    with np.errstate(all="ignore"), raised_as(f"SDPA with Lq={lq}, Lk={lk}: with no keys the "
+                                              "softmax's max is over nothing (every weight 0)"):
         got = impl.scaled_dot_product_attention(q, k, v)
     assert_close(got, want, what=f"SDPA with Lq={lq}, Lk={lk}",
                  nan_hint="NaN: with no keys the softmax's max and sum are over nothing; "
@@ -1044,7 +1040,8 @@ def test_zero_sizes_give_empty_arrays_not_errors():
             lambda: impl.apply_rope(np.zeros((2, 0, 4)), np.arange(0)), (2, 0, 4)),
     }  # fmt: skip
     for what, (call, shape) in cases.items():
-        got = np.asarray(call())
+        with raised_as(f"{what}: a zero size is allowed, the answer is an empty array"):
+            got = np.asarray(call())
         assert got.shape == shape, f"{what} has shape {got.shape}, expected {shape} (empty)"
 
 

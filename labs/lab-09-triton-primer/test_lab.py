@@ -21,6 +21,8 @@ from common import load_impl
 from common.reference import to_float64
 from common.testing import (
     ACC_IN_FP16,
+    LSE_WITHOUT_MAX,
+    P_NOT_CAST,
     assert_close,
     assert_loads_in_bounds,
     called_on_copies,
@@ -28,6 +30,7 @@ from common.testing import (
     examples,
     host_syncs,
     kernel_memory,
+    raised_as,
     sm90_compile_test,
     tolerance,
 )
@@ -107,7 +110,6 @@ ACC_OVERWRITTEN = (
 FIRST_K_SKIPPED = "the k loop missed k = 0: range(0, k) visits every column of a"
 NO_RESCALE_ACC = "the accumulator was not rescaled (acc * alpha) when the running max grew"
 NO_RESCALE_L = "the denominator l was not rescaled (l * alpha) when the running max grew"
-LSE_WITHOUT_MAX = "lse must include the max: lse = m + log(l)"
 M_STARTS_AT_ZERO = (
     "NaN: every score is near -200 and exp of it underflows to 0 in float32. Start the "
     "running max at -inf (tl.full([BLOCK_M], float('-inf'), tl.float32)), not 0"
@@ -599,8 +601,9 @@ def test_9_online_softmax_in_float16_accumulates_in_float32():
     s = (rand(54, 16, 64, scale=0.5)).astype(np.float16).astype(np.float64)
     v = cancelling(rand(55, 64, 16, scale=0.1))
     out, lse = out_view(16, 16, dtype="float16"), out_view(16)
-    impl.online_softmax(data_view(s, dtype="float16"), data_view(v, dtype="float16"), out, lse,
-                        16, 64, 16, block_m=16, block_n=16)
+    with raised_as(P_NOT_CAST, when="must be same dtype"):
+        impl.online_softmax(data_view(s, dtype="float16"), data_view(v, dtype="float16"), out,
+                            lse, 16, 64, 16, block_m=16, block_n=16)
     want_lse = np.log(np.exp(s - s.max(1, keepdims=True)).sum(1)) + s.max(1)
     assert_close(out, softmax(s) @ v, what="float16 out", atol=F16_ATOL, rtol=F16_RTOL,
                  hint=ACC_IN_FP16)

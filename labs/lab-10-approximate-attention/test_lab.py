@@ -29,7 +29,9 @@ from common.testing import (
     called_on_copies,
     examples,
     peak_memory,
+    raised_as,
     random_qkv,
+    scale_wrong,
 )
 
 # every call gets copies of its arrays: expected values come from the test's own
@@ -363,7 +365,8 @@ def test_sparse_attention_equals_dense_attention_restricted_to_the_mask(
     want = reference_attention(q, k, v, mask=mask)
     unseen = ~mask.any(axis=0)
     k[unseen], v[unseen] = np.nan, np.nan  # no row may read these
-    with np.errstate(all="ignore"):
+    with np.errstate(all="ignore"), raised_as("a row that may attend nothing (no allowed key) "
+                                              "has lse = -inf and out = 0, not an error"):
         got = impl.sparse_attention(q, k, v, mask)
     assert_out_and_lse(got, want, f"Lq={lq} Lk={lk} d={d} dv={dv}, {int(mask.sum())} allowed pairs",
                        nan_hint=SPARSE_NAN,
@@ -487,21 +490,39 @@ def test_lsh_hashes_queries_and_keys_with_the_same_rotations():
     assert_out_and_lse((out, lse), want, "every key equals its query")
 
 
-def reformer_mask(qk, rotations, chunk_size, previous=True, self_mask=True):
+def reformer_mask(qk, rotations, chunk_size, previous=True, self_mask=True, *,
+                  same_bucket=True, wrap=False, only_round=None):
     """Shared-QK sort-and-chunk by the definition: same bucket, own or previous chunk (no
     wrap from chunk 0 to the last), the union over rounds; with ``self_mask`` (the paper's
-    rule) a query's own key is dropped unless it is the query's only key."""
+    rule) a query's own key is dropped unless it is the query's only key. The keywords
+    build the misconceptions: any bucket, chunk 0 wrapping to the last, one round alone."""
     n = len(qk)
     mask = np.zeros((n, n), dtype=bool)
-    for h in buckets_by_definition(qk, rotations):
+    for r, h in enumerate(buckets_by_definition(qk, rotations)):
+        if only_round is not None and r != only_round:
+            continue
         order = sorted(range(n), key=lambda p: (h[p], p))
         chunk = np.empty(n, dtype=np.int64)
         chunk[order] = np.arange(n) // chunk_size
         near = chunk[None, :] == chunk[:, None]
         if previous:
             near |= chunk[None, :] == chunk[:, None] - 1
-        mask |= near & (h[None, :] == h[:, None])
+        if wrap:
+            near |= (chunk[:, None] == 0) & (chunk[None, :] == chunk.max())
+        mask |= near & (h[None, :] == h[:, None]) if same_bucket else near
     return without_self(mask) if self_mask else mask
+
+
+def rounds_averaged(qk, keys, v, rotations, chunk_size):
+    """Each hash round attended alone (the self-mask of the union), the outputs averaged."""
+    union = reformer_mask(qk, rotations, chunk_size, self_mask=False)
+    alone = ~(union & ~np.eye(len(qk), dtype=bool)).any(axis=1, keepdims=True)
+    outs = []
+    for r in range(len(buckets_by_definition(qk, rotations))):
+        mine = reformer_mask(qk, rotations, chunk_size, self_mask=False, only_round=r)
+        outs.append(reference_attention(qk, keys, v, mask=mine & (alone | ~np.eye(len(qk),
+                                                                             dtype=bool)))[0])
+    return np.mean(outs, axis=0)
 
 
 def without_self(mask):
@@ -530,7 +551,16 @@ def test_reformer_attention_sorts_by_bucket_and_attends_its_own_and_previous_chu
             reference_attention(qk, keys, v, mask=own_chunk_mask(qk, rotations, chunk_size))[0],
         REFORMER_SELF: reference_attention(
             qk, keys, v, mask=reformer_mask(qk, rotations, chunk_size, self_mask=False))[0],
+        "a chunk attended keys of other buckets: only keys that share the query's bucket count":
+            reference_attention(qk, keys, v, mask=reformer_mask(qk, rotations, chunk_size,
+                                                                same_bucket=False))[0],
+        "chunk 0 wrapped around to the last chunk: the first chunk has no chunk before it":
+            reference_attention(qk, keys, v, mask=reformer_mask(qk, rotations, chunk_size,
+                                                                wrap=True))[0],
     }
+    if rounds > 1:
+        wrong["the hash rounds were averaged: a query attends the union of its rounds' keys, "
+              "merged by one softmax"] = rounds_averaged(qk, keys, v, rotations, chunk_size)
     wrong_lse = {REFORMER_KEYS: reference_attention(qk, qk, v, mask=mask)[1]}
     assert_out_and_lse(
         impl.reformer_attention(qk, v, rotations, chunk_size), want,
@@ -1026,6 +1056,9 @@ SCALED = {  # function -> (what it returns for scale s, from the definitions abo
         lambda q, k, v, s: reference_attention(
             q, q / np.linalg.norm(q, axis=1, keepdims=True), v[: len(q)], scale=s,
             mask=reformer_mask(q, ROT_4, 3))),
+    "chunked_attention": (
+        lambda q, k, v, s: impl.chunked_attention(q, k, v, 3, 4, scale=s),
+        lambda q, k, v, s: reference_attention(q, k, v, scale=s)),
     "lsh_mass_captured": (
         lambda q, k, v, s: impl.lsh_mass_captured(q, k, ROT_4, scale=s),
         lambda q, k, v, s: (softmax_matrix(q, k, scale=s) * same_bucket_mask(q, k, ROT_4)).sum(1)),
@@ -1035,9 +1068,6 @@ SCALED = {  # function -> (what it returns for scale s, from the definitions abo
     "attention_singular_values": (
         lambda q, k, v, s: impl.attention_singular_values(q, k, scale=s),
         lambda q, k, v, s: np.linalg.svd(softmax_matrix(q, k, scale=s), compute_uv=False)),
-    "chunked_attention": (
-        lambda q, k, v, s: impl.chunked_attention(q, k, v, 3, 4, scale=s),
-        lambda q, k, v, s: reference_attention(q, k, v, scale=s)),
 }  # fmt: skip
 MASK_7x9 = np.random.default_rng(70).random((7, 9)) < 0.6
 ROT_4 = provided.random_rotations(4, 4, 2, seed=11)
@@ -1054,14 +1084,12 @@ def test_every_scale_keyword_is_used(name, scale):
     call, definition = SCALED[name]
     got, want = call(q, k, v, scale), definition(q, k, v, scale)
     default = definition(q, k, v, None)
-    hint = ("scale=0 was taken for 'no scale given': test `scale is None`, not `not scale`"
-            if scale == 0 else "the scale= argument was ignored (1/sqrt(d) used instead)")
     if isinstance(want, tuple):
         assert_out_and_lse(got, want, f"{name}(..., scale={scale})",
-                           wrong_out={hint: default[0]})  # fmt: skip
+                           wrong_out=scale_wrong(scale, default[0]))  # fmt: skip
     else:
-        assert_close(got, want, what=f"{name}(..., scale={scale})", wrong_answers={hint: default},
-                     atol=1e-10, rtol=1e-10)  # fmt: skip
+        assert_close(got, want, what=f"{name}(..., scale={scale})",
+                     wrong_answers=scale_wrong(scale, default), atol=1e-10, rtol=1e-10)  # fmt: skip
 
 
 NO_KEYS = {  # function -> its call on Lk = 0 keys (every row attends nothing: 0 and -inf)
@@ -1081,7 +1109,9 @@ def test_zero_tokens_give_empty_masks_and_no_bytes():
         "bigbird_mask(0, 1, [], 2)": lambda: impl.bigbird_mask(0, 1, [], 2),
     }
     for what, call in masks.items():
-        assert_mask(call(), np.zeros((0, 0), dtype=bool), what)
+        with raised_as(f"{what}: n = 0 tokens is allowed, the mask is [0, 0]"):
+            got = call()
+        assert_mask(got, np.zeros((0, 0), dtype=bool), what)
     assert impl.score_matrix_bytes(0) == 0, "score_matrix_bytes(0) must be 0"
 
 
@@ -1089,7 +1119,8 @@ def test_zero_tokens_give_empty_masks_and_no_bytes():
 @pytest.mark.parametrize("name", list(NO_KEYS))
 def test_no_keys_at_all_gives_zeros_and_minus_inf(name):
     q, k, v = random_qkv(61, 3, 0, 4, 2)
-    with np.errstate(all="ignore"):
+    with np.errstate(all="ignore"), raised_as(f"{name} with Lk = 0: no keys is allowed, every "
+                                              "row attends nothing (out 0, lse -inf)"):
         got = NO_KEYS[name](q, k, v)
     assert_out_and_lse(got, (np.zeros((3, 2)), np.full(3, -np.inf)), f"{name} with Lk = 0",
                        nan_hint="NaN: with no keys l = 0; the output is 0, not 0/0")
