@@ -30,11 +30,17 @@ FlashInfer at commit 00b1eec of include/flashinfer/attention/scheduler.cuh):
   stops; the model also rejects a split that fills the grid without shortening the call
   (MLA at batch 64 on an H100) and takes one that more than fills it when the partial last
   wave would leave SMs idle (MLA at batch 64 on an A100).
-* **Split-KV (prefill).** FlashInfer's ``PrefillSplitQOKVIndptr`` splits the KV of a prefill
-  too (``PrefillBinarySearchKVChunkSize``: ``sum_i ceil(packed_qo_len_i / cta_tile_q) x
-  ceil(kv_len_i / chunk) <= max_batch_size_if_split``). Here ``varlen_prefill`` prices the
-  split the same way and records it in ``notes["wanted_splits"]``; lab 03's kernel has no
-  split path, so it takes the query tile that fills the grid instead when that is as good.
+* **Split-KV (prefill).** FlashInfer's FA2 prefill plan (``PrefillSplitQOKVIndptr``,
+  ``PrefillBinarySearchKVChunkSize``) splits a prefill's KV too: the smallest chunk (at
+  least 128 tokens) whose ``sum_i ceil(packed_qo_len_i / cta_tile_q) x ceil(kv_len_i /
+  chunk)`` fits ``max_batch_size_if_split``, the partials merged after. Here
+  ``_best_prefill`` prices each split count (up to ``PREFILL_CTAS_PER_SM`` CTAs a SM) and
+  lab 03's kernel runs it (grid axis 2, ``common.splits``' merge). Departures: a tile's
+  split is an equal share of its own whole key tiles below its first query, the diagonal
+  tiles in split 0 (FlashInfer's chunks are fixed spans from the sequence's start, equal
+  for every tile), so every row sees a key before any masked tile; and among plans the
+  model prices within ``MIN_GAIN`` the least work wins (at TP8, 128-row tiles split in two
+  over 64-row tiles: the same modelled time, half the L2 reads).
 * **Query tiles (prefill).** FlashInfer's ``FA2DetermineCtaTileQ``
   (include/flashinfer/utils.cuh) picks the rows of a CTA's query tile from the average
   *packed* query length (query tokens x the GQA group): 128 rows above 64 packed rows (head
@@ -42,17 +48,29 @@ FlashInfer at commit 00b1eec of include/flashinfer/attention/scheduler.cuh):
   ``vllm/v1/attention/ops/triton_unified_attention.py``: ``BLOCK_Q = BLOCK_M //
   num_queries_per_kv``) puts the group's heads in the rows, so a tile reads each K/V tile
   once per ``BLOCK_M`` rows. A tall tile is what turns ``tl.dot`` into wgmma on sm_90
-  (a warpgroup MMA has M = 64 per warpgroup). Departure: one launch has one tile, and the
-  average lets 511 decode rows pick the tile of a 4,096-token prefill beside them; with
-  the per-sequence lengths the tile is chosen from the sequences that carry the FLOPs
-  (``packed_rows_by_flops``) and then priced against the grid it makes (FlashInfer's sm_90
-  path, ``PrefillSM90Plan``, fixes 128 rows and balances the tiles over the SMs).
+  (a warpgroup MMA has M = 64 per warpgroup). Departure: the average lets 511 decode rows
+  pick the tile of a 4,096-token prefill beside them, so the tile comes from the sequences
+  that carry the FLOPs (``packed_rows_by_flops``). FlashInfer's sm_90 plan
+  (``PrefillSM90Plan``) fixes 128 rows (192 at dv = 64) for every request and balances the
+  tiles over the SMs with a heap; it neither splits the KV nor packs the group.
+* **A tile per sequence class.** vLLM's FlashInfer backend
+  (``vllm/v1/attention/backends/flashinfer.py``) cuts a batch with
+  ``split_decodes_and_prefills`` (decodes first) and runs the decode rows through
+  ``BatchDecodeWithPagedKVCacheWrapper`` and the rest through the prefill wrapper: two
+  launches, each with its own tile. Here ``split_classes`` / ``_per_class`` plan the decode
+  rows and the prefill rows apart (``Plan.classes``) and take the two launches when the
+  model prices them within ``MIN_GAIN`` of one and they issue less work (a decode row in a
+  128-row tile pays 128 rows of MMA). Departure: lab 03's launcher cannot run them (it
+  would need the class boundary on the host), so it launches the one-launch plan.
 * **vLLM 0.33.0's split (3D) path** (``vllm/v1/attention/backends/triton_attn.py`` and
   ``ops/triton_unified_attention.py``): taken only for causal batches whose 2D grid would
   be small, ``num_seqs x cdiv(max_seqlen_q, BLOCK_Q) <= seq_threshold_3D`` with
   ``seq_threshold_3D = 128 // num_kv_heads`` snapped to a CUDA-graph capture size, query
   lengths up to 8 (speculative verification), with 16 fixed segments
-  (``NUM_PAR_SOFTMAX_SEGMENTS``).
+  (``NUM_PAR_SOFTMAX_SEGMENTS``). Unchecked against the v0.33.0 tag: the stored
+  ``triton_attn.py`` (commit 001ceb3) predates the 3D path, and a later
+  ``unified_attention`` seen takes it only for ``max_seqlen_q <= 1`` and ``num_seqs <=
+  seq_threshold_3D``. The course's planners do not follow this rule; lab 04 teaches it.
 * **MLA.** FlashMLA's decode tile holds 64 query heads (``BLOCK_SIZE_M = 64``); one latent
   row per token is shared by every head, so the cache is read once per 64 heads.
 * **Shared memory.** A plan fits the target's per-block shared memory (``smem_kb``, the
@@ -190,7 +208,7 @@ FOOTPRINTS = {
     "decode_d128": Footprint(107, 39.0, 4, 2, 64 * 256 * 2),  # labs 01 / 06, 64 keys, d 128
     "mla_h64": Footprint(234, 145.0, 8, 2, 32 * 576 * 2),  # lab 06, 64 heads x 512 + 64
     "mla_h16": Footprint(112, 56.0, 8, 2, 32 * 576 * 2),  # lab 06, 16 heads (TP8)
-    "prefill": Footprint(188, 97.5, 8, 3, 64 * 256 * 2),  # lab 03, 128 x 64, d 128
+    "prefill": Footprint(192, 97.5, 8, 3, 64 * 256 * 2),  # lab 03, 128 x 64, d 128
 }
 
 

@@ -148,13 +148,13 @@ def causal_mask(num_queries: int, num_keys: int, alignment: str) -> np.ndarray:
 def _varlen_prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, query_start_loc_ptr, seq_lens_ptr,
     out_ptr, lse_ptr,
-    qk_scale, num_seqs,
+    qk_scale, num_seqs, num_splits,
     stride_qt, stride_qh, stride_qd,
     stride_kb, stride_ks, stride_kh, stride_kd,
     stride_vb, stride_vs, stride_vh, stride_vd,
     stride_bt,
-    stride_ot, stride_oh, stride_od,
-    stride_lt, stride_lh,
+    stride_ot, stride_oh, stride_os, stride_od,
+    stride_lt, stride_lh, stride_ls,
     GROUP: tl.constexpr, PAGE_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
@@ -164,10 +164,12 @@ def _varlen_prefill_kernel(
     """One program = BLOCK_Q query tokens of one sequence x the GROUP query heads of one KV
     head, packed into the BLOCK_M rows of one tile: every K/V tile it loads serves them all.
 
-    ``varlen_prefill_triton`` launches it on the grid ``(T // BLOCK_Q + B, KVH)``
-    with the arguments above (strides for every dimension: nothing is assumed contiguous;
-    V's head dim HEAD_DIM_V may differ from K's HEAD_DIM; both are padded to powers of two
-    >= 16, HEAD_DIM_PAD and HEAD_DIM_V_PAD, for tl.dot).
+    ``varlen_prefill_triton`` launches it on the grid ``(T // BLOCK_Q + B, KVH,
+    num_splits)`` with the arguments above (strides for every dimension: nothing is assumed
+    contiguous; V's head dim HEAD_DIM_V may differ from K's HEAD_DIM; both are padded to
+    powers of two >= 16, HEAD_DIM_PAD and HEAD_DIM_V_PAD, for tl.dot). Split ``split`` of
+    ``num_splits`` takes its share of the key tiles every row sees, split 0 the diagonal
+    too; it writes a partial ``(out, lse)`` at its split row (``stride_os``, ``stride_ls``).
 
     TODO, in order (small @triton.jit helpers are welcome):
     1. q_block = tl.program_id(0) (a global query-block number), kv_head = tl.program_id(1).
@@ -194,6 +196,13 @@ def _varlen_prefill_kernel(
        start_pos + token with -inf; tiles wholly below it need no score mask.
     6. Store out = acc / l (in out's dtype, the first HEAD_DIM_V columns) and
        lse = ln(2) * (m + log2(l)) (float32) for the real rows.
+    7. The KV split (do it last; num_splits = 1 until then): split = tl.program_id(2) (in
+       tl.int64: split * stride_os is large). The whole tiles below the block's first query
+       are cut into num_splits equal shares of whole tiles; a program loops over its share
+       only, and split 0 alone also does the diagonal tiles, after its share (why must every
+       row have seen a key before a masked tile?). Store at the split's row (+ split *
+       stride_os, + split * stride_ls). A split with no keys has l = 0: it must write
+       out = 0 and lse = -inf, the identity of lab 04's merge, not 0 / 0.
     """
     tl.static_assert(False, "TODO: write _varlen_prefill_kernel (the steps are in its docstring)")
 
@@ -210,6 +219,7 @@ def varlen_prefill_triton(
     block_m: int | None = None,
     block_n: int | None = None,
     max_seq_len: int | None = None,
+    num_splits: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Varlen causal attention over a paged cache in one Triton launch (torch tensors).
 
@@ -224,12 +234,15 @@ def varlen_prefill_triton(
         max_seq_len: the longest ``seq_lens`` entry, known on the host. Given, the launch
             makes no host synchronisation; None is the debug path (one copy of the metadata
             to the host, every value checked).
+        num_splits: KV splits per query tile; None = the launch plan's (1 on the
+            interpreter; on a GPU, enough to fill a grid under a wave). More than one: the
+            kernel writes partials that ``provided.merge_splits`` combines (a second launch).
 
     Returns:
         ``(out [T, H, dv] in q's dtype, lse [T, H] float32)``.
 
-    Grid: ``(T // BLOCK_Q + B, KVH)`` from shapes only; each program binary-searches
-    ``query_start_loc`` for its sequence (vLLM 0.33.0's ``find_seq_idx``).
+    Grid: ``(T // BLOCK_Q + B, KVH, num_splits)`` from shapes only; each program
+    binary-searches ``query_start_loc`` for its sequence (vLLM 0.33.0's ``find_seq_idx``).
     """
     # TODO, step by step:
     #   1. group = provided.check_varlen_inputs(q, k_cache, v_cache, block_tables,
@@ -237,20 +250,26 @@ def varlen_prefill_triton(
     #      num_tokens, _, head_dim = q.shape; _, page_size, num_kv_heads, head_dim_v =
     #      v_cache.shape; num_seqs = seq_lens.shape[0]
     #   2. tiles = tile_config(q, gpu=provided.gpu_tiles(num_tokens, num_seqs, group, head_dim,
-    #      launch_target(q)), interpreter=provided.INTERPRETER_TILES, block_m=block_m,
-    #      block_n=block_n); then tiles = provided.fit_group(tiles, group, block_m).
+    #      launch_target(q), num_kv_heads=num_kv_heads, max_seq_len=max_seq_len),
+    #      interpreter=provided.INTERPRETER_TILES, block_m=block_m, block_n=block_n); then
+    #      tiles = provided.fit_group(tiles, group, block_m).
     #      A tile's BLOCK_M rows hold BLOCK_Q query tokens x GROUP query heads: BLOCK_Q = ?
+    #      splits = provided.split_count(num_splits, tiles.get("num_splits", 1)).
     #   3. out, lse = provided.output_buffers(q, head_dim_v); no tokens: return them now.
-    #   4. grid = provided.varlen_grid(num_tokens, num_seqs, num_kv_heads, BLOCK_Q): one
-    #      program per query block of every sequence (a sequence's last block may be partial).
+    #      part_out, part_lse = provided.split_outputs(out, lse, splits): where the splits
+    #      write (out and lse themselves, viewed with a split dim of 1, for one split).
+    #   4. grid = provided.varlen_grid(num_tokens, num_seqs, num_kv_heads, BLOCK_Q, splits):
+    #      a program per query block of every sequence (the last may be partial) and split.
     #   5. tables, starts, lens = provided.device_metadata(q, block_tables, query_start_loc,
     #      seq_lens) (int32, contiguous).
     #   6. _varlen_prefill_kernel[grid](...) with the arguments in the order of its signature:
-    #      qk_scale = log2e_scale(scale, or default_scale of the REAL head dim); every stride
-    #      (*q.stride(), *k_cache.stride(), *v_cache.stride(), tables.stride(0),
-    #      *out.stride(), *lse.stride()); the constexprs (HEAD_DIM_PAD = dot_tile(head_dim),
-    #      DOT_PRECISION = dot_precision(q.dtype), ...), num_warps and num_stages from tiles.
-    #   7. return out, lse
+    #      part_out / part_lse as out_ptr / lse_ptr; qk_scale = log2e_scale(scale, or
+    #      default_scale of the REAL head dim); every stride (*q.stride(), *k_cache.stride(),
+    #      *v_cache.stride(), tables.stride(0), *part_out.stride(), *part_lse.stride()); the
+    #      constexprs (HEAD_DIM_PAD = dot_tile(head_dim), DOT_PRECISION =
+    #      dot_precision(q.dtype), ...), num_warps and num_stages from tiles.
+    #   7. provided.merge_splits(part_out, part_lse, out, lse) (nothing for one split);
+    #      return out, lse
     raise NotImplementedError(
         "TODO: launch _varlen_prefill_kernel: check the inputs, plan the tiles (BLOCK_Q query "
         "tokens x GROUP heads per tile), allocate out and lse, a grid with a program for "
