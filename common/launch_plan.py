@@ -566,7 +566,8 @@ def _best_prefill(q_lens: Sequence[int], kv_lens: Sequence[int], num_kv_heads: i
         unsplit = _prefill_cost(q_lens, kv_lens, num_kv_heads, group, bm, head_dim, target)
         found.append(unsplit)
         busy = unsplit["busy_ctas"]
-        cap = min(max(kv_lens) // MIN_SPLIT_KEYS, -(-PREFILL_CTAS_PER_SM * target.sms // busy))
+        cap = min(max(kv_lens, default=0) // MIN_SPLIT_KEYS,
+                  -(-PREFILL_CTAS_PER_SM * target.sms // max(1, busy)))
         for splits in range(2, cap + 1) if busy < target.sms else ():
             cost = _prefill_cost(q_lens, kv_lens, num_kv_heads, group, bm, head_dim, target,
                                  splits)  # fmt: skip
@@ -593,7 +594,7 @@ def varlen_prefill(
     sm_90+, never under the group). Only totals: the average, halved under a wave.
     ``classes``: with lengths of both kinds, one plan per sequence class (``split_classes``)."""
     lens_known = q_lens is not None and kv_lens is not None
-    if not lens_known and max_seq_len and not target.interpreter:
+    if not lens_known and max_seq_len and num_seqs and num_tokens and not target.interpreter:
         q_lens = [num_tokens // num_seqs + (b < num_tokens % num_seqs) for b in range(num_seqs)]
         kv_lens, lens_known = [max(int(max_seq_len), q) for q in q_lens], True
     if lens_known:
@@ -626,7 +627,7 @@ def varlen_prefill(
     plan = Plan(tiles, **prefill_launch(block_m, tiles["block_n"], head_dim, target.arch),
                 splits=splits, grid=grid, why=why, model=model)  # fmt: skip
     plan = fit_smem(plan, "prefill", head_dim, target)
-    classes = split_classes(q_lens, kv_lens, group, head_dim, target) if q_lens else None
+    classes = split_classes(q_lens, kv_lens, group, head_dim, target) if lens_known else None
     if classes is None or max_seq_len:
         return plan
     return _per_class(plan, classes, num_kv_heads, group, head_dim, target)

@@ -937,7 +937,8 @@ def test_triton_launch_gives_every_query_block_of_every_sequence_a_program():
         f"the rows of query blocks {short} (sequence: blocks) were never written: they got no "
         f"program. A tile's BLOCK_M rows hold BLOCK_Q = BLOCK_M // GROUP query tokens, and a "
         "sequence's last block may be partial, so cdiv(T, BLOCK_Q) programs are too few: the "
-        "grid is (T // BLOCK_Q + B, KVH) (provided.varlen_grid), the spare programs return"
+        "grid is (T // BLOCK_Q + B, KVH, num_splits) (provided.varlen_grid), the spare "
+        "programs return"
     )
     check_prefill_kernel((out, lse), batch, "Triton, 6 sequences of 1-17 new tokens, 16 x 16")
 
