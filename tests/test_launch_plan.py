@@ -185,6 +185,7 @@ def test_one_long_prefill_beside_511_decodes_gets_a_tile_per_sequence_class():
     assert lp.packed_rows_by_flops(q_lens, kv_lens, 1) > 1000
     plan = lp.varlen_prefill(4607, 512, 8, 1, 128, SM90, q_lens=q_lens, kv_lens=kv_lens)
     assert [c.tiles["block_m"] for c in plan.classes] == [16, 128], plan.why
+    assert plan.tiles["block_m"] >= 64, "one launch for both: the FLOP-weighted tile, not 16"
     assert [c.grid[0] for c in plan.classes] == [511 // 16 + 511, 4096 // 128 + 1]
     one = lp._prefill_cost(q_lens, kv_lens, 8, 1, 128, 128, SM90)
     assert plan.model["work_us"] < 0.85 * one["work_us"], (plan.model, one)
