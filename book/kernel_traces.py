@@ -45,19 +45,45 @@ def _programs(trace: Any, named: dict[str, Any]) -> dict[str, dict[str, list[int
     return {str(pid): accesses for pid, accesses in sorted(out.items())}
 
 
+def _calls(trace: Any, named: dict[str, Any]) -> dict[str, list[list[Any]]]:
+    """``{"(p0, p1, p2)": [[access, elements], ...]}``: each program's loads and stores in the
+    order they ran (one entry per ``tl.load`` / ``tl.store`` that touched a named tensor), so
+    the n-th load of ``k`` is the n-th tile of the program's key loop."""
+    spans = [(name, t.data_ptr(), t.data_ptr() + t.untyped_storage().nbytes()
+              - t.storage_offset() * t.element_size(), t.element_size())
+             for name, t in named.items()]
+    out: dict[tuple[int, ...], list[list[Any]]] = {}
+    for a in trace.accesses:
+        addr = a.addresses[a.mask].astype(np.int64)
+        for name, base, end, item in spans:
+            hit = addr[(addr >= base) & (addr < end)]
+            if hit.size:
+                out.setdefault(tuple(a.program), []).append(
+                    [f"{a.kind}s of {name}", np.unique((hit - base) // item).tolist()])
+    return {str(pid): calls for pid, calls in sorted(out.items())}
+
+
+def _first_call(mine: list | None, ref: list | None, access: str) -> int | None:
+    """The index (from 0) of the first ``access`` call of a program that differs."""
+    a = [ix for name, ix in mine or [] if name == access]
+    b = [ix for name, ix in ref or [] if name == access]
+    return next((i for i in range(max(len(a), len(b)))
+                 if (a[i] if i < len(a) else None) != (b[i] if i < len(b) else None)), None)
+
+
 def _pid(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.strip("()").split(","))
 
 
 def _run(errors: list[str], record: Any, fn: Any, named: dict[str, Any], label: str,
-         ) -> dict[str, dict[str, list[int]]] | None:
+         ) -> tuple[dict[str, dict[str, list[int]]] | None, dict[str, list[list[Any]]]]:
     try:
         with record() as trace, np.errstate(all="ignore"):  # padded rows: -inf - -inf
             fn()
     except Exception as e:  # noqa: BLE001 - the learner's code may raise anything
         errors.append(f"{label}: {type(e).__name__}: {e}"[:300])
-        return None
-    return _programs(trace, named)
+        return None, {}
+    return _programs(trace, named), _calls(trace, named)
 
 
 # ---- lab 09: the nine puzzles, on the README's worked examples -------------------------------
@@ -93,8 +119,8 @@ def trace_lab09(impl: Any) -> dict:
 
     def puzzle(n: int, name: str, outputs: dict[str, Any], named: dict[str, Any],
                call: Any) -> None:
-        programs = _run(errors, record, call, {**named, **outputs}, name)
-        puzzles.append({"puzzle": n, "name": name, "programs": programs,
+        programs, calls = _run(errors, record, call, {**named, **outputs}, name)
+        puzzles.append({"puzzle": n, "name": name, "programs": programs, "calls": calls,
                         "outputs": {k: _r(v.cpu().double().numpy()) for k, v in outputs.items()}})
 
     x, o = vec(13), out(13)
@@ -168,8 +194,9 @@ def diff_lab09(mine: dict, ref: dict) -> dict | None:
         found = _diff_programs(a["programs"], b["programs"])
         if found:
             pid, access, yours, reference = found
+            call = _first_call(a["calls"].get(pid), b["calls"].get(pid), access)
             return {"step": n, "where": f"{where}, program {pid}", "field": access,
-                    "yours": yours, "reference": reference, "program": pid}
+                    "yours": yours, "reference": reference, "program": pid, "call": call}
         for name in b["outputs"]:
             value = _first_value(a["outputs"][name], b["outputs"][name])
             if value:
@@ -208,10 +235,11 @@ def trace_lab00_kernel(impl: Any) -> dict:
         named["out"], named["lse"] = out, lse
 
     named: dict[str, Any] = {"q": q, "k": k, "v": v}
+    calls: dict[str, list[list[Any]]] = {}
     try:
         with record() as trace, np.errstate(all="ignore"):
             call()
-        programs = _programs(trace, named)
+        programs, calls = _programs(trace, named), _calls(trace, named)
     except Exception as e:  # noqa: BLE001
         errors.append(f"flash_attention_triton: {type(e).__name__}: {e}"[:300])
         programs = None
@@ -221,8 +249,46 @@ def trace_lab00_kernel(impl: Any) -> dict:
                       "accesses": accesses})
     outputs = {name: _r(result[name].detach().cpu().double().numpy()) for name in ("out", "lse")
                if name in result}
+    tiles = _key_tiles(calls, q.cpu().double().numpy(), k.cpu().double().numpy(), p)
     return {"lab": "00-kernel", "inputs": p, "programs": programs, "steps": steps,
-            "outputs": outputs, "errors": errors}
+            "outputs": outputs, "errors": errors, "calls": calls, "tiles": tiles}
+
+
+def _key_tiles(calls: dict[str, list[list[Any]]], q: Any, k: Any, p: dict) -> dict[str, dict]:
+    """Per program: its query rows and head (from its loads of q), and per tile of its key
+    loop (its n-th load of k) the keys it loaded, and the running ``(m, l)`` of each row
+    over the keys loaded so far (causal, natural log): the state those loads give a kernel
+    that masks and rescales as the reference does. A kernel's registers are not memory, so
+    this is what its loads imply; what it computed shows in what it stored (``out``,
+    ``lse``)."""
+    lq, lk, d = p["Lq"], p["Lk"], p["d"]
+    scale = 1.0 / np.sqrt(d)
+    out: dict[str, dict] = {}
+    for pid, program in calls.items():
+        q_ix = sorted({i for name, ix in program if name == "loads of q" for i in ix})
+        rows = sorted({(i % (lq * d)) // d for i in q_ix})
+        head = q_ix[0] // (lq * d) if q_ix else 0
+        seen: set[int] = set()
+        steps = []
+        for name, ix in program:
+            if name != "loads of k":
+                continue
+            keys = sorted({(i % (lk * d)) // d for i in ix})
+            seen |= set(keys)
+            m, l_ = [], []
+            for r in rows:
+                cols = [j for j in sorted(seen) if not p["causal"] or j <= r]
+                s_row = q[0, head, r] @ k[0, head, cols].T * scale if cols else np.zeros(0)
+                top = float(s_row.max()) if cols else float("-inf")
+                m.append(top)
+                l_.append(float(np.exp(s_row - top).sum()) if cols else 0.0)
+            steps.append({"keys": _span(keys).replace("elements", "keys"), "m": _r(m),
+                          "l": _r(l_)})
+        width = {"stores of out": p["dv"], "stores of lse": 1}  # elements per query row
+        stores = {name: _span(sorted({(i % (lq * width[name])) // width[name] for i in ix}))
+                  .replace("elements", "rows") for name, ix in program if name in width}
+        out[pid] = {"rows": rows, "head": head, "tiles": steps, "stores": stores}
+    return out
 
 
 def diff_lab00_kernel(mine: dict, ref: dict) -> dict | None:
@@ -233,9 +299,12 @@ def diff_lab00_kernel(mine: dict, ref: dict) -> dict | None:
     if found:
         pid, access, yours, reference = found
         order = list(ref["programs"])
+        tile = _first_call(mine.get("calls", {}).get(pid), ref.get("calls", {}).get(pid),
+                           "loads of k") if access in ("loads of k", "loads of v") else None
+        where = f"program {pid}" + (f", key tile {tile + 1}" if tile is not None else "")
         return {"step": order.index(pid) if pid in order else len(order), "program": pid,
-                "where": f"program {pid}", "field": access, "yours": yours,
-                "reference": reference}
+                "where": where, "field": access, "yours": yours, "reference": reference,
+                "tile": tile}
     for name in ("out", "lse"):  # each on its own: a wrong lse is not an out bug
         value = _first_value(mine["outputs"].get(name), ref["outputs"][name])
         if value:

@@ -59,8 +59,8 @@ EXTRA = {name: (n, builder) for n in LABS
          for name, builder in getattr(lab_traces(n), "EXTRA", {}).items()}
 # Labs whose trace feeds several pages: each page shows its own first difference.
 PAGE_DIFFS = {n: lab_traces(n).PAGE_DIFFS for n in LABS if hasattr(lab_traces(n), "PAGE_DIFFS")}
-# The Triton kernels, through the interpreter (book/kernel_traces.py): no page yet, the
-# command line says where the first difference is (make trace LAB=09, LAB=00 KERNEL=1).
+# The Triton kernels, through the interpreter (book/kernel_traces.py): the kernel-traces page
+# and the command line say where the first difference is (make trace LAB=09, LAB=00 KERNEL=1).
 KERNEL_TRACES = {
     "09": ("lab-09-triton-primer", kernel_traces.trace_lab09, kernel_traces.diff_lab09),
     "00-kernel": ("lab-00-online-softmax", kernel_traces.trace_lab00_kernel,
@@ -158,14 +158,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"   wrote {path.relative_to(REPO) if path.is_relative_to(REPO) else path}")
         if args.impl == "starter" and diff is not None and lab in KERNEL_TRACES:
             print(f"   yours: {diff['yours']}\n   reference: {diff['reference']}")
-        if args.impl == "starter" and args.out is None and lab not in KERNEL_TRACES:
+        if args.impl == "starter" and args.out is None:
             _show_in_book(path, lab)
     return 0
 
 
 def _show_in_book(path: pathlib.Path, lab: str) -> None:
     """Put the learner's trace into the built book, if there is one, and say which pages."""
-    pages = manifest.lab(lab).trace_pages
+    pages = ("kernel-traces",) if lab in KERNEL_TRACES else manifest.lab(lab).trace_pages
     book = REPO / "build" / "book" / "viz"
     names = " and ".join(f"build/book/viz/{page}.html" for page in pages)
     if (book / "traces").is_dir():

@@ -40,6 +40,8 @@ STRIDE_LINE = "    mask = (np.abs(i - j) < stride) | ((i - j) % stride == 0)"  #
 STRIDE_WRONG = STRIDE_LINE.replace("(i - j) % stride", "j % stride")  # absolute, not relative
 
 sys.path.insert(0, str(ROOT))
+from book.alignment_trace import NAME as ALIGNMENT_TRACE  # noqa: E402
+from book.approximation_trace import NAME as APPROX_TRACE  # noqa: E402
 from book.attention_trace import NAME as ATTENTION_TRACE  # noqa: E402
 from book.build import main as build_main  # noqa: E402
 from book.traces import main as traces_main  # noqa: E402
@@ -111,10 +113,41 @@ def book(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
         (lab / "solution.py").unlink()
         assert traces_main(["--impl", "starter", "--lab", "10", "--lab-dir", str(lab),
                             "--out", str(traces)]) == 0
+    plant_kernel_mistakes(tmp, traces)
     out = ROOT / "build" / "book-test"
     assert build_main(["--out", str(out), "--src", str(tmp / "src"),
                        "--starter-traces", str(traces)]) == 0
     return out
+
+
+# Kernel mistakes planted for the kernel-traces page (tests/mutants): lab 00's causal key loop
+# runs to Lq (program (0, 0, 0), query rows 0..15, loads key tile 2, keys 16..19, which no
+# row of it may see); lab 09's add_vectors launches a floor(n / block) grid (program (2, 0,
+# 0) never runs, so its load of x is missing).
+KERNEL_MISTAKES = (("00", "triton-causal-loop-runs-to-lq", ["--kernel"]),
+                   ("09", "p2-grid-floor", []))
+
+
+def plant_kernel_mistakes(tmp: pathlib.Path, traces: pathlib.Path) -> None:
+    """``make trace LAB=00 KERNEL=1`` and ``LAB=09`` on starters holding a kernel mistake
+    (the instructor's tree, with triton installed)."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return
+    from grading.tools.mutants import apply_mutant, parse_mutant
+
+    for lab, mutant, flags in KERNEL_MISTAKES:
+        folder = next((ROOT / "labs").glob(f"lab-{lab}-*"))
+        if not (folder / "solution.py").is_file():
+            return
+        copy = tmp / "kernels" / lab / folder.name
+        shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("__pycache__", "figures"))
+        apply_mutant(parse_mutant(ROOT / "tests" / "mutants" / folder.name / f"{mutant}.mutant",
+                                  folder.name), copy)
+        (copy / "solution.py").rename(copy / "starter.py")
+        assert traces_main(["--impl", "starter", "--lab", lab, *flags, "--lab-dir", str(copy),
+                            "--out", str(traces)]) == 0
 
 
 @pytest.fixture(scope="module")
@@ -290,6 +323,44 @@ def test_a_starter_that_does_not_rescale_acc_differs_at_the_tile_where_the_max_g
     SHOTS.mkdir(parents=True, exist_ok=True)
     shot = SHOTS / "viz_flash-attention-tiling-wrong-starter.png"
     p.page.locator("#fa-viz").screenshot(path=str(shot))
+
+
+@BROWSER
+def test_kernel_traces_outline_a_planted_kernel_mistake_at_its_program_and_tile(open_page):
+    pytest.importorskip("triton", reason="the kernels are traced through Triton's interpreter")
+    if not (ROOT / "labs" / "lab-00-online-softmax" / "solution.py").is_file():
+        pytest.skip("the mistakes are planted in copies of solution.py (instructor's tree)")
+    p = open_page("viz/kernel-traces.html")
+    assert not p.errors, p.errors
+    # lab 00: the causal loop that runs to Lq loads key tile 2 in program (0, 0, 0)
+    viz = p.page.locator("#kt00-viz")
+    assert viz.locator(".viz-starter").get_attribute("data-state") == "differs"
+    assert (viz.get_attribute("data-first-diff-program"),
+            viz.get_attribute("data-first-diff-tile")) == ("(0, 0, 0)", "1")
+    outlined = viz.locator("td.first-diff")
+    assert outlined.count() == 1
+    assert (outlined.get_attribute("data-program"), outlined.get_attribute("data-tile")) == (
+        "(0, 0, 0)", "1")
+    assert "yours: keys 16..19 (4)" in outlined.inner_text(), outlined.inner_text()
+    assert "key tile 2" in viz.locator(".viz-starter").inner_text()
+    # the running state of that program's rows, per tile, is shown (the reference's numbers)
+    state = reference("lab00-kernel")["tiles"]["(0, 0, 0)"]["tiles"][0]
+    table = p.page.inner_text("#kt00-state")
+    assert f"{state['m'][0]:.3f}, {state['l'][0]:.3f}" in table, table
+    p.page.click("#kt00-grid button[data-program='(2, 0, 0)']")
+    assert viz.get_attribute("data-program") == "(2, 0, 0)"
+    # lab 09: the floor grid never runs program (2, 0, 0) of add_vectors (puzzle 2): its
+    # store, the third call of the reference's program, is missing
+    viz = p.page.locator("#kt09-viz")
+    assert viz.get_attribute("data-puzzle") == "1"
+    assert viz.get_attribute("data-first-diff-program") == "(2, 0, 0)"
+    outlined = viz.locator("td.first-diff")
+    assert outlined.count() == 1 and outlined.get_attribute("data-program") == "(2, 0, 0)"
+    assert outlined.get_attribute("data-call") == "2"
+    assert "stores of out 32..36 (5)" in outlined.inner_text()
+    assert "yours: —" in outlined.inner_text(), outlined.inner_text()
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    p.page.locator("#kt00-viz").screenshot(path=str(SHOTS / "viz_kernel-traces-wrong-kernel.png"))
 
 
 @BROWSER
@@ -736,7 +807,9 @@ def test_the_committed_reference_traces_are_the_solutions_current_output(tmp_pat
     assert not stale, f"{stale} are stale: run `.venv/bin/python -m book.traces` and commit them"
     extra = sorted({f.name for f in (ROOT / "book" / "viz" / "traces").glob("*.js")}
                    - {f.name for f in tmp_path.glob("*.js")}
-                   - {f"{ATTENTION_TRACE}.js"})  # book.attention_trace's, checked below
+                   - {f"{ATTENTION_TRACE}.js"}  # book.attention_trace's, checked below
+                   - {f"{ALIGNMENT_TRACE}.js"}  # book.alignment_trace's, checked below
+                   - {f"{APPROX_TRACE}.js"})  # book.approximation_trace's, checked below
     assert not extra, f"{extra} are no longer written by book.traces: delete them"
 
 
@@ -821,3 +894,349 @@ def test_the_committed_attention_trace_is_the_trained_models_current_output(tmp_
     fresh = read_script(tmp_path / "adder-reference.js")
     assert fresh == reference("adder"), \
         "book/viz/traces/adder-reference.js is stale: run .venv/bin/python -m book.attention_trace"
+
+
+@BROWSER
+def test_a_trained_alignment_is_the_traces_beside_the_expected_permutation(open_page):
+    """Every date and decoder step of the date model's page shows the trace's weights, the
+    expected copy and the held-out measurements; the model learned the reordering."""
+    ref = reference("dates")
+    held = ref["held_out"]
+    assert held["exact"] == 1.0 and held["digits_argmax"] > 0.95, held
+    assert all(r["correct"] and r["held_out"] for r in ref["runs"])
+    p = open_page("viz/bahdanau-trained-alignment.html")
+    exp = ref["expected_source"]
+    for run, r in enumerate(ref["runs"]):
+        p.page.select_option("#dates-date", str(run))
+        p.page.click("#dates-viz [data-action=reset]")
+        for k in range(len(r["weights"])):
+            assert p.page.get_attribute("#dates-viz", "data-view") == f"{run}-{k}"
+            for j in range(len(r["source"])):
+                assert p.value(f"#dates-cell-{k}-{j}") == r["weights"][k][j], (run, k, j)
+                assert p.value(f"#dates-w-{j}") == r["weights"][k][j]
+                assert p.value(f"#dates-e-{j}") == r["scores"][k][j]
+                on = k < len(exp) and exp[k] == j and r["source"][j].isdigit()
+                assert p.value(f"#dates-expected-{k}-{j}") == int(on), (run, k, j)
+            if k < len(exp):
+                assert p.value("#dates-mass-here") == held["mass_on_copied"][k]
+            assert p.value("#dates-argmax") == held["digits_argmax"]
+            p.page.click("#dates-viz [data-action=step]")
+
+
+def test_the_committed_alignment_trace_is_the_date_models_current_output(tmp_path):
+    """`python -m book.alignment_trace` reproduces the committed trace (one torch thread)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("safetensors")
+    if not (ROOT / "labs" / "lab-08-attention-from-scratch" / "solution.py").is_file():
+        pytest.skip("the trace runs lab 08's solution (instructor's tree)")
+    from book.alignment_trace import main as alignment_main
+    assert alignment_main(["--out", str(tmp_path)]) == 0
+    assert read_script(tmp_path / "dates-reference.js") == reference("dates"), \
+        "book/viz/traces/dates-reference.js is stale: run .venv/bin/python -m book.alignment_trace"
+
+
+def test_the_date_models_training_is_seeded(tmp_path):
+    """Two short runs of `models.bahdanau` write the same weights and log (the shipped model
+    comes from `make model-dates`, the same code at 500 steps)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("safetensors")
+    from models import bahdanau
+    for name in ("a", "b"):
+        bahdanau.train(steps=3, seed=0, batch_size=8, lr=5e-3, out=tmp_path / name)
+    assert (tmp_path / "a" / "model.safetensors").read_bytes() == \
+        (tmp_path / "b" / "model.safetensors").read_bytes()
+    log = [(tmp_path / n / "train_log.txt").read_text().splitlines()[:-1] for n in "ab"]
+    assert log[0] == log[1]
+
+
+@BROWSER
+def test_lab_10_on_a_trained_models_qk_shows_the_traces_spectrum_and_errors(open_page):
+    """Every head's singular values, ranks and method errors on the page are the trace's."""
+    ref = reference("adder-approx")
+    p = open_page("viz/approximations-on-a-trained-model.html")
+    flattest = max(range(len(ref["spectrum"])), key=lambda i: (ref["spectrum"][i]["rank90"], -i))
+    assert p.page.get_attribute("#approx-viz", "data-view") == str(flattest)
+    for h, (sp, rt) in enumerate(zip(ref["spectrum"], ref["retrieval"])):
+        p.page.select_option("#approx-head", str(h))
+        assert p.page.get_attribute("#approx-viz", "data-view") == str(h)
+        assert p.value("#approx-rank") == sp["rank90"]
+        for i, v in enumerate(sp["sv"]):
+            assert p.value(f"#approx-sv-head-{i}") == v
+        for i, m in enumerate(ref["methods"]):
+            assert p.value(f"#approx-err-{i}") == rt["error"][m], (h, m)
+            assert p.value(f"#approx-task-{i}") == ref["synthetic"]["task_error"][m]
+    assert p.value("#approx-rank-random") == ref["synthetic"]["random_rank90"]
+    exact = ref["methods"].index("chunked (exact)")
+    assert all(r["error"]["chunked (exact)"] < 1e-12 for r in ref["retrieval"]), exact
+
+
+def test_the_committed_approximation_trace_is_lab_10_on_the_models_current_qk(tmp_path):
+    """`python -m book.approximation_trace` reproduces the committed trace (one torch thread)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    if not (ROOT / "labs" / "lab-10-approximate-attention" / "solution.py").is_file():
+        pytest.skip("the trace runs lab 10's solution (instructor's tree)")
+    from book.approximation_trace import main as approx_main
+    assert approx_main(["--out", str(tmp_path)]) == 0
+    assert read_script(tmp_path / f"{APPROX_TRACE}.js") == reference("adder-approx"), \
+        "the committed trace is stale: run .venv/bin/python -m book.approximation_trace"
+def test_the_vendored_d3_and_katex_are_the_pinned_versions_with_their_licences():
+    """book/viz/vendor/ holds what `make vendor` copies at book/vendor/package.json's pins."""
+    from book.vendor import D3_FILES, D3_MODULES, versions
+    vendor = ROOT / "book" / "viz" / "vendor"
+    pins = versions()
+    listed = dict(line.split() for line in (vendor / "VERSIONS").read_text().splitlines())
+    assert listed == {n: pins[n] for n in (*D3_MODULES, "katex")}, "run make vendor"
+    d3 = "".join((vendor / "d3" / f).read_text() for f in D3_FILES)
+    banners = re.findall(r"^// https://d3js.org/(d3-[a-z]+)/ v(\S+) ", d3, flags=re.M)
+    assert banners == [(n, pins[n]) for n in D3_MODULES], "d3/*.min.js: not the pinned modules"
+    licences = (vendor / "d3" / "LICENSES.txt").read_text()
+    assert all(f"== {n} {pins[n]} ==" in licences for n in D3_MODULES)
+    katex = (vendor / "katex" / "katex.min.js").read_text()
+    assert f'version:"{pins["katex"]}"' in katex.replace(" ", ""), "katex.min.js is not the pin"
+    assert "MIT" in (vendor / "katex" / "LICENSE").read_text()
+    css = (vendor / "katex" / "katex.min.css").read_text()
+    fonts = re.findall(r"url\(fonts/([\w-]+\.woff2)\)", css)
+    assert fonts and all((vendor / "katex" / "fonts" / f).is_file() for f in fonts), \
+        "every woff2 font KaTeX's stylesheet names is vendored (the book works offline)"
+
+
+def test_the_fa3_timelines_are_fa3_schedule_and_never_double_book_a_unit():
+    """The FA3 page's model: each unit (copy engine, tensor cores, exponentials) runs one
+    operation at a time, a tile's GEMM waits for its copy, and the same work takes less time
+    when one warpgroup's softmax hides under the other's wgmma."""
+    from common.loader import load_lab_module
+    traces = load_lab_module(ROOT / "labs" / "lab-00-online-softmax", "traces")
+    ref = reference("fa3")
+    assert ref["modelled"] is True
+    unit = {"tma": "tma", "wgmma": "tensor", "softmax": "sfu"}
+    for mode in ("fa2", "fa3"):
+        run = traces.fa3_schedule(mode)
+        assert run == ref["runs"][mode], f"book/viz/traces/fa3-reference.js is stale ({mode})"
+        for u in set(unit.values()):
+            spans = sorted((b["start"], b["end"]) for b in run["bars"] if unit[b["kind"]] == u)
+            assert all(a[1] <= b[0] + 1e-6 for a, b in zip(spans, spans[1:])), (mode, u)
+        copies = {b["tile"]: b["end"] for b in run["bars"] if b["kind"] == "tma"}
+        assert all(b["start"] >= copies[b["tile"]] for b in run["bars"] if b["kind"] == "wgmma")
+        gemms = sum(b["end"] - b["start"] for b in run["bars"] if b["kind"] == "wgmma")
+        assert run["tensor_busy"] == pytest.approx(gemms / run["total_ns"], abs=1e-4)
+    assert ref["runs"]["fa3"]["total_ns"] < ref["runs"]["fa2"]["total_ns"]
+    with pytest.raises(ValueError, match="mode"):
+        traces.fa3_schedule("fa4")
+
+
+@BROWSER
+def test_fa3_page_plays_fa3_schedules_timelines_with_their_totals(open_page):
+    ref = reference("fa3")
+    p = open_page("viz/fa3-warp-specialization.html")
+    assert "a model" in p.page.inner_text("h1")
+    for run in ("fa2", "fa3"):
+        assert p.value(f"#fa3-total-{run}") == ref["runs"][run]["total_ns"]
+        assert p.value(f"#fa3-tflops-{run}") == ref["runs"][run]["tflops"]
+        bars = p.page.locator(f"#fa3-{run} rect.bar")
+        assert bars.count() == len(ref["runs"][run]["bars"])
+    assert p.value("#fa3-speedup") == ref["speedup"]
+    p.page.focus("#fa3-viz")
+    p.page.keyboard.press("End")
+    p.page.wait_for_timeout(700)  # the bars' transitions
+    t = float(p.page.get_attribute("#fa3-viz", "data-time"))
+    assert t == ref["runs"]["fa2"]["total_ns"]
+    for run in ("fa2", "fa3"):
+        assert p.value(f"#fa3-tiles-{run}") == ref["inputs"]["kv_tiles"]
+        widths = p.page.locator(f"#fa3-{run} rect.bar").evaluate_all(
+            "els => els.map(e => Number(e.getAttribute('width')))")
+        assert min(widths) > 0, "at the end every bar is drawn"
+    p.page.keyboard.press("Home")
+    p.page.wait_for_timeout(700)
+    assert p.value("#fa3-tiles-fa3") == 0
+
+
+@BROWSER
+def test_ring_wall_times_are_lab_04s_ring_timeline_and_the_shards_travel(open_page):
+    ref = reference("ring")
+    p = open_page("viz/ring-attention-rotation.html")
+    names = ["ring overlapped", "ring, no overlap", "all-gather, then compute"]
+    for shard in ref["timing_inputs"]["shards"]:
+        tm = ref["timing"][str(shard)]
+        p.page.select_option("#ring-shard", str(shard))
+        for i, name in enumerate(names):
+            assert p.value(f"#ring-wall-{i}") == tm["wall_us"][name], (shard, name)
+            assert p.value(f"#ring-mem-{i}") == tm["kv_memory"][name], (shard, name)
+        assert p.page.get_attribute("#ring-hidden", "data-hidden") == str(tm["hidden"]).lower()
+        assert f"{shard:,} tokens per device" in p.page.text_content("#ring-timeline")
+    small, large = (ref["timing"][str(s)] for s in (ref["timing_inputs"]["shards"][0],
+                                                    ref["timing_inputs"]["shards"][-1]))
+    assert not small["hidden"] and large["hidden"], "compute grows as the shard squared"
+    before = p.page.get_attribute("#ring-chip-0", "transform")
+    p.page.focus("#ring-viz")
+    p.page.keyboard.press("ArrowRight")
+    p.page.wait_for_timeout(900)  # the shard's transition along the ring
+    assert p.page.get_attribute("#ring-chip-0", "transform") != before, "K/V shard 0 moved on"
+    tm = ref["timing"][str(ref["timing_inputs"]["shards"][-1])]
+    two = sum(max(s["compute_us"], s["send_us"]) for s in tm["steps"][:2])
+    assert p.value("#ring-wall-now-overlapped") == pytest.approx(two, abs=1e-3)
+
+
+@BROWSER
+def test_flash_tiles_travel_into_sram_and_both_schedules_hbm_bytes_sit_side_by_side(open_page):
+    ref = reference("00")
+    p = open_page("viz/flash-attention-tiling.html")
+    # one step, and in the same task where the K/V tile starts: on its strip, in flight
+    start, flying = p.page.evaluate("""() => {
+        const v = document.querySelector('#fa-viz');
+        v.dispatchEvent(new KeyboardEvent('keydown', {key: 'ArrowRight', bubbles: true}));
+        const r = document.querySelector('#fa-mover-kv rect');
+        return [Number(r.getAttribute('y')), !!r.__transition];
+    }""")
+    assert flying, "the K/V tile travels (a D3 transition), it does not jump"
+    p.page.wait_for_function("y => Number(document.querySelector('#fa-mover-kv rect')"
+                             ".getAttribute('y')) > y + 300", arg=start, timeout=10000)
+    st = ref["steps"][1]
+    assert p.value("#fa-meter-flash") == st["hbm"]
+    assert p.value("#fa-meter-standard") == ref["standard"][-1]["hbm_total"]
+    box = p.page.locator("#fa-tile-box")
+    assert float(box.get_attribute("x")) > float(p.page.locator("#fa-viz svg rect").first
+                                                 .get_attribute("x")), "the outline is on tile 1"
+    p.page.click("#fa-mode-standard")
+    p.page.wait_for_timeout(500)
+    assert p.value("#fa-meter-standard") == ref["standard"][0]["hbm_total"]
+    assert p.value("#fa-meter-flash") == ref["steps"][-1]["hbm"]
+    assert "so far" in p.page.inner_text("#fa-viz .viz-meter")
+
+
+@BROWSER
+def test_lsh_hash_regions_are_lab_10s_buckets_and_turn_with_the_round(open_page):
+    ref = reference("10")["lsh"]
+    p = open_page("viz/lsh-attention-bucketing.html")
+    for r, regions in enumerate(ref["regions"]):
+        covered = sum(g["to"] - g["from"] for g in regions)
+        assert covered == 360, "the wedges of a round cover the plane once"
+        if r:
+            before = p.page.get_attribute(f"#lsh-region-{regions[0]['bucket']}", "d")
+            p.page.focus("#lsh-rounds")
+            p.page.keyboard.press("ArrowRight")
+            p.page.wait_for_function(
+                "([b, d]) => document.querySelector('#lsh-region-' + b).getAttribute('d') !== d",
+                arg=[regions[0]["bucket"], before], timeout=10000)
+        assert p.page.get_attribute("#lsh-regions", "data-round") == str(r + 1)
+        for g in regions:
+            assert p.page.get_attribute(f"#lsh-region-{g['bucket']}", "data-from") == \
+                str(g["from"] % 360)
+
+
+@BROWSER
+def test_fa1_vs_fa2_occupancy_at_a_real_size_is_sm_occupancy_for_every_batch(open_page):
+    ref = reference("fagrid")
+    p = open_page("viz/fa1-vs-fa2-parallelism.html")
+    for gpu, rows in ref["occupancy"].items():
+        p.page.select_option("#fagrid-gpu", gpu)
+        for i, r in enumerate(rows):
+            p.page.select_option("#fagrid-batch", str(i))
+            assert p.page.get_attribute("#fagrid-occupancy", "data-batch") == str(r["batch"])
+            for n in ("fa1", "fa2"):
+                assert p.value(f"#fagrid-occ-programs-{n}") == r[n]["programs"]
+                assert p.value(f"#fagrid-occ-waves-{n}") == r[n]["waves"]
+                assert p.value(f"#fagrid-occ-time-{n}") == r[n]["time"]
+            assert p.value("#fagrid-occ-speedup") == r["speedup"]
+        first, last = rows[0], rows[-1]
+        assert first["speedup"] > 2 > 1.1 > last["speedup"], \
+            "at batch 1 FlashAttention-2 fills the SMs; at a large batch both do"
+        assert first["fa1"]["programs"] < ref["sms"][gpu] <= first["fa2"]["programs"]
+
+
+@BROWSER
+@pytest.mark.parametrize("rel", ["labs/lab-00-online-softmax/index.html",
+                                 "viz/fa3-warp-specialization.html"])
+def test_a_tap_on_a_glossary_term_opens_its_definition(open_page, rel):
+    """On a touch screen (no hover): a tap on a term shows its definition; every term is
+    also reachable with Tab (its tooltip follows focus)."""
+    if not (ROOT / "GLOSSARY.md").is_file():
+        pytest.skip("the repository has no GLOSSARY.md: the book has no glossary")
+    p = open_page(rel, width=390, has_touch=True, is_mobile=True)
+    term = p.page.locator("article abbr[title]").first
+    definition = term.get_attribute("title")
+    term.scroll_into_view_if_needed()
+    term.tap()
+    tip = p.page.locator(".md-tooltip2--active")
+    tip.wait_for(state="visible", timeout=5000)
+    assert definition[:40] in tip.inner_text(), "the tooltip shows the term's definition"
+    unreachable = p.page.locator("article abbr[title]:not([tabindex='0'])").count()
+    assert unreachable == 0, "every glossary term can be focused (Tab, or a tap)"
+
+
+SVG_CLIP = (ROOT / "tests" / "book_svg_clip.js").read_text()
+
+
+@BROWSER
+@pytest.mark.parametrize("rel", [f"viz/{n}.html" for n in VIZ])
+def test_no_svg_label_is_clipped_by_its_drawing_or_runs_over_its_box(open_page, rel):
+    """From the SVG's bounding boxes (tests/book_svg_clip.js): every label inside its
+    drawing, and a label written on a box inside that box; wide and narrow, first and last
+    step."""
+    for width in (1280, 390):
+        p = open_page(rel, width=width)
+        p.page.wait_for_timeout(100)
+        for moment in ("first", "last"):
+            if moment == "last":
+                if p.page.locator(".viz [data-action=end]").count() == 0:
+                    continue
+                p.page.focus(".viz")
+                p.page.keyboard.press("End")
+                p.page.wait_for_timeout(900)  # the D3 transitions (at most 700 ms)
+            found = p.page.evaluate(SVG_CLIP)
+            assert found["outside"] == [], \
+                f"{rel} ({width} px, {moment}): cut off {found['outside'][:5]}"
+            assert found["overflow"] == [], \
+                f"{rel} ({width} px, {moment}): runs over its box {found['overflow'][:5]}"
+
+
+@BROWSER
+@pytest.mark.parametrize("rel", [f"viz/{n}.html" for n in VIZ])
+def test_every_visualisation_has_full_screen_and_new_tab_buttons_that_do_what_they_say(
+        open_page, rel):
+    p = open_page(rel)
+    ids = p.page.locator(".viz[id]").evaluate_all("els => els.map(e => e.id)")
+    assert ids
+    for vid in ids:
+        full = p.page.locator(f"#{vid} > .viz-frame [data-action=fullscreen]")
+        assert full.inner_text() == "Full screen"
+        full.click()
+        p.page.wait_for_function("id => document.fullscreenElement === document.getElementById(id)",
+                                 arg=vid, timeout=5000)
+        assert full.inner_text() == "Exit full screen"
+        full.click()
+        p.page.wait_for_function("() => !document.fullscreenElement", timeout=5000)
+        assert full.inner_text() == "Full screen"
+        link = p.page.locator(f"#{vid} > .viz-frame [data-action=new-tab]")
+        assert link.get_attribute("target") == "_blank"
+        href = link.get_attribute("href")
+        assert href.endswith(f"?viz={vid}")
+        solo = p.context.new_page()
+        solo.goto(href)
+        solo.wait_for_load_state("load")
+        assert solo.locator(f"#{vid}").is_visible(), "the new tab shows the visualisation"
+        assert not solo.locator(".md-header").is_visible(), "... alone, without the site around it"
+        assert not solo.locator("article h1").is_visible()
+        solo.close()
+
+
+@BROWSER
+def test_a_new_request_mid_stream_is_out_of_memory_when_contiguous_and_fits_paged(open_page):
+    ref = reference("07")
+    p = open_page("viz/paged-attention-blocks.html")
+    button = p.page.locator("#stream-arrive")
+    assert button.inner_text() == "A new request arrives now"
+    p.page.focus("#stream-viz")
+    p.page.keyboard.press("ArrowRight")
+    button.click()
+    assert button.inner_text() == "Take the new request back"
+    total, k = ref["paged"]["total_slots"], 1
+    for run in ("contiguous", "paged"):
+        assert p.value(f"#stream-free-{run}") == total - ref[run]["reserved"][k], run
+    assert p.value("#stream-need-contiguous") == ref["stream"]["max_model_len"]
+    assert p.page.get_attribute("#stream-arrival-contiguous", "data-fits") == "false"
+    assert p.page.get_attribute("#stream-arrival-paged", "data-fits") == "true"
+    assert p.page.text_content("#stream-verdict-contiguous") == "OOM"
+    assert p.page.locator("#stream-new-paged").count() == 1
+    button.click()
+    assert p.page.locator("#stream-arrival").count() == 0

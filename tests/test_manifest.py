@@ -71,7 +71,7 @@ def test_every_visualisation_page_is_owned_by_one_lab_and_exists():
 
 
 def test_the_traced_labs_have_their_builders_and_committed_traces():
-    from book import attention_trace, traces
+    from book import alignment_trace, approximation_trace, attention_trace, traces
 
     ref = {e.number for e in manifest.traced("reference")}
     starter = {e.number for e in manifest.traced("starter")}
@@ -91,6 +91,8 @@ def test_the_traced_labs_have_their_builders_and_committed_traces():
     committed = {p.name for p in (ROOT / "book" / "viz" / "traces").glob("*-reference.js")}
     wanted = {f"lab{n}-reference.js" for n in ref | kernels} | {f"{n}-reference.js" for n in extra}
     wanted.add(f"{attention_trace.NAME}.js")  # the trained model's heads (book/attention_trace.py)
+    wanted.add(f"{alignment_trace.NAME}.js")  # the date model's alignment (book/alignment_trace.py)
+    wanted.add(f"{approximation_trace.NAME}.js")  # lab 10 on the model's q/k
     assert committed == wanted, (
         f"book/viz/traces/ vs the manifest: run `python -m book.traces` and commit "
         f"(missing {sorted(wanted - committed)}, stale {sorted(committed - wanted)})")

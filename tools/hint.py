@@ -14,30 +14,13 @@ from __future__ import annotations
 
 import argparse
 import pathlib
-import re
 import sys
 
+from labs.hints import hint_levels, read_steps, step_functions
+
+__all__ = ["hint_levels", "main", "read_steps"]
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-STEP = re.compile(r"^## Step (\d+): (.+?)\s*$", re.MULTILINE)
-LEVEL = re.compile(
-    r"<details[^>]*>\s*<summary>\s*Hint (\d)[^<]*</summary>(.*?)</details>", re.DOTALL
-)
-
-
-def read_steps(path: pathlib.Path) -> dict[int, tuple[str, str]]:
-    """``{step number: (title, body)}`` of a ``HINTS.md``."""
-    text = path.read_text(encoding="utf-8")
-    heads = list(STEP.finditer(text))
-    steps: dict[int, tuple[str, str]] = {}
-    for i, head in enumerate(heads):
-        end = heads[i + 1].start() if i + 1 < len(heads) else len(text)
-        steps[int(head[1])] = (head[2], text[head.end() : end])
-    return steps
-
-
-def hint_levels(body: str) -> dict[int, str]:
-    """``{level: text}`` of one step's ``<details>`` blocks."""
-    return {int(m[1]): m[2].strip() for m in LEVEL.finditer(body)}
 
 
 def lab_dir(lab: str) -> pathlib.Path:
@@ -65,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
               "3 (near-code)")
         return 0
     chosen = [n for n, (title, _) in steps.items()
-              if args.step == str(n) or args.step in title.replace("`", "").split()]
+              if args.step == str(n) or args.step in step_functions(title)]
     if not chosen:
         print(f"STEP={args.step}: no such step in {lab.name}/HINTS.md (make hint "
               f"LAB={args.lab} lists them)", file=sys.stderr)

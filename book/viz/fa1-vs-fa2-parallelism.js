@@ -88,4 +88,71 @@
       : "Each program keeps its Q tile and its running m, l, acc on chip for the whole K/V loop and writes O and the log-sum-exp once, at the end."));
   }
   player.go(0);
+
+  // ---- at a real size, side by side: SMs busy over time for both schedules (D3 scales)
+  const occ = ref.occupancy, oin = ref.occupancy_inputs;
+  const wide = V.h("div", { class: "viz-wide", id: "fagrid-occupancy" });
+  root.appendChild(wide);
+  wide.appendChild(V.h("h4", {}, "At a real size: " + oin.heads + " heads × " + V.count(oin.seq) +
+    " tokens, tiles of " + oin.tile + " (a model: one program per SM at a time)"));
+  const obar = V.h("div", { class: "viz-toolbar" });
+  const gpuSel = V.h("select", { id: "fagrid-gpu", "aria-label": "GPU" });
+  Object.keys(occ).forEach(function (g) { gpuSel.appendChild(V.h("option", { value: g }, g + " (" + ref.sms[g] + " SMs)")); });
+  const batchSel = V.h("select", { id: "fagrid-batch", "aria-label": "batch size" });
+  oin.batches.forEach(function (b, i) { batchSel.appendChild(V.h("option", { value: String(i) }, "batch " + b)); });
+  obar.appendChild(V.h("label", { for: "fagrid-gpu" }, ["GPU ", gpuSel]));
+  obar.appendChild(V.h("label", { for: "fagrid-batch" }, ["Batch ", batchSel]));
+  wide.appendChild(obar);
+  const osvg = V.s("svg", { class: "viz-svg viz-svg-wide", viewBox: "0 0 720 200", role: "img",
+    "aria-label": "busy SMs over time for FlashAttention-1 and FlashAttention-2, side by side" });
+  wide.appendChild(osvg);
+  const oread = V.h("dl", { class: "viz-counters", id: "fagrid-occ-counters" });
+  wide.appendChild(oread);
+  const og = d3.select(osvg);
+  const PW = 320, PH = 120, OY = 34;
+  const sides = [["fa1", "FlashAttention-1: one program per batch·head", 30], ["fa2", "FlashAttention-2: + one per Q tile", 380]];
+  const ox = d3.scaleLinear().range([0, PW]);
+  const oy = d3.scaleLinear().range([0, PH]);
+  sides.forEach(function (sd) {
+    const gg = og.append("g").attr("id", "fagrid-occ-" + sd[0]).attr("transform", "translate(" + sd[2] + "," + OY + ")");
+    og.append("text").attr("x", sd[2]).attr("y", 22).attr("class", "title").text(sd[1]);
+    gg.append("rect").attr("class", "occ-frame").attr("width", PW).attr("height", PH).attr("fill", "#f4f4f4");
+    gg.append("rect").attr("class", "occ-full").attr("fill", sd[0] === "fa1" ? "#4e79a7" : "#f28e2b").attr("height", PH);
+    gg.append("rect").attr("class", "occ-last").attr("fill", sd[0] === "fa1" ? "#4e79a7" : "#f28e2b");
+    gg.append("rect").attr("class", "occ-idle").attr("fill", "#bbb");
+    gg.append("g").attr("class", "axis").attr("transform", "translate(0," + PH + ")");
+  });
+  og.append("text").attr("x", 710).attr("y", 194).attr("text-anchor", "end").attr("class", "axis-label")
+    .text("time (tile pairs per SM); grey: SMs idle in the last wave; height: the SMs");
+  function renderOcc() {
+    const g = gpuSel.value, r = occ[g][Number(batchSel.value)], sms = ref.sms[g];
+    const ms = V.reducedMotion() ? 0 : 500;
+    ox.domain([0, Math.max(r.fa1.time, r.fa2.time)]);
+    oy.domain([0, sms]);
+    wide.setAttribute("data-batch", String(r.batch));
+    sides.forEach(function (sd) {
+      const s = r[sd[0]], gg = og.select("#fagrid-occ-" + sd[0]);
+      const full = (s.waves - 1) * s.work;
+      gg.select(".occ-full").transition().duration(ms).attr("width", ox(full));
+      gg.select(".occ-last").transition().duration(ms).attr("x", ox(full)).attr("width", ox(s.work))
+        .attr("height", oy(s.last_wave_busy));
+      gg.select(".occ-idle").transition().duration(ms).attr("x", ox(full)).attr("width", ox(s.work))
+        .attr("y", oy(s.last_wave_busy)).attr("height", PH - oy(s.last_wave_busy));
+      gg.select(".axis").transition().duration(ms).call(d3.axisBottom(ox).ticks(4).tickFormat(d3.format("~s")));
+      gg.selectAll(".axis text").attr("class", "axis-label");
+    });
+    V.clear(oread);
+    function dt(label, value) { oread.appendChild(V.h("dt", {}, label)); oread.appendChild(V.h("dd", {}, value)); }
+    ["fa1", "fa2"].forEach(function (n) {
+      const s = r[n], name = n === "fa1" ? "FlashAttention-1" : "FlashAttention-2";
+      dt(name + ": programs, waves", [V.num(s.programs, 0, { id: "fagrid-occ-programs-" + n }), " programs, ",
+        V.num(s.waves, 0, { id: "fagrid-occ-waves-" + n }), " wave" + (s.waves > 1 ? "s" : "")]);
+      dt(name + ": SM time used", [V.num(s.utilisation * 100, 1, { id: "fagrid-occ-util-" + n }), " %, time ",
+        V.num(s.time, 0, { id: "fagrid-occ-time-" + n })]);
+    });
+    dt("FlashAttention-2's speed-up (model)", [V.num(r.speedup, 2, { id: "fagrid-occ-speedup" }), "×"]);
+  }
+  gpuSel.addEventListener("change", renderOcc);
+  batchSel.addEventListener("change", renderOcc);
+  renderOcc();
 })();

@@ -1,5 +1,8 @@
 /* FlashAttention tiling: plays back lab 00's trace (traces/lab00-reference.js) and, when
- * `make trace LAB=00` made one, your starter's (traces/lab00-starter.js) beside it. */
+ * `make trace LAB=00` made one, your starter's (traces/lab00-starter.js) beside it. D3
+ * transitions move each step's Q and K/V tiles from their strips into the SRAM box and slide
+ * the score tile's outline; both schedules' HBM traffic side by side on one bar length.
+ * (d3-core only: selections and transitions; the page has no axis.) */
 (function () {
   "use strict";
   const V = window.Viz;
@@ -23,7 +26,7 @@
   root.appendChild(toolbar);
   const player = new V.Player(root, { steps: ref.steps.length, render: render, name: "fa" });
   root.appendChild(player.bar);
-  const { svg, side } = V.panes(root, "0 0 420 520",
+  const { svg, side } = V.panes(root, "0 0 420 540",
     "score matrix tiles, which are in SRAM, and the HBM");
   const caption = V.h("p", { class: "viz-caption", id: "fa-caption" });
   side.appendChild(caption);
@@ -62,21 +65,66 @@
   const rowMark = V.s("rect", { x: GX - 2, y: 0, width: L * CELL + 3, height: CELL + 1, fill: "none",
     stroke: "var(--viz-bad, #d62728)", "stroke-width": 2.5, opacity: 0 }, svg);
   const by = GY + L * CELL + 14;
-  V.s("rect", { x: 10, y: by, width: 196, height: 62, rx: 5, fill: "#fff7ec", stroke: "#f28e2b" }, svg);
+  V.s("rect", { x: 10, y: by, width: 196, height: 80, rx: 5, fill: "#fff7ec", stroke: "#f28e2b" }, svg);
   V.s("text", { x: 18, y: by + 16, class: "title" }, svg, "SRAM (on chip, small)");
   const sramText = V.s("text", { x: 18, y: by + 36 }, svg, "");
   const sramText2 = V.s("text", { x: 18, y: by + 52 }, svg, "");
-  V.s("rect", { x: 214, y: by, width: 200, height: 62, rx: 5, fill: "#f4effa", stroke: "#9467bd" }, svg);
+  V.s("rect", { x: 214, y: by, width: 200, height: 80, rx: 5, fill: "#f4effa", stroke: "#9467bd" }, svg);
   V.s("text", { x: 220, y: by + 16, class: "title" }, svg, "HBM (off chip, GBs)");
   const hbmText = V.s("text", { x: 220, y: by + 36 }, svg, "");
   const hbmText2 = V.s("text", { x: 220, y: by + 52 }, svg, "");
-  V.legend(svg, 10, by + 76, [
+  V.legend(svg, 10, by + 92, [
     { color: "#f28e2b", label: "tile in SRAM now" },
     { color: "#c9d3df", label: "done: used, then discarded" },
     { color: "#9467bd", label: "written to HBM (L×L)" },
     { color: "#ffffff", label: "not yet" },
     { color: "#fff", stroke: "#d62728", label: "your first difference" },
   ], 400);
+
+  // the tiles that travel into SRAM at each step, and the score tile's outline
+  const g = d3.select(svg);
+  const tileBox = g.append("rect").attr("id", "fa-tile-box").attr("fill", "none").attr("stroke", "#333")
+    .attr("stroke-width", 2).attr("x", GX - 1).attr("y", GY - 1).attr("width", T * CELL + 1).attr("height", T * CELL + 1);
+  const slots = { q: [18, by + 60, 30, 14], kv: [54, by + 60, 44, 14] };
+  const movers = {};
+  ["q", "kv"].forEach(function (m) {
+    movers[m] = g.append("g").attr("class", "fa-mover").attr("id", "fa-mover-" + m);
+    movers[m].append("rect").attr("rx", 2).attr("fill", "#f28e2b").attr("stroke", "#a65a12");
+  });
+  let last = null;
+  function fly(m, from, to, moved, ms) {
+    const r = movers[m].select("rect");
+    r.interrupt();
+    if (!moved) { r.attr("x", to[0]).attr("y", to[1]).attr("width", to[2]).attr("height", to[3]); return; }
+    r.attr("x", from[0]).attr("y", from[1]).attr("width", from[2]).attr("height", from[3]).attr("opacity", 0.9)
+      .transition().duration(ms).ease(d3.easeCubicInOut)
+      .attr("x", to[0]).attr("y", to[1]).attr("width", to[2]).attr("height", to[3]).attr("opacity", 1);
+  }
+  // HBM traffic of both schedules, side by side on one D3 scale
+  const meterBox = V.h("div", { class: "viz-meter" });
+  side.insertBefore(meterBox, side.firstChild.nextSibling);
+  const msvg = d3.select(meterBox).append("svg").attr("class", "viz-svg").attr("viewBox", "0 0 300 84")
+    .attr("role", "img").attr("aria-label", "HBM traffic of FlashAttention and of standard attention");
+  const stdTotalBytes = ref.standard[ref.standard.length - 1].hbm_total;
+  const mx = function (b) { return 120 * b / stdTotalBytes; };  // bytes -> bar length
+  msvg.append("text").attr("x", 4).attr("y", 12).attr("class", "title").text("HBM traffic so far");
+  const meterNames = [], meterValues = [];
+  const meters = [["flash", "FlashAttention"], ["standard", "Standard"]].map(function (m, i) {
+    msvg.append("text").attr("x", 4).attr("y", 34 + i * 26).text(m[1]);
+    meterNames.push(msvg.append("text").attr("x", 4).attr("y", 46 + i * 26).attr("class", "legend-label"));
+    msvg.append("rect").attr("x", 96).attr("y", 24 + i * 26).attr("width", 120).attr("height", 14).attr("fill", "#eee");
+    meterValues.push(msvg.append("text").attr("x", 222).attr("y", 35 + i * 26).attr("id", "fa-meter-text-" + m[0]));
+    return msvg.append("rect").attr("id", "fa-meter-" + m[0]).attr("x", 96).attr("y", 24 + i * 26)
+      .attr("height", 14).attr("width", 0).attr("fill", m[0] === "flash" ? "#2ca02c" : "#9467bd");
+  });
+  function meter(flashBytes, stdBytes, flashWhen, stdWhen) {
+    const ms = V.reducedMotion() ? 0 : 400;
+    [flashBytes, stdBytes].forEach(function (b, i) {
+      meters[i].attr("data-value", b).transition().duration(ms).attr("width", mx(b));
+      meterValues[i].text(V.bytes(b));
+      meterNames[i].text([flashWhen, stdWhen][i]);
+    });
+  }
 
   function steps() { return mode === "flash" ? ref.steps.length : ref.standard.length; }
 
@@ -103,8 +151,16 @@
     }
     qStrip.forEach(function (r, t) { r.setAttribute("fill", t === st.qt ? "#f28e2b" : "#eee"); });
     kStrip.forEach(function (r, t) { r.setAttribute("fill", t === st.kt ? "#f28e2b" : "#eee"); });
+    const ms = V.reducedMotion() ? 0 : 650;
+    fly("q", [GX - 40, GY + st.qt * T * CELL, 30, T * CELL - 3], slots.q, !last || last.qt !== st.qt || last.mode !== "flash", ms);
+    fly("kv", [GX + st.kt * T * CELL, GY - 40, T * CELL - 3, 30], slots.kv, true, ms);
+    movers.q.attr("opacity", 1); movers.kv.attr("opacity", 1);
+    tileBox.attr("opacity", 1).transition().duration(ms / 2).attr("x", GX + st.kt * T * CELL - 1).attr("y", GY + st.qt * T * CELL - 1)
+      .attr("width", T * CELL + 1).attr("height", T * CELL + 1);
+    last = { qt: st.qt, mode: "flash" };
+    meter(st.hbm, stdTotalBytes, "so far", "whole run");
     sramText.textContent = "Q" + st.qt + " (" + T + "×" + inp.d + "), K" + st.kt + ", V" + st.kt + ", S tile " + T + "×" + T;
-    sramText2.textContent = "m, l, acc for " + T + " rows" + (lastK ? "; then O = acc / l" : "");
+    sramText2.textContent = "m, l, acc of " + T + " rows" + (lastK ? " → O = acc / l" : "");
     hbmText.textContent = "Q, K, V (read), O and lse (written)";
     hbmText2.textContent = "the " + L + "×" + L + " S and P: never";
     caption.textContent = "Q tile " + st.qt + " against K/V tile " + st.kt + ": a " + T + "×" + T +
@@ -157,6 +213,10 @@
     qStrip.forEach(function (r) { r.setAttribute("fill", k === 0 ? "#f28e2b" : "#eee"); });
     kStrip.forEach(function (r) { r.setAttribute("fill", k !== 1 ? "#f28e2b" : "#eee"); });
     rowMark.setAttribute("opacity", 0);
+    movers.q.attr("opacity", 0); movers.kv.attr("opacity", 0);
+    tileBox.attr("opacity", 1).attr("x", GX - 1).attr("y", GY - 1).attr("width", L * CELL + 1).attr("height", L * CELL + 1);
+    last = { qt: -1, mode: "standard" };
+    meter(ref.steps[ref.steps.length - 1].hbm, ph.hbm_total, "whole run", "so far");
     sramText.textContent = "one kernel at a time: " + ph.name;
     sramText2.textContent = "its result goes back to HBM";
     hbmText.textContent = "Q, K, V, O and the full " + L + "×" + L + " " + (k === 0 ? "S" : "S and P");

@@ -29,7 +29,7 @@
     sOut.textContent = " " + V.count(n) + " tokens ";
     const tiers = [
       ["Registers", g.regs_per_sm_bytes, "per SM (× " + g.sms + " SMs)"],
-      ["Shared memory / L1", g.smem_per_sm_bytes, "per SM: where FlashAttention's tiles live"],
+      ["Shared memory / L1", g.smem_per_sm_bytes, "per SM: home of FlashAttention's tiles"],
       ["L2 cache", g.l2_bytes, "shared by all SMs"],
       ["HBM", g.hbm_bytes, V.count(g.hbm_tbps * 1000) + " GB/s"],
       ["Host memory", null, g.host],
@@ -37,7 +37,7 @@
     V.clear(svg);
     V.s("text", { x: 10, y: 16, class: "title" }, svg, names[state.gpu] + ": closer to the cores = smaller and faster");
     tiers.forEach(function (t, i) {
-      const y = 28 + i * 46, w = 140 + i * 55;
+      const y = 28 + i * 46, w = 210 + i * 42;
       const fits = t[1] !== null && s <= (i < 2 ? t[1] * g.sms : t[1]);
       V.s("rect", { x: 210 - w / 2, y: y, width: w, height: 38, rx: 4, fill: i < 2 ? "#fff7ec" : i === 2 ? "#eef5ff" : i === 3 ? "#f4effa" : "#f0f0f0",
         stroke: fits ? "#2ca02c" : "#999", "stroke-width": fits ? 2.5 : 1, id: "memory-tier-" + i }, svg);

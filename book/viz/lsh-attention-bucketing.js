@@ -1,7 +1,9 @@
 /* LSH attention bucketing: lab 10's lsh_buckets on 16 two-dimensional vectors, per round,
  * and, for 1..R rounds, lsh_mass_captured and lsh_attention's error per query
  * (the "lsh" part of traces/lab10-reference.js). Which keys share a bucket is read off the
- * traced bucket ids. Your starter's first difference when `make trace LAB=10` made one. */
+ * traced bucket ids. Your starter's first difference when `make trace LAB=10` made one.
+ * The hash's regions (lsh_buckets on unit vectors a degree apart, "regions") are wedges
+ * under the points; a D3 transition turns them from one round's rotation to the next's. */
 (function () {
   "use strict";
   const V = window.Viz;
@@ -29,6 +31,43 @@
   root.appendChild(wide);
   V.starterPanel(wide, "10", mine, function (k) { rIn.value = k + 1; state.rounds = k + 1; render(); });
 
+  // the hash regions, kept across renders so that they can turn
+  const cx = 150, cy = 180, RAD = 128;
+  const wedges = d3.select(svg).append("g").attr("class", "lsh-regions").attr("id", "lsh-regions");
+  let shownRound = null;
+  function wedgePath(a0, a1) {
+    const p = function (a) { const t = a * Math.PI / 180; return (cx + RAD * Math.cos(t)) + "," + (cy - RAD * Math.sin(t)); };
+    return "M" + cx + "," + cy + " L" + p(a0) + " A" + RAD + "," + RAD + " 0 " + (a1 - a0 > 180 ? 1 : 0) + " 0 " + p(a1) + " Z";
+  }
+  function drawRegions(round) {
+    if (!ref.regions) return;
+    const ms = V.reducedMotion() || shownRound === null ? 0 : 700;
+    const old = {};
+    wedges.selectAll("path").each(function (d) { old[d.bucket] = d; });
+    const data = ref.regions[round].map(function (r) {
+      const o = old[r.bucket];
+      let shift = 0;  // turn the short way round
+      if (o) { while (r.from + shift - o.from > 180) shift -= 360; while (o.from - (r.from + shift) > 180) shift += 360; }
+      return { bucket: r.bucket, from: r.from + shift, to: r.to + shift };
+    });
+    const paths = wedges.selectAll("path").data(data, function (d) { return d.bucket; });
+    paths.exit().remove();
+    paths.enter().append("path").attr("fill-opacity", 0.16).attr("stroke", "none")
+      .attr("d", function (d) { return wedgePath(d.from, d.to); })
+      .merge(paths)
+      .attr("id", function (d) { return "lsh-region-" + d.bucket; })
+      .attr("data-from", function (d) { return ((d.from % 360) + 360) % 360; })
+      .attr("fill", function (d) { return COLORS[d.bucket]; })
+      .transition().duration(ms)
+      .attrTween("d", function (d) {
+        const o = old[d.bucket] || d;
+        const f = d3.interpolateNumber(o.from, d.from), t = d3.interpolateNumber(o.to, d.to);
+        return function (u) { return wedgePath(f(u), t(u)); };
+      });
+    wedges.attr("data-round", String(round + 1));
+    shownRound = round;
+  }
+
   function attended(q) { // keys sharing q's bucket in any of the first `rounds` rounds
     const keys = [];
     for (let j = 0; j < n; j++) {
@@ -42,9 +81,10 @@
     qOut.textContent = " " + state.query + " ";
     const q = state.query, keys = attended(q), last = state.rounds - 1;
     root.setAttribute("data-query", String(q));
-    V.clear(svg);
+    Array.prototype.slice.call(svg.childNodes).forEach(function (c) { if (c !== wedges.node()) svg.removeChild(c); });
+    drawRegions(last);
     V.s("text", { x: 10, y: 16, class: "title" }, svg, "Colour = bucket in round " + state.rounds + "; ringed = keys query " + q + " attends");
-    const cx = 150, cy = 180, sc = 36;
+    const sc = 36;
     V.s("line", { x1: cx - 140, x2: cx + 140, y1: cy, y2: cy, stroke: "#ddd" }, svg);
     V.s("line", { x1: cx, x2: cx, y1: cy - 140, y2: cy + 140, stroke: "#ddd" }, svg);
     const labels = [];

@@ -92,7 +92,26 @@
       "used and reserved KV slots per scheduler step, contiguous vs paged");
     const layer = V.s("g", {}, svg);
     V.legend(svg, 10, 270, [{ color: "#4e79a7", label: "used slots (real tokens)" },
-      { color: "#c9d3df", label: "reserved but empty" }, { color: "#fff", stroke: "#d62728", label: "this step" }], 400);
+      { color: "#c9d3df", label: "reserved but empty" }, { color: "#fff", stroke: "#d62728", label: "this step" },
+      { color: "#59a14f", label: "the new request, admitted" }], 400);
+    // "a new request arrives now": what each pool has free at this step (total − reserved,
+    // from lab 07's Stats) against what the request needs (contiguous: max_model_len slots;
+    // paged: its prompt's blocks), side by side
+    const arrive = V.h("button", { type: "button", id: "stream-arrive", "aria-pressed": "false",
+      "data-action": "arrive" }, "A new request arrives now");
+    let arriving = false;
+    arrive.addEventListener("click", function () {
+      arriving = !arriving;
+      arrive.setAttribute("aria-pressed", String(arriving));
+      arrive.textContent = arriving ? "Take the new request back" : "A new request arrives now";
+      render(player.step);
+    });
+    player.bar.appendChild(arrive);
+    const newPrompt = ref.workload[0][1];  // the stream's first prompt length, arriving again
+    function need(run) {
+      const bs = ref.stream.block_size;
+      return run === "contiguous" ? ref.stream.max_model_len : Math.ceil(newPrompt / bs) * bs;
+    }
 
     function render(k) {
       V.clear(layer);
@@ -108,6 +127,16 @@
         V.s("rect", { x: 19 + k * bw, y: y0 + 8, width: bw, height: h + 4, fill: "none", stroke: "#d62728", "stroke-width": 2 }, layer);
         V.s("line", { x1: 20, x2: 400, y1: y0 + 10, y2: y0 + 10, stroke: "#999", "stroke-dasharray": "3 3" }, layer);
         V.s("text", { x: 340, y: y0 + 8 }, layer, total + " slots");
+        if (arriving && k < st.steps) {
+          const free = total - st.reserved[k], fits = free >= need(run[0]);
+          const hr = h * st.reserved[k] / total, hn = h * need(run[0]) / total;
+          if (fits) {
+            V.s("rect", { x: 20 + k * bw, y: y0 + 10 + h - hr - hn, width: bw - 2, height: hn, fill: "#59a14f",
+              id: "stream-new-" + run[0] }, layer);
+          }
+          V.s("text", { x: Math.max(30, 20 + k * bw + bw / 2), y: y0 + h + 24, "text-anchor": "middle", class: "title",
+            fill: fits ? "#1d7a1d" : "#d62728", id: "stream-verdict-" + run[0] }, layer, fits ? "fits" : "OOM");
+        }
       });
       V.clear(side);
       const rows = runs.map(function (run) {
@@ -119,6 +148,20 @@
       });
       side.appendChild(V.h("h4", {}, "At step " + (k + 1)));
       side.appendChild(V.table(["", "running", "used", "reserved, empty"], rows));
+      if (arriving) {
+        side.appendChild(V.h("h4", {}, "A new request (" + newPrompt + "-token prompt) arrives at step " + (k + 1)));
+        side.appendChild(V.table(["", "free slots", "it needs", ""], runs.map(function (run) {
+          const st = run[1];
+          if (k >= st.steps) return { cells: [run[0], "—", "—", "the stream is done"] };
+          const free = total - st.reserved[k], fits = free >= need(run[0]);
+          return { attrs: { "data-fits": String(fits), id: "stream-arrival-" + run[0] }, cells: [run[0],
+            V.num(free, 0, { id: "stream-free-" + run[0] }), V.num(need(run[0]), 0, { id: "stream-need-" + run[0] }),
+            fits ? "admitted" : "out of memory: it waits"] };
+        }), { id: "stream-arrival" }));
+        side.appendChild(V.h("p", { class: "viz-note" }, "Contiguous reserves max_model_len (" + ref.stream.max_model_len +
+          " slots) for every request, however short; paged needs only the blocks of its prompt (" + ref.stream.block_size +
+          " slots a block) and takes them anywhere in the pool."));
+      }
       side.appendChild(V.h("h4", {}, "Whole run (lab 07's simulate)"));
       // "held slots filled" is what paging improves; the pool's mean use can be lower for
       // paged because it stores the shared prefix once and finishes the same work sooner

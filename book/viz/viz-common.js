@@ -259,6 +259,43 @@
     return diff;
   };
 
+  /* Every visualisation gets "Full screen" and "Open in a new tab" buttons. The new tab is
+     this page with ?viz=<id>: that visualisation alone (html.viz-solo in viz.css). */
+  V.frame = function (root) {
+    if (!root.id || root.querySelector(":scope > .viz-frame")) return;
+    const bar = V.h("div", { class: "viz-frame" });
+    const full = V.h("button", { type: "button", "data-action": "fullscreen", title: "show this visualisation full screen" },
+      "Full screen");
+    full.addEventListener("click", function () {
+      if (document.fullscreenElement === root) document.exitFullscreen();
+      else if (root.requestFullscreen) root.requestFullscreen();
+    });
+    document.addEventListener("fullscreenchange", function () {
+      const on = document.fullscreenElement === root;
+      full.textContent = on ? "Exit full screen" : "Full screen";
+      root.setAttribute("data-fullscreen", on ? "true" : "false");
+    });
+    const url = location.href.split("#")[0].split("?")[0] + "?viz=" + encodeURIComponent(root.id);
+    const tab = V.h("a", { href: url, target: "_blank", rel: "noopener", "data-action": "new-tab",
+      title: "open this visualisation alone in a new tab" }, "Open in a new tab");
+    bar.appendChild(full);
+    bar.appendChild(tab);
+    root.insertBefore(bar, root.firstChild);
+  };
+  function frames() {
+    document.querySelectorAll(".viz[id]").forEach(V.frame);
+    const solo = new URLSearchParams(location.search).get("viz");
+    const target = solo && document.getElementById(solo);
+    if (target) {
+      document.documentElement.classList.add("viz-solo");
+      let el = target;  // the visualisation and the blocks that hold it stay visible
+      while (el && el.parentElement && !el.parentElement.classList.contains("md-content__inner")) el = el.parentElement;
+      if (el) el.classList.add("viz-solo-target");
+    }
+  }
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", frames);
+  else frames();
+
   V.table = function (headers, rows, attrs) {
     const t = V.h("table", Object.assign({ class: "viz-table" }, attrs || {}));
     const thead = V.h("thead");

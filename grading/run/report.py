@@ -244,7 +244,22 @@ def details(lab: LabResult, ascii_only: bool) -> str:
         if t.outcome != "passed" and t.message:
             for line in t.message.splitlines()[:3]:
                 lines.append(f"              {line}")
+        if t.outcome == "failed" and hint_line(lab.name, t):
+            lines.append(f"              {hint_line(lab.name, t)}")
     return "\n".join(lines)
+
+
+def hint_line(lab_name: str, t: TestResult) -> str:
+    """``see: make hint LAB=00 STEP=2 LEVEL=2`` for a failed test of a lab with hints: the
+    step and level its misconception points to (labs/hints.py), or ``""``."""
+    from labs import hints  # the course's hints, read from the repository's lab folder
+    from labs.manifest import LABS_DIR
+
+    lab_dir = LABS_DIR / lab_name
+    if t.hidden or not (lab_dir / "HINTS.md").is_file():
+        return ""
+    command = hints.hint_command(lab_dir, t.name, t.message)
+    return f"see: {command}" if command else ""
 
 
 # ---- gradescope --------------------------------------------------------------------------
@@ -284,7 +299,8 @@ def gradescope_results(
                     "score": round(t.earned, 4),
                     "max_score": round(t.points, 4),
                     "status": "passed" if t.outcome == "passed" else "failed",
-                    "output": t.message,
+                    "output": "\n".join(filter(None, [t.message, hint_line(lab.name, t)
+                                                       if t.outcome == "failed" else ""])),
                     "visibility": hidden_visibility if t.hidden else "visible",
                 }
             )

@@ -207,10 +207,138 @@ def trace_fagrid(impl: Any) -> dict:
                              "l": [rounded(s[w["kt"]][1]) if s else None for s in st]})
             steps.append({"work": rows, "hbm": hbm})
         schedules[name] = {"grid": list(grid), "steps": steps}
+    occupancy = {g: [sm_occupancy(b, provided, launch_plan.TARGETS[GPUS[g]["arch"]].sms)
+                     for b in OCCUPANCY["batches"]] for g in GPUS}
     return {"lab": "00", "inputs": p, "n_q": n_q, "n_k": n_k, "schedules": schedules,
             "out": outs, "sms": {g: launch_plan.TARGETS[GPUS[g]["arch"]].sms for g in GPUS},
-            "errors": errors}
+            "occupancy": occupancy, "occupancy_inputs": OCCUPANCY, "errors": errors}
+
+
+# FA1 vs FA2 at a real size: Llama-2-7B-like prefill (32 heads, 8,192 tokens, tiles of 128).
+OCCUPANCY = {"heads": 32, "seq": 8192, "tile": 128, "batches": [1, 2, 4, 8, 16, 32, 64]}
+
+
+def sm_occupancy(batch: int, provided: Any, sms: int) -> dict:
+    """Both schedules on ``sms`` SMs at batch ``batch`` (a model: one program per SM at a
+    time, every tile pair takes one time unit). FlashAttention-2's programs are lab 00's
+    ``attention_grid`` (each walks ``n_k`` tile pairs); FlashAttention-1 has one program per
+    batch·head (each walks ``n_q * n_k``). Per schedule: programs, waves (``ceil(programs
+    / sms)``; every wave but the last fills every SM), the last wave's busy SMs, time (tile
+    pairs) and the share of SM time used."""
+    p = OCCUPANCY
+    n = math.ceil(p["seq"] / p["tile"])
+    out = {"batch": batch}
+    for name, programs, work in (("fa1", batch * p["heads"], n * n),
+                                 ("fa2", provided.attention_grid(batch, p["heads"], p["seq"],
+                                                                 p["tile"])[0], n)):
+        waves = math.ceil(programs / sms)
+        out[name] = {"programs": programs, "work": work, "waves": waves,
+                     "last_wave_busy": programs - (waves - 1) * sms,
+                     "time": waves * work, "utilisation": round(programs / (waves * sms), 4)}
+    out["speedup"] = round(out["fa1"]["time"] / out["fa2"]["time"], 3)
+    return out
+
+
+# ---- FlashAttention-3: warp specialisation on one H100 SM (a model) ---------------------
+
+# One CTA of the FlashAttention-3 forward (arXiv 2407.08608, sections 3.1-3.2): a Q tile of
+# 128 rows split over two consumer warpgroups of 64 rows, K/V tiles of 128 keys, head dim
+# 128, bf16, and a producer warpgroup that issues the TMA copies into a two-stage buffer.
+FA3 = {"rows_per_warpgroup": 64, "warpgroups": 2, "block_k": 128, "d": 128, "kv_tiles": 6,
+       "stages": 2, "arch": 90,
+       # The exponential's throughput on an H100 SXM: 3.9 TFLOP/s of special functions
+       # against 989 of dense bf16 matmul (the FlashAttention-3 paper, section 3).
+       "exp_tflops": 3.9,
+       # Assumption (not a datasheet figure): every Q tile of a head reads the same K/V
+       # tiles, most of them from L2, so an SM's copies run at 3x its share of HBM.
+       "l2_reuse": 3.0}
+FA3_SOURCES = (
+    "Shah et al., 'FlashAttention-3: Fast and Accurate Attention with Asynchrony and "
+    "Low-precision', arXiv 2407.08608, 2024: producer/consumer warp specialisation with TMA "
+    "(section 3.1), ping-pong scheduling of softmax against the other warpgroup's GEMMs "
+    "(section 3.1, Figure 1), 3.9 TFLOP/s of exponentials vs 989 TFLOP/s of matmul (H100 SXM5).",
+    "H100 SXM's 132 SMs, 3.35 TB/s and 989 TFLOP/s dense bf16: common/launch_plan.py.",
+)
+
+
+def fa3_schedule(mode: str, p: dict | None = None) -> dict:
+    """A modelled timeline of one CTA on one H100 SM, in ns: ``mode="fa3"`` (a producer
+    warpgroup copies K/V tiles ahead into ``stages`` buffers while two consumer warpgroups
+    ping-pong: one's softmax runs under the other's wgmma) or ``"fa2"`` (no specialisation:
+    every warp waits for its tile's copy, and both warpgroups do each phase together).
+
+    Rates are the SM's share of the H100's: HBM bandwidth (times ``l2_reuse``), dense bf16
+    tensor throughput, and the exponential's throughput. Returns ``{"bars": [{lane, kind,
+    tile, start, end}], "total_ns", "tensor_busy", "tflops"}`` (``tflops``: the whole GPU's,
+    at that CTA's rate on every SM). A model: no register pressure, no O rescale, no
+    prologue tricks; it shows why the overlap pays, not what a kernel measures."""
+    p = {**FA3, **(p or {})}
+    if mode not in ("fa2", "fa3"):
+        raise ValueError(f"mode must be 'fa2' or 'fa3', got {mode!r}")
+    target = launch_plan.TARGETS[p["arch"]]
+    rows, n, d, wgs = p["rows_per_warpgroup"], p["block_k"], p["d"], p["warpgroups"]
+    copy_bytes_per_ns = target.hbm_tbps * 1e3 / target.sms * p["l2_reuse"]  # TB/s -> B/ns
+    flop_per_ns = target.tensor_tflops * 1e3 / target.sms
+    exp_per_ns = p["exp_tflops"] * 1e3 / target.sms
+    t_load = 2 * n * d * BYTES / copy_bytes_per_ns  # K and V tiles
+    t_gemm = 2 * rows * n * d / flop_per_ns  # S = Q K^T, or O += P V, for one warpgroup
+    t_exp = rows * n / exp_per_ns  # one exponential per score
+    bars: list[dict] = []
+    free = {"tma": 0.0, "tensor": 0.0, "sfu": 0.0}
+
+    def run(lane: str, kind: str, tile: int, res: str, ready: float, length: float) -> float:
+        start = max(ready, free[res])
+        free[res] = start + length
+        bars.append({"lane": lane, "kind": kind, "tile": tile, "start": round(start, 1),
+                     "end": round(start + length, 1)})
+        return start + length
+
+    done = [0.0] * p["kv_tiles"]  # when both warpgroups finished with tile j's buffer
+    loaded = [0.0] * p["kv_tiles"]
+    pv_end = [0.0] * wgs
+    for j in range(p["kv_tiles"]):
+        if mode == "fa3":  # the producer copies ahead, as far as the free buffers allow
+            slot_free = done[j - p["stages"]] if j >= p["stages"] else 0.0
+            loaded[j] = run("producer", "tma", j, "tma", slot_free, t_load)
+            s_end = []
+            for w in range(wgs):  # ping-pong: warpgroup w's softmax under the other's wgmma
+                lane = f"consumer {w + 1}"
+                s = run(lane, "wgmma", j, "tensor", max(loaded[j], pv_end[w]), t_gemm)
+                s_end.append(run(lane, "softmax", j, "sfu", s, t_exp))
+            for w in range(wgs):
+                pv_end[w] = run(f"consumer {w + 1}", "wgmma", j, "tensor", s_end[w], t_gemm)
+            done[j] = max(pv_end)
+        else:  # every warp copies, waits, then all do each phase before the next one
+            start = done[j - 1] if j else 0.0
+            loaded[j] = run("all warps", "tma", j, "tma", start, t_load)
+            s_end = [run(f"consumer {w + 1}", "wgmma", j, "tensor", loaded[j], t_gemm)
+                     for w in range(wgs)]
+            soft = max(s_end)
+            soft_end = [run(f"consumer {w + 1}", "softmax", j, "sfu", soft, t_exp)
+                        for w in range(wgs)]
+            barrier = max(soft_end)
+            pv_end = [run(f"consumer {w + 1}", "wgmma", j, "tensor", barrier, t_gemm)
+                      for w in range(wgs)]
+            done[j] = max(pv_end)
+    total = max(b["end"] for b in bars)
+    tensor = sum(b["end"] - b["start"] for b in bars if b["kind"] == "wgmma")
+    flops = 4 * wgs * rows * n * d * p["kv_tiles"]
+    return {"bars": bars, "total_ns": round(total, 1), "tensor_busy": round(tensor / total, 4),
+            "tflops": round(flops / total * target.sms / 1e3, 1),
+            "op_ns": {"tma": round(t_load, 1), "wgmma": round(t_gemm, 1),
+                      "softmax": round(t_exp, 1)}}
+
+
+def trace_fa3(impl: Any) -> dict:
+    """The FA3 page's timelines: ``fa3_schedule`` for FlashAttention-2's synchronous
+    schedule and FlashAttention-3's warp-specialised one, on the same work (a model: no lab
+    runs warpgroups; ``impl`` is unused)."""
+    runs = {mode: fa3_schedule(mode) for mode in ("fa2", "fa3")}
+    return {"lab": "00", "modelled": True, "inputs": FA3, "gpu": launch_plan.H100.name,
+            "peak_tflops": launch_plan.H100.tensor_tflops, "runs": runs,
+            "speedup": round(runs["fa2"]["total_ns"] / runs["fa3"]["total_ns"], 3),
+            "sources": list(FA3_SOURCES), "errors": []}
 
 
 # Reference-only traces of other pages (book/pages/): name -> builder.
-EXTRA = {"memory": trace_memory, "fagrid": trace_fagrid}
+EXTRA = {"memory": trace_memory, "fagrid": trace_fagrid, "fa3": trace_fa3}

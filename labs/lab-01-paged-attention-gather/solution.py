@@ -194,25 +194,6 @@ def _paged_decode_kernel(
 
     Grid ``(batch, num_kv_heads)``. Every head dim is a contiguous last dimension
     (the launcher makes it so); ``v_cache`` has ``q``'s head dim.
-
-    1. ``seq = program_id(0)``, ``kv_head = program_id(1)``; load ``seq_len``.
-    2. Load the queries of the group, heads ``kv_head * GROUP + r`` for rows ``r < GROUP``,
-       as one ``[GROUP_PAD, HEAD_DIM_PAD]`` tile (padded rows and dims masked to 0).
-    3. ``m = -inf``, ``l = 0`` (``[GROUP_PAD]``, fp32); ``acc = 0``
-       (``[GROUP_PAD, HEAD_DIM_PAD]``, fp32).
-    4. For each tile of ``BLOCK_N`` positions ``pos`` below ``seq_len``:
-       a. ``in_seq = pos < seq_len``; the physical block of each position is
-          ``block_table[pos // BLOCK_SIZE]`` (a masked load), cast to int64 before it is
-          multiplied by a stride; the slot in the block is ``pos % BLOCK_SIZE``;
-       b. load the K and V tiles ``[BLOCK_N, HEAD_DIM_PAD]`` with ``mask=in_seq & dim_ok``,
-          ``other=0``: a NaN past ``seq_len`` must never be loaded (``NaN * 0 = NaN`` in
-          ``tl.dot``);
-       c. ``s = tl.dot(q, k^T) * qk_scale`` (base-2 scores), ``-inf`` where ``not in_seq``;
-       d. the online update in base 2: ``m_new = max(m, rowmax(s))``,
-          ``alpha = exp2(m - m_new)``, ``p = exp2(s - m_new)``, ``l = alpha * l + rowsum(p)``,
-          ``acc = alpha * acc + tl.dot(p, v)``, ``m = m_new``.
-    5. ``out = acc / l`` and ``lse = m * ln(2) + ln(l)`` (natural log, like numpy); an empty
-       sequence (``l = 0``) gives ``out = 0``, ``lse = -inf``. Store rows ``< GROUP``.
     """
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)

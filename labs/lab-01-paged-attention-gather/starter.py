@@ -1,7 +1,7 @@
 """Lab 01 starter: PagedAttention decode = the online softmax streamed over a block table.
 
 Your work goes in the functions that raise ``NotImplementedError`` and in the kernel
-``_paged_decode_kernel`` (its docstring lists the steps). Run the spec with
+``_paged_decode_kernel`` (HINTS.md has its hints, in levels). Run the spec with
 
     LAB_IMPL=starter pytest labs/lab-01-paged-attention-gather -q
 
@@ -55,10 +55,8 @@ def slot_mapping(block_table: np.ndarray, positions: np.ndarray, block_size: int
         ``cache.reshape(num_blocks * block_size, num_kv_heads, head_dim)``.
     """
     raise NotImplementedError(
-        "TODO: validate with provided.check_slot_mapping_inputs(block_table, positions, "
-        "block_size); then split each position into (logical block, offset in the block), "
-        "look the logical block up in block_table, and turn (physical block, offset) into "
-        "one slot number."
+        "TODO: a position names a logical block and an offset; the table names the physical block"
+        " (HINTS.md step 1: make hint LAB=01 STEP=1 LEVEL=1)"
     )
 
 
@@ -74,11 +72,7 @@ def write_kv(
 
     Only the ``n`` given slots change; every other slot keeps its bytes.
     """
-    raise NotImplementedError(
-        "TODO: validate with provided.check_write_kv_inputs(k_cache, v_cache, k, v, slots); "
-        "a slot number is (block, offset) in disguise: write token i's K and V there, in "
-        "place, and return nothing."
-    )
+    raise NotImplementedError("TODO: HINTS.md step 1 (make hint LAB=01 STEP=1 LEVEL=1)")
 
 
 def gather_kv(cache: np.ndarray, block_table: np.ndarray, seq_len: int) -> np.ndarray:
@@ -86,10 +80,7 @@ def gather_kv(cache: np.ndarray, block_table: np.ndarray, seq_len: int) -> np.nd
 
     Reads exactly the first ``seq_len`` slots named by the block table, nothing else.
     """
-    raise NotImplementedError(
-        "TODO: validate with provided.check_gather_inputs(cache, block_table, seq_len); then "
-        "for every position t < seq_len read the slot the block table names for it."
-    )
+    raise NotImplementedError("TODO: HINTS.md step 1 (make hint LAB=01 STEP=1 LEVEL=1)")
 
 
 # ---------------------------------------------------------------------------------------
@@ -120,13 +111,8 @@ def paged_decode_attention(
         num_kv_heads)``. Slots past ``seq_len`` are never read.
     """
     raise NotImplementedError(
-        "TODO: validate with provided.check_decode_inputs(q, k_cache, v_cache, block_table, "
-        "seq_len), which also returns the group size. Keep a running max m, denominator l "
-        "and accumulator acc per query head (head h reads KV head h // group). Visit the "
-        "logical blocks in order, find each one's physical block in the table, read only the "
-        "tokens that exist (the last block may be partial), and fold the block's scores into "
-        "(m, l, acc), rescaling the old state when m grows. Start m at -inf, not 0. Finish "
-        "with out = acc / l and lse = m + log(l); seq_len = 0 gives out 0 and lse -inf."
+        "TODO: keep (m, l, acc) per query head the exact summary of the blocks visited so far; "
+        "never read a slot at or past seq_len (HINTS.md step 2: make hint LAB=01 STEP=2 LEVEL=1)"
     )
 
 
@@ -140,10 +126,7 @@ def paged_decode_attention_batch(
 ) -> tuple[np.ndarray, np.ndarray]:
     """A decode step for a batch: q ``[B, H, d]``, block_tables ``[B, max_blocks]``, seq_lens
     ``[B]`` -> ``(out [B, H, d], lse [B, H])``. Each sequence has its own length and table."""
-    raise NotImplementedError(
-        "TODO: validate with provided.check_batch_inputs(q, block_tables, seq_lens); then run "
-        "paged_decode_attention for each sequence and stack out [B, H, d] and lse [B, H]."
-    )
+    raise NotImplementedError("TODO: HINTS.md step 3 (make hint LAB=01 STEP=3 LEVEL=1)")
 
 
 # ---------------------------------------------------------------------------------------
@@ -172,27 +155,10 @@ def _paged_decode_kernel(
 
     Grid ``(batch, num_kv_heads)``. Every head dim is a contiguous last dimension
     (the launcher makes it so); ``v_cache`` has ``q``'s head dim.
-
-    1. ``seq = program_id(0)``, ``kv_head = program_id(1)``; load ``seq_len``.
-    2. Load the queries of the group, heads ``kv_head * GROUP + r`` for rows ``r < GROUP``,
-       as one ``[GROUP_PAD, HEAD_DIM_PAD]`` tile (padded rows and dims masked to 0).
-    3. ``m = -inf``, ``l = 0`` (``[GROUP_PAD]``, fp32); ``acc = 0``
-       (``[GROUP_PAD, HEAD_DIM_PAD]``, fp32).
-    4. For each tile of ``BLOCK_N`` positions ``pos`` below ``seq_len``:
-       a. ``in_seq = pos < seq_len``; the physical block of each position is
-          ``block_table[pos // BLOCK_SIZE]`` (a masked load), cast to int64 before it is
-          multiplied by a stride; the slot in the block is ``pos % BLOCK_SIZE``;
-       b. load the K and V tiles ``[BLOCK_N, HEAD_DIM_PAD]`` with ``mask=in_seq & dim_ok``,
-          ``other=0``: a NaN past ``seq_len`` must never be loaded (``NaN * 0 = NaN`` in
-          ``tl.dot``);
-       c. ``s = tl.dot(q, k^T) * qk_scale`` (base-2 scores), ``-inf`` where ``not in_seq``;
-       d. the online update in base 2: ``m_new = max(m, rowmax(s))``,
-          ``alpha = exp2(m - m_new)``, ``p = exp2(s - m_new)``, ``l = alpha * l + rowsum(p)``,
-          ``acc = alpha * acc + tl.dot(p, v)``, ``m = m_new``.
-    5. ``out = acc / l`` and ``lse = m * ln(2) + ln(l)`` (natural log, like numpy); an empty
-       sequence (``l = 0``) gives ``out = 0``, ``lse = -inf``. Store rows ``< GROUP``.
     """
-    pass  # TODO: steps 1-5 above
+    # TODO: keep m, l, acc the summary of the positions loaded so far; load nothing at or past
+    # seq_len (HINTS.md step 4: make hint LAB=01 STEP=4 LEVEL=1)
+    pass
 
 
 def paged_decode_triton(
@@ -227,25 +193,4 @@ def paged_decode_triton(
         program per (sequence, KV head); each loads every K/V tile once and serves all
         ``H // KVH`` query heads of its group with ``tl.dot``.
     """
-    # The launcher, step by step (the kernel's docstring lists its own steps):
-    #   1. group = provided.check_triton_inputs(q, k_cache, v_cache, block_tables, seq_lens,
-    #      max_seq_len): shapes and dtypes, and no host sync when max_seq_len is given;
-    #   2. tiles = tile_config(q, gpu=provided.gpu_tiles(batch, num_kv_heads, group,
-    #      head_dim), interpreter=provided.INTERPRETER_TILES, block_n=block_n);
-    #   3. scale = default_scale(head_dim) when None (the real head dim, not the padded
-    #      one), passed to the kernel as log2e_scale(scale) because the kernel uses exp2;
-    #   4. make the last dimension of q, k_cache and v_cache contiguous; block_tables and
-    #      seq_lens int32 on q's device (.to(...), never .cpu());
-    #   5. allocate out [B, H, d] (q.dtype) and lse [B, H] (float32) on q's device; with
-    #      B = 0 return them as they are (a grid of size 0 is not launchable);
-    #   6. launch _paged_decode_kernel[(batch, num_kv_heads)](...) with every stride,
-    #      GROUP_PAD = dot_tile(group), HEAD_DIM_PAD = dot_tile(head_dim),
-    #      BLOCK_SIZE = the cache's block size, BLOCK_N = tiles["block_n"],
-    #      DOT_PRECISION = dot_precision(k_cache.dtype), num_warps = tiles["num_warps"]
-    #      and num_stages = tiles["num_stages"];
-    #   7. return out, lse.
-    raise NotImplementedError(
-        "TODO: write _paged_decode_kernel (its docstring lists the steps), then follow the "
-        "launcher's steps above: validate, allocate out/lse, launch on a (batch, "
-        "num_kv_heads) grid."
-    )
+    raise NotImplementedError("TODO: HINTS.md step 4 (make hint LAB=01 STEP=4 LEVEL=1)")

@@ -58,15 +58,7 @@ def validate_configuration(backend: str, config: Any, capability: Any) -> list[s
         ValueError: a bad config, capability or backend name, naming it (the given
             ``normalize_config``, ``parse_capability`` and ``backend_facts`` do this).
     """
-    raise NotImplementedError(
-        "TODO: ask the backend vLLM's questions in vLLM's order (head size, dtype, KV-cache "
-        "dtype, block size, MLA, sinks, sparse, compute capability, sliding window) and "
-        "collect one reason string per 'no', then append the backend's supports_combination "
-        "reason if it has one. Suggested shape, as vLLM has it: one small class per backend "
-        "whose methods answer from backend_facts(name) (dtypes, head_sizes, kv_cache_dtypes, "
-        "...), with a subclass only for a backend whose answer is a rule (README, Reference "
-        "R2 and R3)"
-    )
+    raise NotImplementedError("TODO: HINTS.md step 1 (make hint LAB=02 STEP=1 LEVEL=1)")
 
 
 def backend_priorities(capability: Any, use_mla: bool, config: Any = None) -> list[str]:
@@ -77,12 +69,7 @@ def backend_priorities(capability: Any, use_mla: bool, config: Any = None) -> li
     is at most 16 and whether ``head_size`` is 512 (README, Reference R4). ``config`` is
     optional; without it those are unknown: not quantized, not few heads, not 512.
     """
-    raise NotImplementedError(
-        "TODO: pick the list of load_facts()['priorities']['lists'] that "
-        "_get_backend_priorities returns for this major version and use_mla, drop its "
-        "{'only_if': ...} entries and splice in the sparse-MLA tail it names (README, "
-        "Reference R4)"
-    )
+    raise NotImplementedError("TODO: HINTS.md step 2 (make hint LAB=02 STEP=2 LEVEL=1)")
 
 
 def select_backend(config: Any, capability: Any, override: str | None = None) -> Selection:
@@ -124,12 +111,7 @@ def select_backend(config: Any, capability: Any, override: str | None = None) ->
         configuration. Reason: ['attention sinks not supported', 'sink not supported
         on compute capability < 9.0']
     """
-    raise NotImplementedError(
-        "TODO: with an override, validate only that backend and raise if it has reasons (no "
-        "fallback); otherwise validate every backend of backend_priorities in order, keep the "
-        "reasons of the refused ones, and return the first valid one (raise if there is none; "
-        "provided.config_repr writes the config part of the message)"
-    )
+    raise NotImplementedError("TODO: HINTS.md step 2 (make hint LAB=02 STEP=2 LEVEL=1)")
 
 
 def selection_matrix(gpus: Any = None, dtypes: Any = None, models: Any = None) -> dict:
@@ -140,11 +122,7 @@ def selection_matrix(gpus: Any = None, dtypes: Any = None, models: Any = None) -
     means all of ``GPUS`` / ``DTYPES`` / ``MODELS``. A cell is None when no backend is
     valid (vLLM would refuse to start). The given ``format_matrix`` prints the answer.
     """
-    raise NotImplementedError(
-        "TODO: run select_backend for every (GPU, dtype, model) and record the chosen "
-        "backend, or None when no backend is valid (provided.named turns the arguments into "
-        "dicts)"
-    )
+    raise NotImplementedError("TODO: HINTS.md step 3 (make hint LAB=02 STEP=3 LEVEL=1)")
 
 
 def sdpa_backends_that_run(q: Any, k: Any, v: Any, attn_mask: Any = None,
@@ -155,11 +133,7 @@ def sdpa_backends_that_run(q: Any, k: Any, v: Any, attn_mask: Any = None,
     runs depends on the device, dtype, shapes and mask. On a CPU that is MATH and the
     CPU FLASH_ATTENTION kernel; on an H100 typically FLASH, EFFICIENT, CUDNN and MATH.
     """
-    raise NotImplementedError(
-        "TODO: for each torch.nn.attention.SDPBackend (except ERROR), call "
-        "F.scaled_dot_product_attention inside sdpa_kernel([backend]) and keep the ones that "
-        "do not raise RuntimeError"
-    )
+    raise NotImplementedError("TODO: HINTS.md step 4 (make hint LAB=02 STEP=4 LEVEL=1)")
 
 
 def sdpa_bisect(q: Any, k: Any, v: Any, **kw: Any) -> dict[str, float]:
@@ -170,11 +144,7 @@ def sdpa_bisect(q: Any, k: Any, v: Any, **kw: Any) -> dict[str, float]:
     ``scale``, ``enable_gqa``. Backends differ from each other in the last bits because
     they add in different orders, not because any of them approximates.
     """
-    raise NotImplementedError(
-        "TODO: compute the float64 reference with common.reference_attention (it wants [seq, "
-        "heads, dim] per batch element and a boolean mask), run SDPA under each backend that "
-        "runs, and report max |out - reference| per backend"
-    )
+    raise NotImplementedError("TODO: HINTS.md step 4 (make hint LAB=02 STEP=4 LEVEL=1)")
 
 
 def classify(term: str) -> str:
@@ -184,7 +154,4 @@ def classify(term: str) -> str:
     the exact math; PagedAttention is runtime memory management of the KV cache (its
     kernels are ``paged_attention_v1/v2``); softmax(QKᵀ/√d)V is the math.
     """
-    raise NotImplementedError(
-        "TODO: decide for each term whether it names the math, an API, a kernel, or the "
-        "serving runtime around the kernels; raise ValueError for a term you do not know"
-    )
+    raise NotImplementedError("TODO: HINTS.md step 4 (make hint LAB=02 STEP=4 LEVEL=1)")

@@ -61,10 +61,8 @@ def prefill_attention(
         ``(out [M, H, dv], lse [M, H])``. Query i reads keys ``0 .. start_pos + i``.
     """
     raise NotImplementedError(
-        "TODO: start_pos = provided.check_prefill(q, k, v, start_pos) checks the inputs. Then "
-        "for each query i, how many keys may it see? Make that number the loop bound: slice k "
-        "and v to it, so the future is never read (it is NaN in the tests). Softmax over that "
-        "slice, per head, with query head h using KV head h // (H // KVH); lse = m + log(l)."
+        "TODO: query i never reads a key past its own position; the mask is the loop bound "
+        "(HINTS.md step 1: make hint LAB=03 STEP=1 LEVEL=1)"
     )
 
 
@@ -86,10 +84,8 @@ def chunked_prefill(
         ``out [M, H, dv]``, equal to ``prefill_attention(q, k, v, 0)[0]`` for any chunking.
     """
     raise NotImplementedError(
-        "TODO: provided.check_chunk_sizes(chunk_sizes, M) checks that they add up to M. Walk "
-        "the chunks; when a chunk starts, how many tokens are already in the KV cache? That "
-        "number is the chunk's start_pos. Call prefill_attention on the chunk's queries and "
-        "the keys the cache holds by then."
+        "TODO: each chunk sees exactly the tokens before it and its own causal part (HINTS.md "
+        "step 2: make hint LAB=03 STEP=2 LEVEL=1)"
     )
 
 
@@ -116,12 +112,7 @@ def varlen_prefill_attention(
     Returns:
         ``(out [T, H, dv], lse [T, H])``. A decode row is a sequence with query_len 1.
     """
-    raise NotImplementedError(
-        "TODO: provided.check_varlen_shapes(...) and provided.check_varlen_metadata(...) "
-        "validate the batch. Then per sequence: gather its first seq_lens[b] tokens through "
-        "its block table, work out where its queries start (seq_lens[b] - query_len_b), and "
-        "reuse prefill_attention."
-    )
+    raise NotImplementedError("TODO: HINTS.md step 3 (make hint LAB=03 STEP=3 LEVEL=1)")
 
 
 def causal_mask(num_queries: int, num_keys: int, alignment: str) -> np.ndarray:
@@ -133,10 +124,7 @@ def causal_mask(num_queries: int, num_keys: int, alignment: str) -> np.ndarray:
     and chunked prefill, where ``start_pos = num_keys - num_queries``).
     Any other alignment raises ``ValueError``.
     """
-    raise NotImplementedError(
-        "TODO: compare a column index with a row index plus an offset; which offset makes "
-        "the last row see every key? Anything but the two alignments is a ValueError."
-    )
+    raise NotImplementedError("TODO: HINTS.md step 4 (make hint LAB=03 STEP=4 LEVEL=1)")
 
 
 # ---------------------------------------------------------------------------------------
@@ -170,41 +158,11 @@ def _varlen_prefill_kernel(
     powers of two >= 16, HEAD_DIM_PAD and HEAD_DIM_V_PAD, for tl.dot). Split ``split`` of
     ``num_splits`` takes its share of the key tiles every row sees, split 0 the diagonal
     too; it writes a partial ``(out, lse)`` at its split row (``stride_os``, ``stride_ls``).
-
-    TODO, in order (small @triton.jit helpers are welcome):
-    1. q_block = tl.program_id(0) (a global query-block number), kv_head = tl.program_id(1).
-    2. Find this block's sequence with a binary search over query_start_loc: sequence b's
-       blocks are numbered from query_start_loc[b] // BLOCK_Q + b, so seq is the last b whose
-       number is <= q_block (vLLM's find_seq_idx). Then q_start, query_len and
-       q_block_in_seq = q_block - (q_start // BLOCK_Q + seq). A spare program of the
-       upper-bound grid has q_block_in_seq * BLOCK_Q >= query_len: return. Load seq_len;
-       start_pos = seq_len - query_len.
-    3. GQA packing: row r of the tile is query token q_block_in_seq * BLOCK_Q + r // GROUP
-       and query head kv_head * GROUP + r % GROUP. A row is real if r < BLOCK_Q * GROUP and
-       its token < query_len. Load Q [BLOCK_M, HEAD_DIM_PAD] at token rows q_start + token
-       (in tl.int64: T * stride_qt can pass 2**31) with that mask and other=0.0.
-    4. Loop over K/V tiles of BLOCK_N key positions, from 0 up to the block's last query,
-       kv_end = min(start_pos + q_block_in_seq * BLOCK_Q + BLOCK_Q, seq_len): that loop bound
-       is the causal mask, and nothing at or past kv_end is ever loaded (it is NaN in the
-       tests). Gather each key through the block table: page = block_tables[seq, pos //
-       PAGE_SIZE], slot = pos % PAGE_SIZE; cast the page to tl.int64 before multiplying by
-       its stride (a large cache overflows int32). Masked loads use other=0.0: NaN * 0 = NaN
-       inside tl.dot.
-    5. Online softmax in float32 with tl.dot (pass input_precision=DOT_PRECISION to both
-       dots, or float32 runs as TF32 on a GPU). qk_scale already holds scale * log2(e), so
-       use tl.exp2. Tiles that cross the diagonal mask key_pos > the row's position
-       start_pos + token with -inf; tiles wholly below it need no score mask.
-    6. Store out = acc / l (in out's dtype, the first HEAD_DIM_V columns) and
-       lse = ln(2) * (m + log2(l)) (float32) for the real rows.
-    7. The KV split (do it last; num_splits = 1 until then): split = tl.program_id(2) (in
-       tl.int64: split * stride_os is large). The whole tiles below the block's first query
-       are cut into num_splits equal shares of whole tiles; a program loops over its share
-       only, and split 0 alone also does the diagonal tiles, after its share (why must every
-       row have seen a key before a masked tile?). Store at the split's row (+ split *
-       stride_os, + split * stride_ls). A split with no keys has l = 0: it must write
-       out = 0 and lse = -inf, the identity of lab 04's merge, not 0 / 0.
     """
-    tl.static_assert(False, "TODO: write _varlen_prefill_kernel (the steps are in its docstring)")
+    tl.static_assert(False,
+        "TODO: every row's state summarises only keys at or before its own position (HINTS.md "
+        "step 5: make hint LAB=03 STEP=5 LEVEL=1)"
+    )
 
 
 def varlen_prefill_triton(
@@ -244,34 +202,4 @@ def varlen_prefill_triton(
     Grid: ``(T // BLOCK_Q + B, KVH, num_splits)`` from shapes only; each program
     binary-searches ``query_start_loc`` for its sequence (vLLM 0.33.0's ``find_seq_idx``).
     """
-    # TODO, step by step:
-    #   1. group = provided.check_varlen_inputs(q, k_cache, v_cache, block_tables,
-    #      query_start_loc, seq_lens, max_seq_len)  (ValueError naming the argument)
-    #      num_tokens, _, head_dim = q.shape; _, page_size, num_kv_heads, head_dim_v =
-    #      v_cache.shape; num_seqs = seq_lens.shape[0]
-    #   2. tiles = tile_config(q, gpu=provided.gpu_tiles(num_tokens, num_seqs, group, head_dim,
-    #      launch_target(q), num_kv_heads=num_kv_heads, max_seq_len=max_seq_len),
-    #      interpreter=provided.INTERPRETER_TILES, block_m=block_m, block_n=block_n); then
-    #      tiles = provided.fit_group(tiles, group, block_m).
-    #      A tile's BLOCK_M rows hold BLOCK_Q query tokens x GROUP query heads: BLOCK_Q = ?
-    #      splits = provided.split_count(num_splits, tiles.get("num_splits", 1)).
-    #   3. out, lse = provided.output_buffers(q, head_dim_v); no tokens: return them now.
-    #      part_out, part_lse = provided.split_outputs(out, lse, splits): where the splits
-    #      write (out and lse themselves, viewed with a split dim of 1, for one split).
-    #   4. grid = provided.varlen_grid(num_tokens, num_seqs, num_kv_heads, BLOCK_Q, splits):
-    #      a program per query block of every sequence (the last may be partial) and split.
-    #   5. tables, starts, lens = provided.device_metadata(q, block_tables, query_start_loc,
-    #      seq_lens) (int32, contiguous).
-    #   6. _varlen_prefill_kernel[grid](...) with the arguments in the order of its signature:
-    #      part_out / part_lse as out_ptr / lse_ptr; qk_scale = log2e_scale(scale, or
-    #      default_scale of the REAL head dim); every stride (*q.stride(), *k_cache.stride(),
-    #      *v_cache.stride(), tables.stride(0), *part_out.stride(), *part_lse.stride()); the
-    #      constexprs (HEAD_DIM_PAD = dot_tile(head_dim), DOT_PRECISION =
-    #      dot_precision(q.dtype), ...), num_warps and num_stages from tiles.
-    #   7. provided.merge_splits(part_out, part_lse, out, lse) (nothing for one split);
-    #      return out, lse
-    raise NotImplementedError(
-        "TODO: launch _varlen_prefill_kernel: check the inputs, plan the tiles (BLOCK_Q query "
-        "tokens x GROUP heads per tile), allocate out and lse, a grid with a program for "
-        "every query block of every sequence, pass every stride (steps 1-7 above)"
-    )
+    raise NotImplementedError("TODO: HINTS.md step 6 (make hint LAB=03 STEP=6 LEVEL=1)")

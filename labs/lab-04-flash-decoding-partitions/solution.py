@@ -316,29 +316,6 @@ def _split_kv_partition_kernel(
     against one split of sequence b's tokens, stored in the serving form: the normalised
     partial output ``part_out[b, h, split] [dv]`` and its natural-log LSE
     ``part_lse[b, h, split]`` (float32), for each query head h of the group.
-
-    Steps:
-    1. Who am I: grid x folds (sequence, split): ``b = program_id(0) // num_splits`` (as
-       int64: it multiplies strides), ``split = program_id(0) % num_splits``;
-       ``kv_head = program_id(1)``.
-    2. Which tokens: ``split_len = PARTITION_SIZE`` when ``NUM_SEGMENTS == 0``; otherwise
-       sequence b is cut into ``NUM_SEGMENTS`` segments of whole K/V tiles,
-       ``split_len = ceil(seq_len / (NUM_SEGMENTS * BLOCK_N)) * BLOCK_N``. The split covers
-       ``[split * split_len, min(split * split_len + split_len, seq_len))``. A split that
-       starts at or past ``seq_len`` is empty: store lse = -inf for the group's heads and
-       return (the merge gives it weight 0 and never reads its output).
-    3. GQA packing: the query heads ``kv_head * GROUP + r`` (``r < GROUP``) are the rows of
-       a ``[BLOCK_H, BLOCK_D]`` q tile; rows past GROUP and dims past HEAD_DIM load as 0
-       (``tl.dot`` needs every tile dim >= 16).
-    4. Online softmax over the split, BLOCK_N tokens at a time, in float32 and log2 units:
-       physical block ``block_tables[b, pos // BLOCK_SIZE]`` (int64 before it meets a
-       stride), slot ``pos % BLOCK_SIZE``; K and V loads masked to the split (never read
-       past it: the tests poison those slots with NaN);
-       ``s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale`` with
-       ``qk_scale = scale * log2(e)``, so ``exp2`` replaces ``exp``; tokens outside the split
-       get ``s = -inf``; then lab-01's update of the running ``m``, ``l`` and ``acc``.
-    5. Store ``acc / l`` and ``lse = (m + log2(l)) / LOG2E`` (back to the natural log) for
-       the GROUP real rows.
     """
     b = (tl.program_id(0) // num_splits).to(tl.int64)  # 1. grid x folds (sequence, split)
     split = tl.program_id(0) % num_splits

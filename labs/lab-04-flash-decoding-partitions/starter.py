@@ -54,28 +54,20 @@ def empty_state(num_heads: int | tuple[int, ...], head_dim: int) -> AttentionSta
         num_heads: ``H`` (a decode query), or a tuple of leading dims such as ``(Lq, H)``.
         head_dim: ``dv``, the value head dimension.
     """
-    raise NotImplementedError(
-        "TODO: the state of NO keys. What max, denominator and weighted sum describe an empty"
-        " set so that merging it with anything changes nothing? (float64 arrays; num_heads "
-        "may be a tuple of leading dims)"
-    )
+    raise NotImplementedError("TODO: HINTS.md step 1 (make hint LAB=04 STEP=1 LEVEL=1)")
 
 
 def merge(a: AttentionState, b: AttentionState) -> AttentionState:
     """The state of the union of two disjoint key sets. Exact, associative, commutative."""
     raise NotImplementedError(
-        "TODO: bring both sides to a common reference max m = max(m_a, m_b), then add "
-        "denominators and accumulators. Each side's numbers were computed relative to its own"
-        " max. Careful: what is exp(m_a - m) when both sides are empty (m = -inf)?"
+        "TODO: merge(a, b) is the exact state of the union, in any order; the empty state changes"
+        " nothing (HINTS.md step 1: make hint LAB=04 STEP=1 LEVEL=1)"
     )
 
 
 def finalize(state: AttentionState) -> tuple[np.ndarray, np.ndarray]:
     """``(out = acc / l, lse = m + log(l))``; an empty state gives ``(0, -inf)``."""
-    raise NotImplementedError(
-        "TODO: this is the one place where you divide. And remember what l is measured "
-        "relative to when you take its log. An empty state (l = 0) gives out 0, lse -inf."
-    )
+    raise NotImplementedError("TODO: HINTS.md step 1 (make hint LAB=04 STEP=1 LEVEL=1)")
 
 
 # ---- one partition, many partitions ----------------------------------------------------
@@ -94,10 +86,8 @@ def partial_state(
         ``n = 0`` gives the identity.
     """
     raise NotImplementedError(
-        "TODO: validate with provided.check_decode_shapes; scores s = q.k * scale per query "
-        "head (head h reads KV head h // (H // KVH)); then the max, the denominator and the "
-        "weighted sum of this partition. Do not divide: a partial is not an answer yet. No "
-        "keys gives empty_state."
+        "TODO: a partial is a summary, not an answer: do not divide (HINTS.md step 2: make hint "
+        "LAB=04 STEP=2 LEVEL=1)"
     )
 
 
@@ -124,13 +114,7 @@ def split_kv_attention(
     Raises:
         ValueError: naming ``num_partitions`` (< 1) or ``order`` (not in ``ORDERS``).
     """
-    raise NotImplementedError(
-        "TODO: validate (provided.check_count, provided.check_order), cut [0, n) into "
-        "num_partitions ranges whose sizes differ by at most one (some may be empty, none may"
-        " be dropped), compute a partial_state for each and combine them with merge() in the "
-        "requested order ('tree': merge neighbours in rounds, like a GPU reduction), then "
-        "finalize."
-    )
+    raise NotImplementedError("TODO: HINTS.md step 3 (make hint LAB=04 STEP=3 LEVEL=1)")
 
 
 def merge_attn_states(
@@ -152,10 +136,8 @@ def merge_attn_states(
         ``(out [*S, dv], lse [*S])``; two empty sides give ``(0, -inf)``, never NaN.
     """
     raise NotImplementedError(
-        "TODO: provided.check_merge_inputs; treat an lse of +inf like -inf (empty). exp(lse) "
-        "is each side's full softmax denominator: weigh the outputs by their share of the "
-        "total, computed relative to max(lse_a, lse_b) so that lse = +-800 neither overflows "
-        "nor underflows. Never let an empty side's out (it may be NaN) into the result."
+        "TODO: an empty side (lse -inf) has weight 0; nothing overflows at lse of +-800 (HINTS.md"
+        " step 4: make hint LAB=04 STEP=4 LEVEL=1)"
     )
 
 
@@ -188,10 +170,8 @@ def ring_step(
         ``merge(state, state of q against this block)``.
     """
     raise NotImplementedError(
-        "TODO: scores [Lq, H, Lk]; when causal, mask out keys whose position is after the "
-        "query's (which positions: the index inside the shard, or q_start + i and k_start + "
-        "j?); a row that sees no key of this block contributes the identity. Then merge into "
-        "state."
+        "TODO: after the step, the state summarises every shard seen so far; causal uses global "
+        "positions (HINTS.md step 5: make hint LAB=04 STEP=5 LEVEL=1)"
     )
 
 
@@ -217,11 +197,7 @@ def ring_attention(
         ValueError: naming ``q_shards``/``k_shards``/``v_shards`` when the lists differ in
         length (one shard per device) or are empty.
     """
-    raise NotImplementedError(
-        "TODO: provided.check_ring_shards; one running state per device (empty_state accepts "
-        "(L_p, H)); P steps of: every device runs ring_step on the shard it holds, then the "
-        "shards move one device along the ring. Finish with finalize."
-    )
+    raise NotImplementedError("TODO: HINTS.md step 5 (make hint LAB=04 STEP=5 LEVEL=1)")
 
 
 # ---- Triton: split-KV decode over a paged cache ----------------------------------------
@@ -248,31 +224,11 @@ def _split_kv_partition_kernel(
     against one split of sequence b's tokens, stored in the serving form: the normalised
     partial output ``part_out[b, h, split] [dv]`` and its natural-log LSE
     ``part_lse[b, h, split]`` (float32), for each query head h of the group.
-
-    Steps:
-    1. Who am I: grid x folds (sequence, split): ``b = program_id(0) // num_splits`` (as
-       int64: it multiplies strides), ``split = program_id(0) % num_splits``;
-       ``kv_head = program_id(1)``.
-    2. Which tokens: ``split_len = PARTITION_SIZE`` when ``NUM_SEGMENTS == 0``; otherwise
-       sequence b is cut into ``NUM_SEGMENTS`` segments of whole K/V tiles,
-       ``split_len = ceil(seq_len / (NUM_SEGMENTS * BLOCK_N)) * BLOCK_N``. The split covers
-       ``[split * split_len, min(split * split_len + split_len, seq_len))``. A split that
-       starts at or past ``seq_len`` is empty: store lse = -inf for the group's heads and
-       return (the merge gives it weight 0 and never reads its output).
-    3. GQA packing: the query heads ``kv_head * GROUP + r`` (``r < GROUP``) are the rows of
-       a ``[BLOCK_H, BLOCK_D]`` q tile; rows past GROUP and dims past HEAD_DIM load as 0
-       (``tl.dot`` needs every tile dim >= 16).
-    4. Online softmax over the split, BLOCK_N tokens at a time, in float32 and log2 units:
-       physical block ``block_tables[b, pos // BLOCK_SIZE]`` (int64 before it meets a
-       stride), slot ``pos % BLOCK_SIZE``; K and V loads masked to the split (never read
-       past it: the tests poison those slots with NaN);
-       ``s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale`` with
-       ``qk_scale = scale * log2(e)``, so ``exp2`` replaces ``exp``; tokens outside the split
-       get ``s = -inf``; then lab-01's update of the running ``m``, ``l`` and ``acc``.
-    5. Store ``acc / l`` and ``lse = (m + log2(l)) / LOG2E`` (back to the natural log) for
-       the GROUP real rows.
     """
-    tl.static_assert(False, "TODO: write _split_kv_partition_kernel (steps 1-5 in its docstring)")
+    tl.static_assert(False,
+        "TODO: a split reads only its own positions; an empty split stores lse -inf (HINTS.md "
+        "step 6: make hint LAB=04 STEP=6 LEVEL=1)"
+    )
 
 
 @triton.jit
@@ -302,7 +258,7 @@ def _merge_partitions_kernel(
     3. Store ``out = acc / total`` and ``lse = m + log(total)``; when every partition is
        empty, out 0 and lse -inf, never NaN.
     """
-    tl.static_assert(False, "TODO: write _merge_partitions_kernel (steps 1-3 in its docstring)")
+    tl.static_assert(False, "TODO: HINTS.md step 6 (make hint LAB=04 STEP=6 LEVEL=1)")
 
 
 # ---- Triton: the launchers -------------------------------------------------------------
@@ -345,31 +301,7 @@ def split_kv_decode_triton(
     Returns:
         ``(out [B, H, dv] in q.dtype, lse [B, H] float32)``.
     """
-    # The launcher, step by step (the kernels' docstrings list their own steps):
-    #   1. plan = provided.plan_split_kv(q, k_cache, v_cache, block_tables, seq_lens,
-    #      partition_size, scale=..., num_segments=..., max_seq_len=...): checks the inputs
-    #      and gives the group, the splits per sequence, both grids and the scale;
-    #   2. tiles = tile_config(q, gpu=provided.gpu_tiles(head_dim),
-    #      interpreter=provided.INTERPRETER_TILES, block_n=block_n);
-    #   3. provided.last_dim_contiguous(q, k_cache, v_cache) and
-    #      provided.int32_on(q, block_tables, seq_lens);
-    #   4. allocate with provided.output_buffer: the partials part_out [B, H, splits, dv] and
-    #      part_lse [B, H, splits], both float32 whatever q's dtype, and out [B, H, dv]
-    #      (q.dtype), lse [B, H] (float32); with B = 0 return out, lse (a grid of size 0 is
-    #      not launchable);
-    #   5. launch _split_kv_partition_kernel[plan.partition_grid](...) with every stride,
-    #      qk_scale = log2e_scale(plan.scale), num_splits = plan.splits, BLOCK_H =
-    #      dot_tile(plan.group), BLOCK_D / BLOCK_DV = dot_tile(d) / dot_tile(dv), BLOCK_N =
-    #      tiles["block_n"], DOT_PRECISION = dot_precision(q.dtype), LOG2E, and
-    #      num_warps / num_stages from tiles;
-    #   6. only then launch _merge_partitions_kernel[plan.merge_grid](...) over all
-    #      plan.splits partials (BLOCK_P = tiles["block_p"]), and return out, lse.
-    raise NotImplementedError(
-        "TODO: plan the launch with provided.plan_split_kv, allocate the float32 partials "
-        "(part_out, part_lse) and the outputs with provided.output_buffer, launch the "
-        "partition kernel on plan.partition_grid, then the merge kernel on plan.merge_grid "
-        "(steps above)."
-    )
+    raise NotImplementedError("TODO: HINTS.md step 7 (make hint LAB=04 STEP=7 LEVEL=1)")
 
 
 def merge_partitions_triton(
@@ -386,10 +318,4 @@ def merge_partitions_triton(
     Returns:
         ``(out [B, H, dv] in part_out.dtype, lse [B, H] float32)``.
     """
-    raise NotImplementedError(
-        "TODO: grid = provided.check_partials(part_out, part_lse); tiles from tile_config "
-        "(gpu=provided.gpu_tiles(dv), block_p=block_p); the last dims contiguous and the "
-        "LSEs float32; out [B, H, dv] and lse [B, H] from provided.output_buffer; then the "
-        "same merge launch as split_kv_decode_triton's last step (write it once, as a "
-        "helper)."
-    )
+    raise NotImplementedError("TODO: HINTS.md step 7 (make hint LAB=04 STEP=7 LEVEL=1)")

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from common import launch_plan
 from common.tracing import BYTES, attempt, close, rounded
 
 SPLIT = {"n": 12, "partitions": 4, "d": 4, "dv": 2, "seed": 2}
@@ -118,7 +119,48 @@ def trace_ring(impl: Any) -> dict:
             "steps": steps, "same_as_ring_attention": same,
             "out": [rounded(np.asarray(f[0])[:, 0, 0]) if f is not None else None for f in finals]}
     per_step = {"flops": 2 * n * n * (p["d"] + p["dv"]), "bytes": n * (p["d"] + p["dv"]) * BYTES}
-    return {"lab": "04", "inputs": p, "runs": runs, "per_step": per_step, "errors": errors}
+    timing = {str(s): ring_timeline(s) for s in RING_TIMING["shards"]}
+    return {"lab": "04", "inputs": p, "runs": runs, "per_step": per_step, "timing": timing,
+            "timing_inputs": RING_TIMING, "errors": errors}
+
+
+# The wall time of one ring pass at a real size (a model): Llama-3-8B-like attention (32
+# query heads, 8 KV heads, head dim 128, bf16) on 4 H100s, each holding `shard` tokens.
+RING_TIMING = {"devices": 4, "heads": 32, "kv_heads": 8, "d": 128,
+               "shards": [256, 1024, 4096, 16384],
+               # NVLink 4 on an H100 SXM: 900 GB/s in total, 450 GB/s each way (datasheet);
+               # a ring sends one way, to the next device.
+               "link_gbps": 450.0,
+               "source": "H100 SXM datasheet: 989 TFLOP/s dense bf16 (common/launch_plan.py), "
+                         "NVLink 900 GB/s bidirectional"}
+
+
+def ring_timeline(shard: int, p: dict | None = None) -> dict:
+    """Per ring step, a device's compute time (Q shard against the visiting K/V shard, at
+    the H100's dense bf16 peak) and send time (the K/V shard to the next device over
+    NVLink), in µs; and the wall time of the ring with the send overlapped under the compute
+    (each step takes the longer of the two), without overlap (the sum), and of gathering
+    every shard first and then computing (all-gather: P - 1 sends, then P computes), with
+    each device's K/V memory. A model at peak rates: real kernels reach less."""
+    p = {**RING_TIMING, **(p or {})}
+    if shard <= 0:
+        raise ValueError(f"shard must be a positive number of tokens, got {shard}")
+    P = p["devices"]
+    flops = 4 * shard * shard * p["d"] * p["heads"]  # Q K^T and P V over one shard pair
+    kv_bytes = 2 * shard * p["kv_heads"] * p["d"] * BYTES
+    compute = flops / (launch_plan.H100.tensor_tflops * 1e6)  # FLOP / (FLOP per µs)
+    send = kv_bytes / (p["link_gbps"] * 1e3)  # bytes / (bytes per µs)
+    steps = [{"step": t, "compute_us": round(compute, 3), "send_us": round(send, 3) if t < P - 1
+              else 0.0} for t in range(P)]
+    overlapped = sum(max(s["compute_us"], s["send_us"]) for s in steps)
+    sequential = sum(s["compute_us"] + s["send_us"] for s in steps)
+    return {"shard": shard, "steps": steps, "flops_per_step": flops, "kv_bytes": kv_bytes,
+            "wall_us": {"ring overlapped": round(overlapped, 3),
+                        "ring, no overlap": round(sequential, 3),
+                        "all-gather, then compute": round((P - 1) * send + P * compute, 3)},
+            "kv_memory": {"ring overlapped": 2 * kv_bytes, "ring, no overlap": 2 * kv_bytes,
+                          "all-gather, then compute": P * kv_bytes},
+            "hidden": compute >= send}
 
 
 # Reference-only traces of other pages (book/pages/): name -> builder.

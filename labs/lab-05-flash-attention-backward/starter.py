@@ -64,11 +64,7 @@ def attention_backward_naive(
     Returns:
         ``(dq [Lq, d], dk [Lk, d], dv [Lk, dv])``; all zeros when there are no keys.
     """
-    raise NotImplementedError(
-        "TODO: provided.check_qkv_do(q, k, v, do) first. Build P = softmax(q @ k.T * scale) "
-        "(-inf above the diagonal when causal); then dV = P.T @ dO, dP = dO @ V.T, "
-        "dS = P * (dP - rowsum(P * dP)), dQ = scale * dS @ K, dK = scale * dS.T @ Q"
-    )
+    raise NotImplementedError("TODO: HINTS.md step 1 (make hint LAB=05 STEP=1 LEVEL=1)")
 
 
 # ---------------------------------------------------------------------------------------
@@ -82,10 +78,7 @@ def backward_delta(o: np.ndarray, do: np.ndarray) -> np.ndarray:
     It equals ``rowsum(P ∘ dP)_i`` (because ``O_i = Σ_j P_ij v_j`` and ``dP_ij = dO_i · v_j``)
     but costs ``O(Lq · dv)`` instead of a reduction over a whole row of ``P``.
     """
-    raise NotImplementedError(
-        "TODO: provided.check_o_do(o, do), then one number per query row: the sum over the "
-        "head dim of dO times O"
-    )
+    raise NotImplementedError("TODO: HINTS.md step 2 (make hint LAB=05 STEP=2 LEVEL=1)")
 
 
 # ---------------------------------------------------------------------------------------
@@ -121,14 +114,8 @@ def flash_attention_backward(
         ``(dq [Lq, d], dk [Lk, d], dv [Lk, dv])``.
     """
     raise NotImplementedError(
-        "TODO: provided.check_backward_inputs(...) and provided.positive_int for the tile "
-        "sizes; D = backward_delta(o, do). Outer loop over K/V tiles [k0, k1) (under causal "
-        "only keys < min(Lk, Lq)), with dK and dV accumulators for the tile; inner loop over "
-        "Q tiles [q0, q1) (under causal starting at the tile that holds row k0). Per pair: "
-        "s = q_tile @ k_tile.T * scale (-inf where key > query when causal), "
-        "P = exp(s - lse[q0:q1, None]) (already normalised), dV += P.T @ dO, "
-        "dP = dO @ V.T, dS = P * (dP - D[q0:q1, None]), dQ[q0:q1] += dS @ K, dK += dS.T @ Q. "
-        "Multiply dQ and dK by scale once."
+        "TODO: P is recomputed tile by tile from lse, never stored whole (HINTS.md step 3: make "
+        "hint LAB=05 STEP=3 LEVEL=1)"
     )
 
 
@@ -151,17 +138,8 @@ def _bwd_preprocess_kernel(
     O, DO ``[B, H, Lq, HEAD_DIM]`` and Delta ``[B, H, Lq]`` (float32), all contiguous, so
     row ``r`` of batch·head ``bh`` starts at element ``(bh * seqlen_q + r) * HEAD_DIM``.
     Grid ``provided.tile_grid(B, H, Lq, BLOCK_M)``.
-
-    TODO, step by step:
-      1. ``pid = tl.program_id(0)``; ``start_m = pid % tl.cdiv(seqlen_q, BLOCK_M)`` and
-         ``off_bh = pid // tl.cdiv(seqlen_q, BLOCK_M)`` (``.to(tl.int64)``: offsets can
-         pass 2^31).
-      2. ``rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)``, ``dims = tl.arange(0, D_PAD)``;
-         load the O and dO tiles ``[BLOCK_M, D_PAD]`` masked by ``rows < seqlen_q`` and
-         ``dims < HEAD_DIM`` (``other=0.0``), as float32.
-      3. Store ``tl.sum(o * do, axis=1)`` at ``Delta + off_bh * seqlen_q + rows`` (row mask).
     """
-    tl.static_assert(False, "TODO: write _bwd_preprocess_kernel (steps in its docstring)")
+    tl.static_assert(False, "TODO: HINTS.md step 4 (make hint LAB=05 STEP=4 LEVEL=1)")
 
 
 @triton.jit
@@ -180,36 +158,11 @@ def _bwd_dkdv_kernel(
     ``provided.tile_grid(B, KVH, Lk, BLOCK_N)``. The K/V tile and the float32 dK/dV
     accumulators stay on chip while the program loops over the query tiles of every query
     head of the KV head's group: dK and dV are sums over the group, written once, no atomics.
-
-    TODO, step by step:
-      1. ``pid``; ``start_n = pid % tl.cdiv(seqlen_k, BLOCK_N)``, ``off_bkv = pid // …``
-         (batch·KVH + KV head), ``off_b = off_bkv // num_kv_heads``,
-         ``kv_head = off_bkv % num_kv_heads``.
-      2. ``kv_len = min(seqlen_k, seqlen_q)`` if CAUSAL (top-left: keys ``>= Lq`` are
-         nobody's), else ``seqlen_k``. ``cols = start_n * BLOCK_N + tl.arange(0, BLOCK_N)``.
-         Load the K and V tiles ``[BLOCK_N, D_PAD]`` masked by ``cols < kv_len`` and the
-         head-dim pad (``other=0.0``); int64 offsets. They stay on chip.
-      3. ``dk = dv = 0``, ``[BLOCK_N, D_PAD]`` float32.
-      4. ``lo``: 0, or if CAUSAL the first query tile that holds a row ``>= start_n *
-         BLOCK_N``, i.e. ``(start_n * BLOCK_N // BLOCK_M) * BLOCK_M``.
-      5. For each of the GROUP query heads ``g`` of this KV head (query head
-         ``kv_head * GROUP + g``, batch·head ``off_b * num_heads + kv_head * GROUP + g``),
-         and each ``start_m`` in ``range(lo, seqlen_q, BLOCK_M)``:
-         a. ``rows = start_m + tl.arange(0, BLOCK_M)``; load q and dO ``[BLOCK_M, D_PAD]``,
-            lse and Delta ``[BLOCK_M]`` (row mask, ``other=0.0``);
-         b. transposed tile, keys on the rows: ``s_t = tl.dot(k, tl.trans(q)) * qk_scale``
-            (``[BLOCK_N, BLOCK_M]``), ``p_t = exp2(s_t - lse[None, :] * LOG2E)`` with
-            ``provided.LOG2E_CONST`` (the lse is in natural log, the scores in base 2);
-         c. ``p_t = 0`` where the key is ``>= kv_len``, the row ``>= seqlen_q``, or (CAUSAL)
-            key ``>`` query: ``tl.where``;
-         d. ``dv += tl.dot(p_t.to(do.dtype), do)``; ``dp_t = tl.dot(v, tl.trans(do))``;
-            ``ds_t = p_t * (dp_t - delta[None, :])``; ``dk += tl.dot(ds_t.to(q.dtype), q)``.
-         Every ``tl.dot`` takes ``input_precision=DOT_PRECISION``.
-      6. Store ``dk * scale`` and ``dv`` (in DK's / DV's dtype) for keys ``< seqlen_k``: keys
-         in ``[kv_len, seqlen_k)`` get their zeros. No atomics: this program is the only
-         writer of its rows of dK and dV.
     """
-    tl.static_assert(False, "TODO: write _bwd_dkdv_kernel (steps in its docstring)")
+    tl.static_assert(False,
+        "TODO: one program is the only writer of its rows of dK and dV: no atomics (HINTS.md step"
+        " 5: make hint LAB=05 STEP=5 LEVEL=1)"
+    )
 
 
 @triton.jit
@@ -224,24 +177,11 @@ def _bwd_dq_kernel(
 
     Same layouts as ``_bwd_dkdv_kernel``; grid ``provided.tile_grid(B, H, Lq, BLOCK_M)``.
     Each program owns its rows of dQ, so it writes them once: no atomics.
-
-    TODO, step by step:
-      1. ``start_m = pid % tl.cdiv(seqlen_q, BLOCK_M)``, ``off_bh = pid // …``; the query
-         head is ``off_bh % num_heads`` and it reads KV head ``head // GROUP`` of batch
-         ``off_bh // num_heads`` (batch·KVH index ``off_b * (num_heads // GROUP) + kv_head``).
-      2. Load q and dO ``[BLOCK_M, D_PAD]``, lse and Delta ``[BLOCK_M]`` (masked); they stay
-         on chip. ``dq = 0`` (float32).
-      3. ``hi = seqlen_k``; if CAUSAL, ``min(seqlen_k, seqlen_q, (start_m + 1) * BLOCK_M)``:
-         the tile's last row + 1, so key tiles above the diagonal are never visited (and
-         the diagonal tile is: its keys are attended by the tile's lower rows).
-      4. For ``start_n`` in ``range(0, hi, BLOCK_N)``: load K and V ``[BLOCK_N, D_PAD]``
-         masked by ``cols < hi``; ``s = tl.dot(q, tl.trans(k)) * qk_scale``;
-         ``p = exp2(s - lse[:, None] * LOG2E)``, 0 where masked (rows, ``cols >= hi``,
-         CAUSAL key > query); ``dp = tl.dot(do, tl.trans(v))``;
-         ``ds = p * (dp - delta[:, None])``; ``dq += tl.dot(ds.to(k.dtype), k)``.
-      5. Store ``dq * scale`` in DQ's dtype (row and head-dim mask).
     """
-    tl.static_assert(False, "TODO: write _bwd_dq_kernel (steps in its docstring)")
+    tl.static_assert(False,
+        "TODO: one program is the only writer of its rows of dQ (HINTS.md step 6: make hint "
+        "LAB=05 STEP=6 LEVEL=1)"
+    )
 
 
 # fmt: on
@@ -279,33 +219,7 @@ def flash_attention_backward_triton(
         element is written by exactly one program, in a fixed order; no atomics, no host
         synchronisation.
     """
-    # TODO, step by step:
-    #   1. group = provided.check_triton_backward(q, k, v, o, lse, do)  (ValueError naming
-    #      the argument); B, H, Lq, d = q.shape; KVH, Lk = k.shape[1], k.shape[2].
-    #   2. Make q, k, v, o, do, lse contiguous (.contiguous(): a device copy if needed, never
-    #      a host sync); dq, dk, dv = torch.zeros_like(q), (k), (v).
-    #   3. tiles = tile_config(q, gpu=provided.gpu_tiles(d),
-    #                          interpreter=provided.INTERPRETER_TILES,
-    #                          block_m=block_m, block_n=block_n)
-    #      If B * H * Lq == 0 or Lk == 0, return (dq, dk, dv) now (nothing to launch).
-    #   4. scale = provided.scale_for(d, scale) (the REAL d); the kernels take
-    #      qk_scale = log2e_scale(scale) and scale.
-    #   5. delta = torch.empty_like(lse); launch _bwd_preprocess_kernel on
-    #      provided.tile_grid(B, H, Lq, tiles["block_m"]) with (o, do, delta, H, Lq,
-    #      HEAD_DIM=d, D_PAD=dot_tile(d), BLOCK_M=tiles["block_m"],
-    #      num_warps=tiles["num_warps"], num_stages=tiles["num_stages"]).
-    #   6. _bwd_dkdv_kernel on provided.tile_grid(B, KVH, Lk, tiles["block_n"]) with
-    #      (q, k, v, do, lse, delta, dk, dv, H, KVH, Lq, Lk, qk_scale, scale) and the
-    #      constexprs GROUP=group, HEAD_DIM, D_PAD, CAUSAL=bool(causal), BLOCK_M, BLOCK_N,
-    #      DOT_PRECISION=dot_precision(q.dtype), plus num_warps and num_stages.
-    #   7. _bwd_dq_kernel on provided.tile_grid(B, H, Lq, tiles["block_m"]) with
-    #      (q, k, v, do, lse, delta, dq, H, Lq, Lk, qk_scale, scale) and the same constexprs.
-    #   8. return dq, dk, dv
-    raise NotImplementedError(
-        "TODO: write the three kernels, then launch them: check the inputs, make them "
-        "contiguous, pick the tiles, preprocess D, then dK/dV (grid over K/V tiles x KV "
-        "heads) and dQ (grid over Q tiles x query heads): steps 1-8 above"
-    )
+    raise NotImplementedError("TODO: HINTS.md step 7 (make hint LAB=05 STEP=7 LEVEL=1)")
 
 
 # ---------------------------------------------------------------------------------------
@@ -323,18 +237,11 @@ class FlashAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, causal, scale):  # noqa: ANN001, D102 (autograd's signature)
-        raise NotImplementedError(
-            "TODO: o, lse = provided.attention_forward(q, k, v, causal=causal, scale=scale); "
-            "save what the backward needs with ctx.save_for_backward (tensors) and plain "
-            "attributes on ctx (causal, scale); return o alone"
-        )
+        raise NotImplementedError("TODO: HINTS.md step 7 (make hint LAB=05 STEP=7 LEVEL=1)")
 
     @staticmethod
     def backward(ctx, do):  # noqa: ANN001, D102
-        raise NotImplementedError(
-            "TODO: read ctx.saved_tensors, call flash_attention_backward_triton, and return "
-            "one gradient per input of forward, in order (None for causal and scale)"
-        )
+        raise NotImplementedError("TODO: HINTS.md step 7 (make hint LAB=05 STEP=7 LEVEL=1)")
 
 
 # Given: the autograd entry point (FlashAttentionFunction is yours).

@@ -52,9 +52,9 @@ def kv_bytes_per_token(
     """Bytes of KV cache one token adds, over all layers.
 
     ``kind``: ``"mha"`` (a K and a V vector per query head), ``"mqa"`` (one K/V head shared
-    by all), ``"gqa"`` (``num_kv_heads`` K/V heads), ``"mla"`` (one latent row of
-    ``kv_lora_rank + rope_dim`` per token, read as both K and V; ``head_dim`` and
-    ``num_heads`` do not enter). ``bytes_per_element``: 2 for bf16/fp16.
+    by all), ``"gqa"`` (``num_kv_heads`` K/V heads), ``"mla"`` (one row per token: the
+    ``kv_lora_rank`` latent and the ``rope_dim`` rotated key, read as both K and V;
+    ``head_dim`` and ``num_heads`` do not enter). ``bytes_per_element``: 2 for bf16/fp16.
     """
     kind = provided.check_kv_bytes_args(kind, num_layers, head_dim, num_heads, num_kv_heads,
                                         kv_lora_rank, rope_dim, bytes_per_element)
@@ -297,24 +297,6 @@ def _window_sink_decode_kernel(
 ):
     """One program = one sequence x one KV head x one KV split (lab 01's grid, plus
     ``num_splits``: grid ``(batch, num_kv_heads, num_splits)``).
-
-    1. ``seq``, ``kv_head``, ``split`` from the program ids; load ``seq_len``; ``start`` =
-       the window's first position, as in ``window_decode_attention`` (``window = 0``: 0).
-       The split's keys: ``chunk = cdiv(cdiv(seq_len - start, num_splits), BLOCK_N) *
-       BLOCK_N`` (whole tiles), positions ``lo = start + split * chunk`` up to ``hi =
-       min(lo + chunk, seq_len)`` (empty for a late split of a short sequence).
-    2. Load the group's queries as one ``[GROUP_PAD, HEAD_DIM_PAD]`` tile (masked).
-    3. The state: with sinks (``HAS_SINKS``), each head's ``(m, l)`` starts from its sink as
-       in ``sink_decode_attention``, but in base 2 like the scores (a sink is already a
-       scaled logit: it is multiplied by log2(e) and nothing else), in split 0 only (the
-       merge adds the splits' denominators: a sink in every split would count it
-       ``num_splits`` times); without, ``m = -inf``, ``l = 0``. ``acc = 0`` in both cases.
-    4. For each tile of ``BLOCK_N`` positions from ``lo`` (the window is the loop's start,
-       not a mask) while below ``hi``: look the blocks up (int64 offsets), load K and V with
-       ``mask=pos < hi``, ``other=0``, and run lab 01's base-2 update.
-    5. ``out = acc / l``, ``lse = m * ln 2 + ln l`` (``l = 0``: output 0, ``lse = -inf``),
-       stored at the split's row (``stride_o_split``, ``stride_lse_split``): with one split
-       the final answer, with more a partial that ``provided.merge_splits`` combines.
     """
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -501,19 +483,6 @@ def _mla_decode_kernel(
 
     Grid ``(batch, cdiv(num_heads, BLOCK_H), num_splits)``. A cache row is ``[latent (d_c) |
     k_pe (d_rope)]``; the whole row is the key, its latent part is also the value.
-
-    1. ``seq``, ``head_tile``, ``split`` from the program ids; heads ``head_tile * BLOCK_H
-       + r``; the split's positions ``lo .. hi - 1`` as in the window kernel (``start = 0``:
-       ``chunk = cdiv(cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N``).
-    2. Load ``q_latent [BLOCK_H, KV_LORA_PAD]`` and ``q_pe [BLOCK_H, ROPE_PAD]`` (masked).
-    3. ``m = -inf``, ``l = 0``, ``acc = 0 [BLOCK_H, KV_LORA_PAD]`` (fp32).
-    4. For each tile of ``BLOCK_N`` positions from ``lo`` below ``hi``: find each row through
-       the block table (int64), load the latent ``c [BLOCK_N, KV_LORA_PAD]`` and the rotated
-       key ``k_pe [BLOCK_N, ROPE_PAD]`` (columns ``KV_LORA_RANK ...``), masked by
-       ``pos < hi``; ``s = (q_latent · cᵀ + q_pe · k_peᵀ) * qk_scale``; the base-2
-       online update with ``acc += p · c`` (the same loaded latent is the value).
-    5. ``out_latent = acc / l``, ``lse = m ln 2 + ln l``; store rows of real heads at the
-       split's row (``stride_o_split``, ``stride_lse_split``).
     """
     seq = tl.program_id(0)
     head_tile = tl.program_id(1)

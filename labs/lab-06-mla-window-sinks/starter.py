@@ -55,16 +55,11 @@ def kv_bytes_per_token(
     """Bytes of KV cache one token adds, over all layers.
 
     ``kind``: ``"mha"`` (a K and a V vector per query head), ``"mqa"`` (one K/V head shared
-    by all), ``"gqa"`` (``num_kv_heads`` K/V heads), ``"mla"`` (one latent row of
-    ``kv_lora_rank + rope_dim`` per token, read as both K and V; ``head_dim`` and
-    ``num_heads`` do not enter). ``bytes_per_element``: 2 for bf16/fp16.
+    by all), ``"gqa"`` (``num_kv_heads`` K/V heads), ``"mla"`` (one row per token: the
+    ``kv_lora_rank`` latent and the ``rope_dim`` rotated key, read as both K and V;
+    ``head_dim`` and ``num_heads`` do not enter). ``bytes_per_element``: 2 for bf16/fp16.
     """
-    raise NotImplementedError(
-        "TODO: validate with provided.check_kv_bytes_args(...) (it returns kind in lower "
-        "case). How many numbers does one token add per layer? MHA: a K and a V vector per "
-        "head; MQA: per one shared head; GQA: per KV head; MLA: one latent row of "
-        "kv_lora_rank + rope_dim, read as both K and V. Times layers times bytes_per_element."
-    )
+    raise NotImplementedError("TODO: HINTS.md step 1 (make hint LAB=06 STEP=1 LEVEL=1)")
 
 
 # ---------------------------------------------------------------------------------------
@@ -96,12 +91,7 @@ def mla_decode_naive(
         ``(out [H, dv], lse [H])``. Builds ``[L, H, d_nope + d_rope]`` keys and
         ``[L, H, dv]`` values: plain MHA, as in training and prefill.
     """
-    raise NotImplementedError(
-        "TODO: validate with provided.check_mla_inputs(...). Up-project the latent into "
-        "per-head keys (c_kv through w_uk, then k_pe appended to every head) and values "
-        "(c_kv through w_uv), concatenate q_nope and q_pe, and run plain attention with the "
-        "given scale. Return (out [H, dv], lse [H]); L = 0 gives out 0 and lse -inf."
-    )
+    raise NotImplementedError("TODO: HINTS.md step 2 (make hint LAB=06 STEP=2 LEVEL=1)")
 
 
 def mla_decode_absorbed(
@@ -120,12 +110,7 @@ def mla_decode_absorbed(
     wide in DeepSeek-V3) and sums the same ``[L, d_c]`` latents (the value): MQA with a
     wide head. No per-head ``[L, H, d]`` key or value is ever built.
     """
-    raise NotImplementedError(
-        "TODO: validate with provided.check_mla_inputs(...). Fold w_uk into the query "
-        "(q_latent [H, d_c]); score every cached latent row with it and add the RoPE score "
-        "q_pe · k_pe (that part cannot be absorbed); softmax; take the weighted sum of the "
-        "latents [H, d_c]; only then apply w_uv. Never build an [L, H, d] array."
-    )
+    raise NotImplementedError("TODO: HINTS.md step 2 (make hint LAB=06 STEP=2 LEVEL=1)")
 
 
 # ---------------------------------------------------------------------------------------
@@ -158,12 +143,8 @@ def window_decode_attention(
         ``(out [num_heads, head_dim], lse [num_heads])``.
     """
     raise NotImplementedError(
-        "TODO: validate with provided.check_window(window) and "
-        "provided.check_window_decode_inputs(...), which returns (q, block_table, seq_len, "
-        "group). Find the window's first position, then run lab 01's block-by-block online "
-        "softmax starting at the block that holds it (the window is a loop bound: blocks "
-        "before it are never read; the first block may be entered mid-way). A private helper "
-        "shared with sink_decode_attention saves work."
+        "TODO: the window is where the loop starts, not a mask over keys read anyway (HINTS.md "
+        "step 3: make hint LAB=06 STEP=3 LEVEL=1)"
     )
 
 
@@ -189,10 +170,8 @@ def sink_decode_attention(
         empty context gives output 0 and ``lse = sinks``.
     """
     raise NotImplementedError(
-        "TODO: validate like window_decode_attention (window may be None) and with "
-        "provided.check_sinks(sinks, num_heads). The same online softmax, but each head's "
-        "state starts from its sink: which (m, l, acc) describe a softmax that has seen one "
-        "term exp(sink) and no value yet?"
+        "TODO: a sink adds to the denominator l and to nothing else (HINTS.md step 3: make hint "
+        "LAB=06 STEP=3 LEVEL=1)"
     )
 
 
@@ -224,26 +203,10 @@ def _window_sink_decode_kernel(
 ):
     """One program = one sequence x one KV head x one KV split (lab 01's grid, plus
     ``num_splits``: grid ``(batch, num_kv_heads, num_splits)``).
-
-    1. ``seq``, ``kv_head``, ``split`` from the program ids; load ``seq_len``; ``start`` =
-       the window's first position, as in ``window_decode_attention`` (``window = 0``: 0).
-       The split's keys: ``chunk = cdiv(cdiv(seq_len - start, num_splits), BLOCK_N) *
-       BLOCK_N`` (whole tiles), positions ``lo = start + split * chunk`` up to ``hi =
-       min(lo + chunk, seq_len)`` (empty for a late split of a short sequence).
-    2. Load the group's queries as one ``[GROUP_PAD, HEAD_DIM_PAD]`` tile (masked).
-    3. The state: with sinks (``HAS_SINKS``), each head's ``(m, l)`` starts from its sink as
-       in ``sink_decode_attention``, but in base 2 like the scores (a sink is already a
-       scaled logit: it is multiplied by log2(e) and nothing else), in split 0 only (the
-       merge adds the splits' denominators: a sink in every split would count it
-       ``num_splits`` times); without, ``m = -inf``, ``l = 0``. ``acc = 0`` in both cases.
-    4. For each tile of ``BLOCK_N`` positions from ``lo`` (the window is the loop's start,
-       not a mask) while below ``hi``: look the blocks up (int64 offsets), load K and V with
-       ``mask=pos < hi``, ``other=0``, and run lab 01's base-2 update.
-    5. ``out = acc / l``, ``lse = m * ln 2 + ln l`` (``l = 0``: output 0, ``lse = -inf``),
-       stored at the split's row (``stride_o_split``, ``stride_lse_split``): with one split
-       the final answer, with more a partial that ``provided.merge_splits`` combines.
     """
-    pass  # TODO: the steps above
+    # TODO: the sink enters one split only; a split reads only its positions (HINTS.md step 4: make
+    # hint LAB=06 STEP=4 LEVEL=1)
+    pass
 
 
 def paged_decode_window_sink_triton(
@@ -282,31 +245,7 @@ def paged_decode_window_sink_triton(
     Returns:
         ``(out [B, H, d]`` in q's dtype, ``lse [B, H]`` float32, natural log, sinks included).
     """
-    # The launcher, step by step (the kernel's docstring lists its own steps):
-    #   1. group = provided.check_window_sink_triton_inputs(q, k_cache, v_cache, block_tables,
-    #      seq_lens, window, sinks, max_seq_len): no host sync when max_seq_len is given;
-    #   2. tiles = tile_config(q, gpu=provided.window_gpu_tiles(batch, num_kv_heads, group,
-    #      head_dim), interpreter=provided.WINDOW_INTERPRETER_TILES, block_n=block_n);
-    #   3. scale = default_scale(head_dim) when None; the kernel gets log2e_scale(scale);
-    #   4. contiguous last dims; block_tables and seq_lens int32 on q's device; sinks (if
-    #      any) float32 on q's device (torch.as_tensor(...).contiguous());
-    #   5. allocate out [B, H, d] (q.dtype) and lse [B, H] (float32); splits =
-    #      provided.window_num_splits(q, k_cache, block_tables, window, max_seq_len,
-    #      num_splits); B = 0: return them; part_out, part_lse =
-    #      provided.split_outputs(out, lse, splits) (out and lse themselves for one split);
-    #   6. launch _window_sink_decode_kernel[(batch, num_kv_heads, splits)](...) writing
-    #      part_out / part_lse, with the window as an int (0 for None), splits, any float32
-    #      tensor in place of sinks when there are none (HAS_SINKS=False), every stride (the
-    #      partials' three), GROUP_PAD = dot_tile(group), HEAD_DIM_PAD = dot_tile(head_dim),
-    #      BLOCK_SIZE, BLOCK_N = tiles["block_n"], DOT_PRECISION =
-    #      dot_precision(k_cache.dtype), num_warps = tiles["num_warps"] and num_stages =
-    #      tiles["num_stages"];
-    #   7. provided.merge_splits(part_out, part_lse, out, lse) (given: nothing for one
-    #      split); return out, lse.
-    raise NotImplementedError(
-        "TODO: write _window_sink_decode_kernel (lab 01's kernel: its docstring lists what "
-        "changes), then follow the launcher's steps above."
-    )
+    raise NotImplementedError("TODO: HINTS.md step 4 (make hint LAB=06 STEP=4 LEVEL=1)")
 
 
 # ---------------------------------------------------------------------------------------
@@ -340,21 +279,8 @@ def _mla_decode_kernel(
 
     Grid ``(batch, cdiv(num_heads, BLOCK_H), num_splits)``. A cache row is ``[latent (d_c) |
     k_pe (d_rope)]``; the whole row is the key, its latent part is also the value.
-
-    1. ``seq``, ``head_tile``, ``split`` from the program ids; heads ``head_tile * BLOCK_H
-       + r``; the split's positions ``lo .. hi - 1`` as in the window kernel (``start = 0``:
-       ``chunk = cdiv(cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N``).
-    2. Load ``q_latent [BLOCK_H, KV_LORA_PAD]`` and ``q_pe [BLOCK_H, ROPE_PAD]`` (masked).
-    3. ``m = -inf``, ``l = 0``, ``acc = 0 [BLOCK_H, KV_LORA_PAD]`` (fp32).
-    4. For each tile of ``BLOCK_N`` positions from ``lo`` below ``hi``: find each row through
-       the block table (int64), load the latent ``c [BLOCK_N, KV_LORA_PAD]`` and the rotated
-       key ``k_pe [BLOCK_N, ROPE_PAD]`` (columns ``KV_LORA_RANK ...``), masked by
-       ``pos < hi``; ``s = (q_latent · cᵀ + q_pe · k_peᵀ) * qk_scale``; the base-2
-       online update with ``acc += p · c`` (the same loaded latent is the value).
-    5. ``out_latent = acc / l``, ``lse = m ln 2 + ln l``; store rows of real heads at the
-       split's row (``stride_o_split``, ``stride_lse_split``).
     """
-    pass  # TODO: the steps above
+    pass  # TODO: HINTS.md step 5 (make hint LAB=06 STEP=5 LEVEL=1)
 
 
 def mla_decode_triton(
@@ -393,25 +319,4 @@ def mla_decode_triton(
         ``(out_latent [B, H, d_c]`` in q_latent's dtype, ``lse [B, H]`` float32). The caller
         applies ``w_uv`` to ``out_latent`` (``out[h] = out_latent[h] @ w_uv[h]``).
     """
-    # The launcher, step by step (the kernel's docstring lists its own steps):
-    #   1. d_c, d_rope = provided.check_mla_triton_inputs(q_latent, q_pe, kv_cache,
-    #      block_tables, seq_lens, max_seq_len);
-    #   2. tiles = tile_config(q_latent, gpu=provided.mla_gpu_tiles(batch, num_heads, d_c),
-    #      interpreter=provided.MLA_INTERPRETER_TILES, block_h=block_h, block_n=block_n);
-    #      heads per tile = min(tiles["block_h"], dot_tile(num_heads));
-    #   3. scale = default_scale(d_c + d_rope) when None; the kernel gets log2e_scale(scale);
-    #   4. contiguous last dims; block_tables and seq_lens int32 on the queries' device;
-    #   5. allocate out [B, H, d_c] (q_latent.dtype) and lse [B, H] (float32); splits =
-    #      provided.mla_num_splits(q_latent, kv_cache, block_tables, max_seq_len,
-    #      num_splits); B = 0: return; part_out, part_lse = provided.split_outputs(out, lse,
-    #      splits);
-    #   6. launch _mla_decode_kernel[(batch, cdiv(num_heads, heads_per_tile), splits)](...)
-    #      writing part_out / part_lse, with splits, every stride (the partials' three),
-    #      KV_LORA_PAD = dot_tile(d_c), ROPE_PAD = dot_tile(d_rope), BLOCK_SIZE, BLOCK_N =
-    #      tiles["block_n"], DOT_PRECISION = dot_precision(kv_cache.dtype), num_warps =
-    #      tiles["num_warps"] and num_stages = tiles["num_stages"];
-    #   7. provided.merge_splits(part_out, part_lse, out, lse); return out, lse.
-    raise NotImplementedError(
-        "TODO: write _mla_decode_kernel (its docstring lists the steps), then follow the "
-        "launcher's steps above."
-    )
+    raise NotImplementedError("TODO: HINTS.md step 5 (make hint LAB=06 STEP=5 LEVEL=1)")

@@ -53,88 +53,63 @@ class BlockPool:
     """
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
-        raise NotImplementedError(
-            "TODO: check the arguments (provided.check_int); keep a reference count per block, "
-            "the free queue (an OrderedDict of block ids: O(1) popitem(last=False), del, "
-            "move_to_end), and two maps: block -> hash and hash -> block"
-        )
+        raise NotImplementedError("TODO: HINTS.md step 1 (make hint LAB=07 STEP=1 LEVEL=1)")
 
     @property
     def num_blocks(self) -> int:
         """How many blocks the pool has."""
-        raise NotImplementedError(
-            "TODO: the number of blocks"
-        )
+        raise NotImplementedError("TODO: HINTS.md step 1 (make hint LAB=07 STEP=1 LEVEL=1)")
 
     @property
     def block_size(self) -> int:
         """How many token slots a block has."""
-        raise NotImplementedError(
-            "TODO: the slots per block"
-        )
+        raise NotImplementedError("TODO: HINTS.md step 1 (make hint LAB=07 STEP=1 LEVEL=1)")
 
     @property
     def num_free_blocks(self) -> int:
         """Blocks with reference count 0 (cached ones included: they can be evicted)."""
-        raise NotImplementedError(
-            "TODO: the length of the free queue"
-        )
+        raise NotImplementedError("TODO: HINTS.md step 1 (make hint LAB=07 STEP=1 LEVEL=1)")
 
     def free_block_ids(self) -> list[int]:
         """The free queue, the next block ``allocate`` hands out first."""
-        raise NotImplementedError(
-            "TODO: the free queue as a list, head first"
-        )
+        raise NotImplementedError("TODO: HINTS.md step 1 (make hint LAB=07 STEP=1 LEVEL=1)")
 
     def ref_count(self, block_id: int) -> int:
         """How many block tables hold ``block_id``."""
-        raise NotImplementedError(
-            "TODO: provided.check_block_id, then the block's reference count"
-        )
+        raise NotImplementedError("TODO: HINTS.md step 1 (make hint LAB=07 STEP=1 LEVEL=1)")
 
     def allocate(self, n: int) -> list[int]:
         """Take ``n`` blocks from the head of the free queue (count 1 each; a cached block
         loses its hash: it is evicted). ``NoFreeBlocks`` if fewer than ``n`` are free."""
         raise NotImplementedError(
-            "TODO: provided.check_int('n', n); raise NoFreeBlocks if n > free; pop n blocks from "
-            "the head; drop each one's hash from both maps (it is evicted); count 1 each"
+            "TODO: a block is free exactly when its reference count is 0 (HINTS.md step 1: make "
+            "hint LAB=07 STEP=1 LEVEL=1)"
         )
 
     def touch(self, block_ids: list[int]) -> None:
         """One more reference to each block; a free (cached) block leaves the free queue."""
-        raise NotImplementedError(
-            "TODO: provided.check_block_ids; a block at count 0 leaves the free queue; count + 1"
-        )
+        raise NotImplementedError("TODO: HINTS.md step 1 (make hint LAB=07 STEP=1 LEVEL=1)")
 
     def free(self, block_ids: list[int]) -> None:
         """One reference fewer to each block, in the order given. A block reaching 0 joins
         the free queue: at the head without a hash, at the tail with one (in that order)."""
         raise NotImplementedError(
-            "TODO: provided.check_block_ids; reject (ValueError naming block_ids) any block freed "
-            "more times than it is held, before changing anything; count - 1; blocks reaching 0: "
-            "those without a hash to the head (keeping their order), those with a hash to the "
-            "tail"
+            "TODO: a block returns to the free queue only when its last reference goes (HINTS.md "
+            "step 1: make hint LAB=07 STEP=1 LEVEL=1)"
         )
 
     def cache_block(self, block_id: int, block_hash: bytes) -> bool:
         """Make a full, owned block findable by ``block_hash``. False (and nothing changes)
         if another block already holds that hash: the first one stays the cached copy."""
-        raise NotImplementedError(
-            "TODO: only an owned block (count > 0); if the hash maps to another block already, "
-            "return False; else record block <-> hash in both maps and return True"
-        )
+        raise NotImplementedError("TODO: HINTS.md step 2 (make hint LAB=07 STEP=2 LEVEL=1)")
 
     def get_cached_block(self, block_hash: bytes) -> int | None:
         """The block cached under ``block_hash`` (owned or free), or None."""
-        raise NotImplementedError(
-            "TODO: look the hash up"
-        )
+        raise NotImplementedError("TODO: HINTS.md step 2 (make hint LAB=07 STEP=2 LEVEL=1)")
 
     def block_hash(self, block_id: int) -> bytes | None:
         """The hash ``block_id`` is cached under, or None."""
-        raise NotImplementedError(
-            "TODO: provided.check_block_id, then the block's hash or None"
-        )
+        raise NotImplementedError("TODO: HINTS.md step 2 (make hint LAB=07 STEP=2 LEVEL=1)")
 
 
 # ---- 2. chained block hashes ----------------------------------------------------------------
@@ -146,11 +121,7 @@ def hash_block(parent_hash: bytes | None, token_ids: Any, extra_keys: tuple = ()
     ``parent_hash`` is the previous block's hash (None for the first block, which then uses
     ``NONE_HASH``), so a block's hash covers every token before it as well as its own.
     """
-    raise NotImplementedError(
-        "TODO: check the three arguments (provided.check_parent_hash turns None into NONE_HASH, "
-        "check_token_ids, check_extra_keys), then SHA-256 over all three together, e.g. "
-        "hashlib.sha256(pickle.dumps((parent, tokens, keys))).digest()"
-    )
+    raise NotImplementedError("TODO: HINTS.md step 2 (make hint LAB=07 STEP=2 LEVEL=1)")
 
 
 # ---- 3. the cache manager -------------------------------------------------------------------
@@ -166,18 +137,12 @@ class KVCacheManager:
     """
 
     def __init__(self, pool: BlockPool, enable_prefix_caching: bool = True) -> None:
-        raise NotImplementedError(
-            "TODO: keep the pool, its block_size, the flag, and per request id: its block table, "
-            "how many tokens have slots, the hash chain of its full blocks; plus the pending "
-            "copies"
-        )
+        raise NotImplementedError("TODO: HINTS.md step 3 (make hint LAB=07 STEP=3 LEVEL=1)")
 
     @property
     def request_ids(self) -> list[str]:
         """The requests that hold blocks, in the order they were admitted."""
-        raise NotImplementedError(
-            "TODO: the ids of the requests that hold blocks"
-        )
+        raise NotImplementedError("TODO: HINTS.md step 3 (make hint LAB=07 STEP=3 LEVEL=1)")
 
     def get_computed_blocks(self, request: Request) -> tuple[list[int], int]:
         """The longest cached prefix of full blocks: ``(block_ids, num_computed_tokens)``.
@@ -186,12 +151,7 @@ class KVCacheManager:
         forward pass gives the logits of the next token), so a full hit still computes one
         token, and with whole blocks, recomputes the whole last block.
         """
-        raise NotImplementedError(
-            "TODO: ValueError if request is not a Request or already holds blocks; [] if caching "
-            "is off; else for i in range((num_tokens - 1) // block_size): chain h_i = "
-            "hash_block(h_{i-1}, tokens of block i, extra_keys), stop at the first hash the pool "
-            "does not cache"
-        )
+        raise NotImplementedError("TODO: HINTS.md step 3 (make hint LAB=07 STEP=3 LEVEL=1)")
 
     def allocate_slots(self, request: Request, num_new_tokens: int) -> list[int] | None:
         """Slots for the next ``num_new_tokens`` tokens of ``request``; the new block ids
@@ -200,68 +160,37 @@ class KVCacheManager:
         A request not yet held starts from its longest cached prefix (as
         ``get_computed_blocks`` reports it) and ``num_new_tokens`` counts the tokens after it.
         """
-        # 1. n = provided.check_int('num_new_tokens', ...); a request that holds no blocks needs
-        #    n >= 1 (ValueError naming num_new_tokens: its last prompt token is always computed).
-        # 2. A new request starts from its hit (the blocks get_computed_blocks finds, and their
-        #    hashes); a held one from its table and token count. total = that count + n must be
-        #    <= request.num_tokens (ValueError naming num_new_tokens).
-        # 3. New blocks: ceil(total / block_size) - len(table), plus 1 for a copy-on-write if
-        #    n > 0 and the last block is partial and its ref_count > 1 (others share it).
-        # 4. If new blocks + hit blocks that sit in the free queue (ref_count 0: touching them
-        #    takes them out) > num_free_blocks: return None, having changed nothing.
-        # 5. pool.touch(hit) BEFORE pool.allocate(...): a hit must not be evicted for yourself.
-        # 6. Copy-on-write: the first new block replaces the shared last block in the table;
-        #    record BlockCopy(old, new) for take_copies(); pool.free([old]) (one reference fewer).
-        # 7. Record table and total; hash every block that is now FULL and has no hash in the
-        #    request's chain yet (parent = the previous block's hash), pool.cache_block it.
-        #    Never the partial last block. Return the new block ids (the copy first).
         raise NotImplementedError(
-            "TODO: the seven steps in the comments above"
+            "TODO: all or nothing: when it returns None, nothing changed (HINTS.md step 3: make "
+            "hint LAB=07 STEP=3 LEVEL=1)"
         )
 
     def take_copies(self) -> list[BlockCopy]:
         """The copy-on-writes ``allocate_slots`` decided since the last call (then cleared).
         Perform them (copy every slot of src into dst) before writing the new tokens."""
-        raise NotImplementedError(
-            "TODO: return the pending BlockCopy list and start a new one"
-        )
+        raise NotImplementedError("TODO: HINTS.md step 3 (make hint LAB=07 STEP=3 LEVEL=1)")
 
     def free(self, request: Request | str) -> None:
         """Release every block of ``request``, tail first, so that its tail blocks are
         evicted before the head blocks other requests are more likely to share."""
-        raise NotImplementedError(
-            "TODO: provided.request_id_of + provided.unknown_request for an unknown id; "
-            "pool.free(the block table REVERSED: tail blocks are evicted first); forget the "
-            "request"
-        )
+        raise NotImplementedError("TODO: HINTS.md step 3 (make hint LAB=07 STEP=3 LEVEL=1)")
 
     def fork(self, request: Request, new_id: str) -> Request:
         """A new request ``new_id`` sharing every block of ``request`` (reference counts + 1);
         the first write into a shared partial block copies it (see ``allocate_slots``)."""
-        raise NotImplementedError(
-            "TODO: the request must be held and new_id new (ValueError naming new_id); pool.touch "
-            "every block; copy table, token count and hash chain; return Request(new_id, "
-            "request.token_ids, request.extra_keys)"
-        )
+        raise NotImplementedError("TODO: HINTS.md step 3 (make hint LAB=07 STEP=3 LEVEL=1)")
 
     def block_table(self, request: Request | str) -> list[int]:
         """The physical block of each logical block of ``request``."""
-        raise NotImplementedError(
-            "TODO: a copy of the request's block table (ValueError for an unknown request)"
-        )
+        raise NotImplementedError("TODO: HINTS.md step 3 (make hint LAB=07 STEP=3 LEVEL=1)")
 
     def num_tokens(self, request: Request | str) -> int:
         """How many tokens of ``request`` have slots."""
-        raise NotImplementedError(
-            "TODO: how many tokens have slots (ValueError for an unknown request)"
-        )
+        raise NotImplementedError("TODO: HINTS.md step 3 (make hint LAB=07 STEP=3 LEVEL=1)")
 
     def slot_mapping(self, request: Request | str, positions: Any) -> np.ndarray:
         """``block_table[p // block_size] * block_size + p % block_size`` per position."""
-        raise NotImplementedError(
-            "TODO: positions must lie in [0, num_tokens) (ValueError naming positions); lab 01's "
-            "formula table[p // block_size] * block_size + p % block_size, as an int64 array"
-        )
+        raise NotImplementedError("TODO: HINTS.md step 3 (make hint LAB=07 STEP=3 LEVEL=1)")
 
 
 # ---- 4. the scheduler simulation ------------------------------------------------------------
@@ -281,25 +210,7 @@ def simulate(
     and fewer than ``max_num_seqs`` run; the step is recorded; each running request then
     samples one token and finishes after ``output_len`` of them.
     """
-    # 1. provided.check_workload(requests, num_blocks * block_size, 'num_blocks * block_size'),
-    #    check max_num_seqs; build a BlockPool, a KVCacheManager and
-    #    provided.StatsRecorder(len(workload), num_blocks * block_size); one Request per
-    #    workload item (id f'req-{i}', its prompt): provided.run_steps grows them.
-    # 2. schedule(running, waiting): for each running request in order, allocate_slots for
-    #    its tokens that have no slot yet (one, in decode); while that returns None, preempt
-    #    running.pop() (the newest): manager.free it, waiting.appendleft it,
-    #    recorder.record_preemption(); stop if it was the request itself.
-    # 3. Only if nobody was preempted this step: admit waiting[0] while fewer than
-    #    max_num_seqs run: get_computed_blocks, then allocate_slots(request, num_tokens - hit);
-    #    None -> stop admitting; else move it to running and
-    #    recorder.record_admission(i, len(prompt), hit).
-    # 4. usage(running) -> (used, reserved): reserved = held blocks * block_size (the pool's
-    #    non-free blocks); used = reserved minus the empty tail of each request's last block.
-    # 5. finish(i) frees request i; provided.run_steps(workload, requests, recorder,
-    #    schedule, usage, finish); return recorder.stats().
-    raise NotImplementedError(
-        "TODO: see the numbered steps in the comments above"
-    )
+    raise NotImplementedError("TODO: HINTS.md step 4 (make hint LAB=07 STEP=4 LEVEL=1)")
 
 
 def simulate_contiguous(
@@ -310,12 +221,4 @@ def simulate_contiguous(
     ``total_slots // max_model_len`` requests run at once. Same steps as ``simulate``;
     waiting requests are admitted in order while a reservation fits; nothing is ever
     preempted (a reservation covers the longest possible request); no prefix cache."""
-    # 1. Check num_blocks, block_size, max_model_len (<= the slots), the workload
-    #    (provided.check_workload(requests, max_model_len, 'max_model_len')), max_num_seqs.
-    # 2. At most min(max_num_seqs, total_slots // max_model_len) requests run: admit waiting
-    #    requests in order while there is room (recorder.record_admission(i, len(prompt), 0)).
-    # 3. usage: used = the running requests' tokens, reserved = max_model_len per request.
-    # 4. provided.run_steps(...) with a finish that has nothing to free; recorder.stats().
-    raise NotImplementedError(
-        "TODO: see the numbered steps in the comments above"
-    )
+    raise NotImplementedError("TODO: HINTS.md step 4 (make hint LAB=07 STEP=4 LEVEL=1)")

@@ -89,9 +89,22 @@ def trace_lsh(impl: Any, errors: list[str]) -> dict:
             err = np.linalg.norm(res[0] - exact[0], axis=1) / np.linalg.norm(exact[0], axis=1)
         by_rounds.append({"rounds": r, "mass": None if mass is None else rounded(mass, 4),
                           "error": None if err is None else rounded(err, 4)})
+    # the hash's regions in the plane: lab 10's lsh_buckets on unit vectors a degree apart,
+    # as runs of one bucket (the page draws them as wedges and turns them round by round)
+    deg = np.arange(360)
+    circle = np.stack([np.cos(np.radians(deg)), np.sin(np.radians(deg))], axis=1)
+    ring = attempt(errors, impl.lsh_buckets, circle, rot)  # [rounds, 360]
+    regions = None
+    if ring is not None:
+        regions = []
+        for row in np.asarray(ring):
+            cuts = [a for a in range(360) if row[a] != row[a - 1]] or [0]
+            regions.append([{"bucket": int(row[a]), "from": a,
+                             "to": cuts[(i + 1) % len(cuts)] + (360 if i + 1 == len(cuts) else 0)}
+                            for i, a in enumerate(cuts)])
     return {"inputs": p, "x": rounded(x, 4), "rotations": rounded(rot, 4),
             "buckets": None if buckets is None else np.asarray(buckets).tolist(),
-            "by_rounds": by_rounds}
+            "by_rounds": by_rounds, "regions": regions}
 
 
 def trace(impl: Any) -> dict:

@@ -49,12 +49,7 @@ def paged_attention_forward(module: Any, query: torch.Tensor, key: torch.Tensor,
     request's queries attend its whole context through its block table. Returns
     ``(out [1, T, H, d], None)``.
     """
-    raise NotImplementedError(
-        "TODO: ctx = provided.get_forward_context(); take this layer's caches "
-        "(module.layer_idx); make q, k, v [T, heads, d]; write k, v at ctx.slot_mapping "
-        "(provided.write_kv) BEFORE calling provided.paged_attention (numpy: float64 arrays) or "
-        "provided.paged_attention_triton (torch); return (out[None] in query's dtype, None)."
-    )
+    raise NotImplementedError("TODO: HINTS.md step 1 (make hint LAB=11 STEP=1 LEVEL=1)")
 
 
 def paged_prefill_logits(model_dir: str | os.PathLike[str] | provided.RandomModel,
@@ -64,12 +59,7 @@ def paged_prefill_logits(model_dir: str | os.PathLike[str] | provided.RandomMode
     """One prompt through transformers' model with the glue as its attention, in forward
     passes of ``chunk_size`` tokens, each continuing from the K/V the earlier ones left in a
     NaN-filled paged cache at ``block_table``. The logits of every token, ``[n, V]``."""
-    raise NotImplementedError(
-        "TODO: load the model, register your glue and set it as the model's attention; NaN "
-        "caches (provided.new_kv_caches); for each chunk build a one-request provided.Batch "
-        "(positions from the chunk's start, slots through block_table, seq_len = chunk end) and "
-        "a ForwardContext; provided.run_model gives the chunk's logits."
-    )
+    raise NotImplementedError("TODO: HINTS.md step 1 (make hint LAB=11 STEP=1 LEVEL=1)")
 
 
 # ---------------------------------------------------------------------------------------
@@ -83,11 +73,7 @@ def sample(logits: Any, params: provided.SamplingParams, rng: np.random.Generato
     ``softmax(logits / temperature)`` cut to the ``top_k`` largest, then to the smallest
     set (in descending probability) whose mass reaches ``top_p``, renormalised, and one draw
     ``rng.choice(V, p=probs)`` from the request's own generator."""
-    raise NotImplementedError(
-        "TODO: greedy is np.argmax. Otherwise scale by 1/temperature, keep the top_k largest, "
-        "then drop every token whose mass of better-ranked tokens already reaches top_p; "
-        "renormalise and draw with rng.choice."
-    )
+    raise NotImplementedError("TODO: HINTS.md step 2 (make hint LAB=11 STEP=2 LEVEL=1)")
 
 
 # ---------------------------------------------------------------------------------------
@@ -131,30 +117,20 @@ class Scheduler:
         """This step's batch: who runs and how many tokens each, in batch order (decode rows,
         running prefill chunks, newly admitted requests), and who was preempted."""
         raise NotImplementedError(
-            "TODO: budget = max_num_batched_tokens. Running requests, decode rows first: n = "
-            "min(tokens left to compute, budget); kv.allocate_slots; while it returns None, "
-            "preempt the newest running request (and un-schedule it if it was scheduled). Then, "
-            "if nothing was preempted, admit waiting requests from the head: "
-            "get_computed_blocks gives num_computed_tokens; a new request's block_ids are its "
-            "whole table (is_new=True)."
+            "TODO: never more tokens than the budget; every running request keeps its blocks or "
+            "is preempted (HINTS.md step 3: make hint LAB=11 STEP=3 LEVEL=1)"
         )
 
     def update_from_output(self, out: provided.SchedulerOutput, sampled: dict[str, int]
                            ) -> None:
         """After the forward pass: every scheduled request has ``num_new_tokens`` more
         computed tokens, and those in ``sampled`` (their prompt is done) one more output."""
-        raise NotImplementedError(
-            "TODO: for each scheduled request (find it in running): add num_new_tokens to "
-            "num_computed_tokens; append its sampled token if it has one."
-        )
+        raise NotImplementedError("TODO: HINTS.md step 3 (make hint LAB=11 STEP=3 LEVEL=1)")
 
     def _preempt_newest(self) -> provided.Sequence:
         """Recompute preemption: the newest running request loses its blocks and waits at
         the head of the queue; its tokens so far (prompt + outputs) are its new prompt."""
-        raise NotImplementedError(
-            "TODO: pop the tail of running, free its blocks, num_computed_tokens = 0, status "
-            "'waiting', count the preemption, put it at the HEAD of waiting."
-        )
+        raise NotImplementedError("TODO: HINTS.md step 3 (make hint LAB=11 STEP=3 LEVEL=1)")
 
     def finish(self, seq: provided.Sequence, reason: str) -> None:
         """``seq`` is done (``"stop"`` or ``"length"``): leave the queues, free its blocks."""
@@ -184,10 +160,8 @@ class ModelRunner:
         slot, each request's ``query_start_loc``, ``seq_lens``, block table and the row of its
         last token (``logits_indices``). Updates the kept block tables first."""
         raise NotImplementedError(
-            "TODO: forget preempted requests' tables; per scheduled request: a new table when "
-            "is_new, else extend it by block_ids; positions from num_computed_tokens; slots "
-            "through the table; seq_len = last position + 1; then concatenate, pad block tables "
-            "with -1, logits_indices = query_start_loc[1:] - 1."
+            "TODO: every scheduled token gets exactly one position and one slot (HINTS.md step 4:"
+            " make hint LAB=11 STEP=4 LEVEL=1)"
         )
 
     # Given
@@ -237,19 +211,11 @@ class LLM:
     def add_request(self, prompt: Iterable[int] | str, params: provided.SamplingParams,
                     request_id: str | None = None) -> str:
         """Queue a request (token ids, or text when the model has a tokenizer); its id."""
-        raise NotImplementedError(
-            "TODO: check params (a SamplingParams), tokenize text, provided.check_prompt, "
-            "refuse a request whose slots (min(prompt + max_tokens, max_model_len) - 1) need "
-            "more than num_blocks blocks (ValueError naming num_blocks), refuse a request_id in "
-            "use; give the request its own np.random.default_rng(seed); queue it."
-        )
+        raise NotImplementedError("TODO: HINTS.md step 5 (make hint LAB=11 STEP=5 LEVEL=1)")
 
     def abort_request(self, request_id: str) -> None:
         """Drop a request (its blocks return to the pool)."""
-        raise NotImplementedError(
-            "TODO: an unknown request_id is a ValueError (provided.unknown_request); else "
-            "finish it in the scheduler (its blocks return) and the runner, and forget it."
-        )
+        raise NotImplementedError("TODO: HINTS.md step 5 (make hint LAB=11 STEP=5 LEVEL=1)")
 
     # Given
     def has_unfinished_requests(self) -> bool:
@@ -258,13 +224,7 @@ class LLM:
     def step(self) -> list[provided.RequestOutput]:
         """One scheduler step and one forward pass: the outputs of the requests that got a
         token this step (finished ones included, then forgotten)."""
-        raise NotImplementedError(
-            "TODO: schedule; nothing scheduled: []. prepare_inputs, a ForwardContext, "
-            "provided.run_model. Sample (with the request's own rng) for each request whose "
-            "scheduled tokens reach its last token; scheduler.update_from_output; finish "
-            "(scheduler and runner) a request with a stop reason; return the RequestOutputs of "
-            "the sampled requests."
-        )
+        raise NotImplementedError("TODO: HINTS.md step 5 (make hint LAB=11 STEP=5 LEVEL=1)")
 
     # Given
     def generate(self, prompts: list[Any], params: provided.SamplingParams |
@@ -281,10 +241,7 @@ class LLM:
 
     def _finish_reason(self, seq: provided.Sequence, token: int) -> str | None:
         """``"stop"``, ``"length"`` or None (keep going) after ``seq`` sampled ``token``."""
-        raise NotImplementedError(
-            "TODO: 'stop' for a stop token or the model's EOS (when it has one); 'length' at "
-            "max_tokens or at max_model_len; else None."
-        )
+        raise NotImplementedError("TODO: HINTS.md step 5 (make hint LAB=11 STEP=5 LEVEL=1)")
 
     # Given
     def _output(self, seq: provided.Sequence) -> provided.RequestOutput:

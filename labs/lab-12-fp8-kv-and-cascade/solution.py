@@ -140,19 +140,8 @@ def _paged_decode_fp8_kernel(
 ):
     """One program = one sequence x one KV head, its GROUP query heads the rows of a tile.
 
-    Grid ``(batch, num_kv_heads)``; every head dim is contiguous. Lab 01's kernel, except:
-
-    1. K and V tiles are loaded as uint8 (one byte per element, half of bf16's traffic),
-       bitcast to ``tl.float8e4nv`` and converted to q's dtype in registers: exact, since
-       every e4m3 value is a float16/bfloat16/float32 value.
-    2. Per tensor: ``k_scale`` multiplies every score, so it is folded into the score
-       scale once (``qk_scale * k_scale``); ``v_scale`` multiplies every V row, so it is
-       applied once to the finished output (``acc / l * v_scale``), not to each tile.
-    3. Per token-head: the scale of key ``j`` multiplies score column ``j``
-       (``s * k_scale[None, :]``); the scale of value ``j`` multiplies weight column ``j``
-       in ``P @ V`` only (``(p * v_scale[None, :]) @ v``): ``l`` sums the unscaled ``p``.
-       The scale loads are masked like the K/V loads (a slot past ``seq_len`` has a NaN
-       scale in the tests).
+    Grid ``(batch, num_kv_heads)``; every head dim is contiguous. Lab 01's kernel, except
+    where the FP8 bytes and their scales enter.
     """
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)

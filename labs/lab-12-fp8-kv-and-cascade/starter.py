@@ -13,7 +13,7 @@ Cascade (a prompt prefix shared by a batch):
 
 The e4m3 grid, the input checks and the tile plan are given in ``provided.py``.
 Your work goes in the functions that raise ``NotImplementedError`` and in the kernel
-``_paged_decode_fp8_kernel`` (its docstring lists what changes from lab 01's). Run the spec:
+``_paged_decode_fp8_kernel`` (HINTS.md has its hints, in levels). Run the spec:
 
     LAB_IMPL=starter pytest labs/lab-12-fp8-kv-and-cascade -q
 """
@@ -61,24 +61,15 @@ def quantize_kv(
         ``dequantize_kv(bits, scale) ≈ x``.
     """
     raise NotImplementedError(
-        "TODO: validate with provided.check_quantize_inputs(x, scale, per). With no scale, "
-        "compute float32(amax / 448) (amax over the tensor, or over each [head_dim] row for "
-        "per='token_head'; an all-zero group gets 1). Divide x by the scale, SATURATE to "
-        "[-448, 448] (e4m3 has no infinity: an overflow must not round onto the NaN byte), "
-        "then round to the nearest grid value, ties to even: the grid step at |y| is "
-        "2^(floor(log2 |y|) - 3), with the exponent no lower than -6 (the subnormals). The "
-        "byte of a non-negative grid value is its index in provided.E4M3_POSITIVE; the sign "
-        "is bit 7."
+        "TODO: never a NaN byte: beyond 448 * scale saturates (HINTS.md step 1: make hint LAB=12 "
+        "STEP=1 LEVEL=1)"
     )
 
 
 def dequantize_kv(bits: np.ndarray, scale: np.ndarray | float) -> np.ndarray:
     """``E4M3_VALUES[bits] * scale`` in float64: bits ``[..., head_dim]``, scale one element
     or ``bits.shape[:-1]``. The NaN bytes (``0x7F``, ``0xFF``) stay NaN."""
-    raise NotImplementedError(
-        "TODO: validate with provided.check_dequantize_inputs(bits, scale); look each byte up "
-        "in provided.E4M3_VALUES and multiply by its scale (broadcast over head_dim)."
-    )
+    raise NotImplementedError("TODO: HINTS.md step 1 (make hint LAB=12 STEP=1 LEVEL=1)")
 
 
 def reshape_and_cache_fp8(
@@ -104,13 +95,7 @@ def reshape_and_cache_fp8(
 
     Only the given slots (and their scales) change.
     """
-    raise NotImplementedError(
-        "TODO: validate with provided.check_cache_write_inputs(...), which also says whether "
-        "the scales are per tensor or per token-head. Skip slots of -1. Split each slot into "
-        "(block, offset) as in lab 01. Per tensor: quantise with the given scale. Per "
-        "token-head: quantise each row with its own scale and store that scale at "
-        "[block, offset, head] beside the bytes. Write the bytes at [block, offset]."
-    )
+    raise NotImplementedError("TODO: HINTS.md step 2 (make hint LAB=12 STEP=2 LEVEL=1)")
 
 
 # ---------------------------------------------------------------------------------------
@@ -141,21 +126,12 @@ def _paged_decode_fp8_kernel(
 ):
     """One program = one sequence x one KV head, its GROUP query heads the rows of a tile.
 
-    Grid ``(batch, num_kv_heads)``; every head dim is contiguous. Lab 01's kernel, except:
-
-    1. K and V tiles are loaded as uint8 (one byte per element, half of bf16's traffic),
-       bitcast to ``tl.float8e4nv`` and converted to q's dtype in registers: exact, since
-       every e4m3 value is a float16/bfloat16/float32 value.
-    2. Per tensor: ``k_scale`` multiplies every score, so it is folded into the score
-       scale once (``qk_scale * k_scale``); ``v_scale`` multiplies every V row, so it is
-       applied once to the finished output (``acc / l * v_scale``), not to each tile.
-    3. Per token-head: the scale of key ``j`` multiplies score column ``j``
-       (``s * k_scale[None, :]``); the scale of value ``j`` multiplies weight column ``j``
-       in ``P @ V`` only (``(p * v_scale[None, :]) @ v``): ``l`` sums the unscaled ``p``.
-       The scale loads are masked like the K/V loads (a slot past ``seq_len`` has a NaN
-       scale in the tests).
+    Grid ``(batch, num_kv_heads)``; every head dim is contiguous. Lab 01's kernel, except
+    where the FP8 bytes and their scales enter.
     """
-    pass  # TODO: lab 01's kernel with steps 1-3 above
+    # TODO: l sums the unscaled weights; a scale multiplies only what it belongs to (HINTS.md step
+    # 3: make hint LAB=12 STEP=3 LEVEL=1)
+    pass
 
 
 
@@ -189,23 +165,7 @@ def paged_decode_fp8_triton(
         ``(out [B, H, d]`` in q's dtype, ``lse [B, H]`` float32, natural log): attention
         over the dequantised cache ``E4M3_VALUES[byte] * scale``.
     """
-    # The launcher, step by step (lab 01's, plus the scales):
-    #   1. group, per_token_head = provided.check_fp8_triton_inputs(q, k_cache, v_cache,
-    #      block_tables, seq_lens, k_scale, v_scale, block_n, max_seq_len);
-    #   2. tiles = tile_config(q, gpu=provided.gpu_tiles(batch, num_kv_heads, group,
-    #      head_dim), interpreter=provided.INTERPRETER_TILES, block_n=block_n);
-    #   3. scale = default_scale(head_dim) when None, passed as log2e_scale(scale);
-    #   4. contiguous last dims; int32 block_tables and seq_lens on q's device; a per-tensor
-    #      scale as a 1-element tensor (never .item(): the kernel loads it);
-    #   5. out [B, H, d] in q's dtype and lse [B, H] float32; B = 0 returns them;
-    #   6. launch _paged_decode_fp8_kernel[(batch, num_kv_heads)](...) with every stride
-    #      (the scales' strides per token-head, 0 per tensor), PER_TOKEN_HEAD and
-    #      DOT_PRECISION = dot_precision(q.dtype);
-    #   7. return out, lse.
-    raise NotImplementedError(
-        "TODO: write _paged_decode_fp8_kernel (its docstring says what changes from lab 01's), "
-        "then follow the launcher's steps above."
-    )
+    raise NotImplementedError("TODO: HINTS.md step 3 (make hint LAB=12 STEP=3 LEVEL=1)")
 
 
 # ---------------------------------------------------------------------------------------
@@ -219,13 +179,7 @@ def attention_states(
     """Many queries over ONE key/value set, in one pass: q ``[N, H, d]``, k ``[L, KVH, d]``,
     v ``[L, KVH, dv]`` -> ``(out [N, H, dv], lse [N, H])``, float64. ``L = 0`` gives
     out 0 and lse -inf. Query head h reads KV head ``h // (H // KVH)``."""
-    raise NotImplementedError(
-        "TODO: validate with provided.check_states_inputs(q, k, v). One pass over k/v for "
-        "all N queries at once: group the query heads by the KV "
-        "head they read (reshape q to [N, KVH, group, d]), score them against that head's "
-        "keys in one einsum, and return the softmax output and lse = m + log(l). With L = 0 "
-        "return zeros and -inf."
-    )
+    raise NotImplementedError("TODO: HINTS.md step 4 (make hint LAB=12 STEP=4 LEVEL=1)")
 
 
 def merge_states(
@@ -236,9 +190,8 @@ def merge_states(
     ``out [..., dv]``, ``lse [...]``; an empty side (lse -inf) contributes nothing, two
     empty sides give out 0 and lse -inf."""
     raise NotImplementedError(
-        "TODO: lab 04's merge: lse_max = max(lse_a, lse_b) (0 where both are -inf), weights "
-        "w = exp(lse - lse_max), out = (w_a out_a + w_b out_b) / (w_a + w_b), "
-        "lse = lse_max + log(w_a + w_b); two empty sides give 0 and -inf."
+        "TODO: the merged state is exact: each side weighed by its share of the denominator "
+        "(HINTS.md step 4: make hint LAB=12 STEP=4 LEVEL=1)"
     )
 
 
@@ -266,12 +219,7 @@ def cascade_attention(
         ``(out [B, H, dv], lse [B, H])`` float64, equal to attention of request b over
         ``prefix + suffix_b[:suffix_lens[b]]``.
     """
-    raise NotImplementedError(
-        "TODO: validate with provided.check_cascade_inputs(...). Compute the prefix state of "
-        "ALL B queries in one attention_states call (the prefix is read once), then each "
-        "request's suffix state over its first suffix_lens[b] tokens only, and merge the two "
-        "states with merge_states."
-    )
+    raise NotImplementedError("TODO: HINTS.md step 4 (make hint LAB=12 STEP=4 LEVEL=1)")
 
 
 def cascade_kv_bytes(
@@ -280,8 +228,4 @@ def cascade_kv_bytes(
 ) -> tuple[int, int]:
     """``(cascade, per_request)``: K and V bytes one layer reads for one decode step of the
     batch, with the prefix read once (cascade) or once per request (per-request decode)."""
-    raise NotImplementedError(
-        "TODO: one token's K and V take 2 * num_kv_heads * head_dim * bytes_per_element "
-        "bytes. Cascade reads the prefix once plus every suffix; per-request decode reads "
-        "the prefix once per request plus every suffix."
-    )
+    raise NotImplementedError("TODO: HINTS.md step 5 (make hint LAB=12 STEP=5 LEVEL=1)")

@@ -1,0 +1,108 @@
+"""A trained Bahdanau model's alignment, for the book: ``python -m book.alignment_trace``.
+
+Runs the course's date-conversion model (``models/dates/``, trained by ``make model-dates``:
+a bidirectional GRU encoder, additive attention, a GRU decoder; ``models/bahdanau.py``) on
+fixed dates it never saw in training, greedy. For every output step it keeps the decoder
+state that queried the encoder (``s_{i-1}``) and the encoder states ``h``, then computes the
+step's scores and weights with **lab 08's** ``additive_scores`` and ``softmax`` on the
+model's own weights (``W_q``, ``W_k``, ``v_a``), and checks they equal what the model used.
+Beside each learned map it puts the expected one (output character ``i`` copies source
+character ``EXPECTED_SOURCE[i]``), and it measures the whole held-out set: the mean weight on
+the copied character and how often it is the largest weight, per output position.
+
+One torch thread, eval mode, fixed dates: the same file on every run. It writes
+``book/viz/traces/dates-reference.js`` (committed; a test fails when it is stale where torch
+is installed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import pathlib
+
+import numpy as np
+
+from common.loader import load_impl
+from common.tracing import rounded
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+OUT = REPO / "book" / "viz" / "traces"
+NAME = "dates-reference"
+LAB08 = REPO / "labs" / "lab-08-attention-from-scratch"
+# Dates the model never trained on (their day number is a multiple of 7, models/bahdanau.py).
+DATES = ("2024-03-17", "1969-07-20", "1999-12-26", "2000-02-27")
+
+
+def build() -> dict:
+    """Per date: source, the model's answer, weights and scores [output][source] (lab 08's
+    functions on the model's states), the expected source per output; and the held-out
+    set's alignment, measured."""
+    import torch
+
+    from models import bahdanau as mb
+
+    torch.set_num_threads(1)
+    lab = load_impl(LAB08, "solution")
+    model = mb.load()
+    w_q = model.attention.w_q.weight.detach().double().numpy().T  # [dec, att]
+    w_k = model.attention.w_k.weight.detach().double().numpy().T  # [enc, att]
+    v_a = model.attention.v_a.weight.detach().double().numpy()[0]  # [att]
+    days = [datetime.date.fromisoformat(d) for d in DATES]
+    assert all(mb.held_out(d) for d in days), "the page's dates must be held out"
+    src, tgt = mb.tensors(days)
+    with torch.no_grad():
+        run = model(src)
+    runs, worst = [], 0.0
+    for b, day in enumerate(days):
+        s_prev = run["s_prev"][b].double().numpy()  # [T, dec]
+        h = run["h"][b].double().numpy()  # [S, enc]
+        e = lab.additive_scores(s_prev, h, w_q, w_k, v_a)  # [T, S]
+        alpha = lab.softmax(e)
+        worst = max(worst, float(np.abs(alpha - run["alpha"][b].double().numpy()).max()))
+        answer = mb.decode(run["tokens"][b].tolist())
+        runs.append({"source": mb.source_text(day), "answer": answer,
+                     "correct": answer == mb.target_text(day), "held_out": mb.held_out(day),
+                     "weights": rounded(alpha, 3), "scores": rounded(e, 3)})
+    assert worst < 1e-5, f"lab 08's additive_scores differ from the model's weights by {worst}"
+    test = mb.draw(np.random.default_rng([0, 1]), 2000, held=True)
+    src, tgt = mb.tensors(test)
+    with torch.no_grad():
+        held = model(src)
+    alpha = held["alpha"][:, : len(mb.EXPECTED_SOURCE)].double().numpy()  # [n, 10, S]
+    idx = np.array(mb.EXPECTED_SOURCE)
+    on_copied = alpha[:, np.arange(len(idx)), idx]  # [n, 10]
+    is_max = alpha.argmax(-1) == idx
+    digit = [i for i, j in enumerate(idx) if mb.source_text(test[0])[j].isdigit()]
+    exact = float((held["tokens"] == tgt).all(dim=1).float().mean())
+    return {"model": "models/dates", "task": "YYYY-MM-DD -> DD.MM.YYYY",
+            "config": {k: v for k, v in mb.CONFIG.items() if k != "vocab"},
+            "expected_source": list(mb.EXPECTED_SOURCE), "runs": runs,
+            "checked_with": "lab 08 additive_scores + softmax",
+            "max_abs_diff": float(f"{worst:.1e}"),
+            "held_out": {"dates": len(test), "exact": round(exact, 4),
+                         "mass_on_copied": rounded(on_copied.mean(0), 3),
+                         "argmax_is_copied": rounded(is_max.mean(0), 3),
+                         "digits_mass": round(float(on_copied[:, digit].mean()), 3),
+                         "digits_argmax": round(float(is_max[:, digit].mean()), 4)}}
+
+
+def as_script(data: dict) -> str:
+    body = json.dumps(data, separators=(",", ":"), sort_keys=True)
+    return ("window.BOOK_TRACES = window.BOOK_TRACES || {};\n"
+            f"window.BOOK_TRACES[{json.dumps(NAME)}] = {body};\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=pathlib.Path, default=OUT)
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{NAME}.js").write_text(as_script(build()))
+    print(f"   wrote {args.out / f'{NAME}.js'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
