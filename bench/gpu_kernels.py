@@ -231,13 +231,16 @@ def varlen_prefill(heads: int, kv_heads: int) -> LaunchFn:
             "q_ptr": Ptr(dtype), "k_cache_ptr": Ptr(dtype), "v_cache_ptr": Ptr(dtype),
             "block_tables_ptr": Ptr("i32"), "query_start_loc_ptr": Ptr("i32"),
             "seq_lens_ptr": Ptr("i32"), "out_ptr": Ptr(dtype), "lse_ptr": Ptr("fp32"),
-            "qk_scale": LOG2E / d**0.5, "num_seqs": seqs, "stride_bt": blocks,
+            "qk_scale": LOG2E / d**0.5, "num_seqs": seqs, "num_splits": tiles["num_splits"],
+            "stride_bt": blocks,
         }  # fmt: skip
+        splits = tiles["num_splits"]  # provided.split_outputs: [T, H, S, d] partials
         args.update(zip(("stride_qt", "stride_qh", "stride_qd"), strides(tokens, heads, d)))
         args.update(zip(("stride_kb", "stride_ks", "stride_kh", "stride_kd"), cache))
         args.update(zip(("stride_vb", "stride_vs", "stride_vh", "stride_vd"), cache))
-        args.update(zip(("stride_ot", "stride_oh", "stride_od"), strides(tokens, heads, d)))
-        args.update(zip(("stride_lt", "stride_lh"), strides(tokens, heads)))
+        args.update(zip(("stride_ot", "stride_oh", "stride_os", "stride_od"),
+                        strides(tokens, heads, splits, d)))  # fmt: skip
+        args.update(zip(("stride_lt", "stride_lh", "stride_ls"), strides(tokens, heads, splits)))
         args.update(GROUP=group, PAGE_SIZE=page, HEAD_DIM=d, HEAD_DIM_PAD=dot_tile(d),
                     HEAD_DIM_V=d, HEAD_DIM_V_PAD=dot_tile(d), BLOCK_M=block_m,
                     BLOCK_Q=block_m // group, BLOCK_N=tiles["block_n"],

@@ -30,11 +30,17 @@ FlashInfer at commit 00b1eec of include/flashinfer/attention/scheduler.cuh):
   stops; the model also rejects a split that fills the grid without shortening the call
   (MLA at batch 64 on an H100) and takes one that more than fills it when the partial last
   wave would leave SMs idle (MLA at batch 64 on an A100).
-* **Split-KV (prefill).** FlashInfer's ``PrefillSplitQOKVIndptr`` splits the KV of a prefill
-  too (``PrefillBinarySearchKVChunkSize``: ``sum_i ceil(packed_qo_len_i / cta_tile_q) x
-  ceil(kv_len_i / chunk) <= max_batch_size_if_split``). Here ``varlen_prefill`` prices the
-  split the same way and records it in ``notes["wanted_splits"]``; lab 03's kernel has no
-  split path, so it takes the query tile that fills the grid instead when that is as good.
+* **Split-KV (prefill).** FlashInfer's FA2 prefill plan (``PrefillSplitQOKVIndptr``,
+  ``PrefillBinarySearchKVChunkSize``) splits a prefill's KV too: the smallest chunk (at
+  least 128 tokens) whose ``sum_i ceil(packed_qo_len_i / cta_tile_q) x ceil(kv_len_i /
+  chunk)`` fits ``max_batch_size_if_split``, the partials merged after. Here
+  ``_best_prefill`` prices each split count (up to ``PREFILL_CTAS_PER_SM`` CTAs a SM) and
+  lab 03's kernel runs it (grid axis 2, ``common.splits``' merge). Departures: a tile's
+  split is an equal share of its own whole key tiles below its first query, the diagonal
+  tiles in split 0 (FlashInfer's chunks are fixed spans from the sequence's start, equal
+  for every tile), so every row sees a key before any masked tile; and among plans the
+  model prices within ``MIN_GAIN`` the least work wins (at TP8, 128-row tiles split in two
+  over 64-row tiles: the same modelled time, half the L2 reads).
 * **Query tiles (prefill).** FlashInfer's ``FA2DetermineCtaTileQ``
   (include/flashinfer/utils.cuh) picks the rows of a CTA's query tile from the average
   *packed* query length (query tokens x the GQA group): 128 rows above 64 packed rows (head
@@ -42,17 +48,29 @@ FlashInfer at commit 00b1eec of include/flashinfer/attention/scheduler.cuh):
   ``vllm/v1/attention/ops/triton_unified_attention.py``: ``BLOCK_Q = BLOCK_M //
   num_queries_per_kv``) puts the group's heads in the rows, so a tile reads each K/V tile
   once per ``BLOCK_M`` rows. A tall tile is what turns ``tl.dot`` into wgmma on sm_90
-  (a warpgroup MMA has M = 64 per warpgroup). Departure: one launch has one tile, and the
-  average lets 511 decode rows pick the tile of a 4,096-token prefill beside them; with
-  the per-sequence lengths the tile is chosen from the sequences that carry the FLOPs
-  (``packed_rows_by_flops``) and then priced against the grid it makes (FlashInfer's sm_90
-  path, ``PrefillSM90Plan``, fixes 128 rows and balances the tiles over the SMs).
+  (a warpgroup MMA has M = 64 per warpgroup). Departure: the average lets 511 decode rows
+  pick the tile of a 4,096-token prefill beside them, so the tile comes from the sequences
+  that carry the FLOPs (``packed_rows_by_flops``). FlashInfer's sm_90 plan
+  (``PrefillSM90Plan``) fixes 128 rows (192 at dv = 64) for every request and balances the
+  tiles over the SMs with a heap; it neither splits the KV nor packs the group.
+* **A tile per sequence class.** vLLM's FlashInfer backend
+  (``vllm/v1/attention/backends/flashinfer.py``) cuts a batch with
+  ``split_decodes_and_prefills`` (decodes first) and runs the decode rows through
+  ``BatchDecodeWithPagedKVCacheWrapper`` and the rest through the prefill wrapper: two
+  launches, each with its own tile. Here ``split_classes`` / ``_per_class`` plan the decode
+  rows and the prefill rows apart (``Plan.classes``) and take the two launches when the
+  model prices them within ``MIN_GAIN`` of one and they issue less work (a decode row in a
+  128-row tile pays 128 rows of MMA). Departure: lab 03's launcher cannot run them (it
+  would need the class boundary on the host), so it launches the one-launch plan.
 * **vLLM 0.33.0's split (3D) path** (``vllm/v1/attention/backends/triton_attn.py`` and
   ``ops/triton_unified_attention.py``): taken only for causal batches whose 2D grid would
   be small, ``num_seqs x cdiv(max_seqlen_q, BLOCK_Q) <= seq_threshold_3D`` with
   ``seq_threshold_3D = 128 // num_kv_heads`` snapped to a CUDA-graph capture size, query
   lengths up to 8 (speculative verification), with 16 fixed segments
-  (``NUM_PAR_SOFTMAX_SEGMENTS``).
+  (``NUM_PAR_SOFTMAX_SEGMENTS``). Unchecked against the v0.33.0 tag: the stored
+  ``triton_attn.py`` (commit 001ceb3) predates the 3D path, and a later
+  ``unified_attention`` seen takes it only for ``max_seqlen_q <= 1`` and ``num_seqs <=
+  seq_threshold_3D``. The course's planners do not follow this rule; lab 04 teaches it.
 * **MLA.** FlashMLA's decode tile holds 64 query heads (``BLOCK_SIZE_M = 64``); one latent
   row per token is shared by every head, so the cache is read once per 64 heads.
 * **Shared memory.** A plan fits the target's per-block shared memory (``smem_kb``, the
@@ -140,6 +158,7 @@ class Plan:
     why: str = ""
     notes: dict[str, int] = field(default_factory=dict)
     model: dict[str, float] = field(default_factory=dict)
+    classes: tuple[Plan, ...] = ()  # one launch a sequence class: (decode rows, prefill rows)
 
     @property
     def ctas(self) -> int:
@@ -189,7 +208,7 @@ FOOTPRINTS = {
     "decode_d128": Footprint(107, 39.0, 4, 2, 64 * 256 * 2),  # labs 01 / 06, 64 keys, d 128
     "mla_h64": Footprint(234, 145.0, 8, 2, 32 * 576 * 2),  # lab 06, 64 heads x 512 + 64
     "mla_h16": Footprint(112, 56.0, 8, 2, 32 * 576 * 2),  # lab 06, 16 heads (TP8)
-    "prefill": Footprint(188, 97.5, 8, 3, 64 * 256 * 2),  # lab 03, 128 x 64, d 128
+    "prefill": Footprint(192, 97.5, 8, 3, 64 * 256 * 2),  # lab 03, 128 x 64, d 128
 }
 
 
@@ -463,39 +482,52 @@ def _prefill_tiles(block_m: int, head_dim: int) -> dict[str, int]:
 
 def _prefill_ctas(
     q_lens: Sequence[int], kv_lens: Sequence[int], group: int, block_m: int, head_dim: int,
-    elem: int = 2,
-) -> tuple[list[tuple[float, float]], int]:
-    """``([(bytes, FLOPs) per busy CTA], idle CTAs)`` of lab 03's grid for one KV head:
-    ``ceil(q_len x group / block_m)`` tiles per sequence, tile j computing all ``block_m``
-    rows (padded rows too: one decode token in a 128-row tile costs 128 rows of MMA) against
-    keys up to ``n - q + (j + 1) x BLOCK_Q`` (bottom-right causal); K/V bytes shared by a
-    sequence's tiles through L2 (counted once), the grid's ``+ B`` slack CTAs idle."""
-    d = _pow2_at_least(head_dim)
+    splits: int = 1, elem: int = 2,
+) -> tuple[list[tuple[float, float, float]], int]:
+    """``([(HBM bytes, FLOPs, L2 bytes) per busy CTA], idle CTAs)`` of lab 03's grid for one
+    KV head: ``ceil(q_len x group / block_m)`` tiles per sequence, tile j computing all
+    ``block_m`` rows (padded rows too) against keys up to ``n - q + (j + 1) x BLOCK_Q``
+    (bottom-right causal). Split as the kernel cuts: a tile's whole key tiles below its
+    first query in ``splits`` equal shares, the diagonal tiles in split 0; a share without
+    keys is an idle CTA, as are the grid's ``+ B`` slack programs. HBM: a sequence's K/V
+    once (its tiles share it through L2), a CTA's queries in and its output (or partial:
+    out's dtype and an fp32 lse a row) out; L2: every key a CTA loads."""
+    d, block_n = _pow2_at_least(head_dim), _prefill_tiles(block_m, head_dim)["block_n"]
     block_q = max(1, block_m // group)
-    out, busy = [], 0
+    out, idle, busy = [], 0, 0
     for q, n in zip(q_lens, kv_lens):
         tiles = -(-q // block_q)
         busy += tiles
         for j in range(tiles):
             first, last = j * block_q, min(q, (j + 1) * block_q)
-            keys = n - q + last  # the tile computes every row, padded ones too, to its last key
-            flops = 2 * 2 * d * block_m * keys
-            kv = keys * 2 * d * elem / tiles
-            out.append((kv + 2 * (last - first) * group * d * elem, flops))
-    slack = sum(q_lens) // block_q + len(q_lens) - busy
-    return out, max(0, slack)
+            rows, end = (last - first) * group, n - q + last
+            full = (n - q + first + 1) // block_n  # whole key tiles every row sees
+            per, diagonal = -(-full // splits), end - full * block_n
+            for s in range(splits):
+                keys = max(0, min(per, full - s * per)) * block_n + diagonal * (s == 0)
+                if not keys:
+                    idle += 1
+                    continue
+                kv = keys * 2 * d * elem
+                io = rows * d * elem * 2 + rows * 4 * (splits > 1)
+                out.append((kv / tiles + io, 2 * 2 * d * block_m * keys, kv))
+    return out, idle + max(0, sum(q_lens) // block_q + len(q_lens) - busy) * splits
 
 
 def _prefill_cost(q_lens: Sequence[int], kv_lens: Sequence[int], num_kv_heads: int, group: int,
-                  block_m: int, head_dim: int, target: Target) -> dict[str, float]:  # fmt: skip
-    """Modelled time (µs) of lab 03's launch at ``block_m`` rows: the CTAs of
-    ``_prefill_ctas`` on the SMs (the ``split_cost`` schedule), mma.sync (half speed, the
-    report's MMA factor) below 64 rows on sm_90 and newer."""
+                  block_m: int, head_dim: int, target: Target,
+                  splits: int = 1) -> dict[str, float]:  # fmt: skip
+    """Modelled time (µs) of lab 03's launch at ``block_m`` rows and ``splits`` KV splits:
+    the CTAs of ``_prefill_ctas`` on the SMs (the ``split_cost`` schedule), mma.sync (half
+    speed, the report's MMA factor) below 64 rows on sm_90 and newer; with a split, the
+    merge (``common.splits``: reads every partial, writes the output, ``LAUNCH_US``).
+    ``work_us``: the tensor-core time the CTAs issue (padded rows too) plus their L2 reads
+    at HBM speed, what a plan saves among plans of equal modelled time."""
     sms = target.sms
     bw, peak = target.hbm_tbps * 1e6 / sms, target.tensor_tflops * 1e6 / sms
     mma = 0.5 if block_m < 64 and target.arch >= 90 else 1.0
-    ctas, idle = _prefill_ctas(q_lens, kv_lens, group, block_m, head_dim)
-    times = sorted((max(b / bw, f / (peak * mma)) for b, f in ctas), reverse=True)
+    ctas, idle = _prefill_ctas(q_lens, kv_lens, group, block_m, head_dim, splits)
+    times = sorted((max(b / bw, f / (peak * mma)) for b, f, _ in ctas), reverse=True)
     times = [t for t in times for _ in range(num_kv_heads)]
     per = ctas_per_sm(FOOTPRINTS["prefill"], target)
     total = sum(times) + idle * num_kv_heads * IDLE_CTA_US / per
@@ -505,30 +537,66 @@ def _prefill_cost(q_lens: Sequence[int], kv_lens: Sequence[int], num_kv_heads: i
     d = _pow2_at_least(head_dim)
     pairs = sum(q * (n - q) + q * (q + 1) // 2 for q, n in zip(q_lens, kv_lens))
     flops = 4 * d * group * pairs * num_kv_heads  # the minimum: real rows, causal pairs
-    moved = sum(b for b, _ in ctas) * num_kv_heads
-    return {"kernel_us": round(kernel, 2), "plan_us": round(kernel, 2),
-            "roof_us": round(max(moved / (bw * sms), flops / (peak * sms)), 2),
+    rows = sum(q_lens) * group * num_kv_heads
+    minimum = (sum(kv_lens) * 2 * d * num_kv_heads + rows * 2 * d) * 2
+    partial = 2 * rows * splits * (d * 2 + 4) if splits > 1 else 0  # written, then read
+    merge = LAUNCH_US + (partial / 2 + rows * d * 2) / (bw * sms) if splits > 1 else 0.0
+    issued = sum(f for _, f, _ in ctas) * num_kv_heads / (peak * sms * mma)
+    return {"kernel_us": round(kernel, 2), "merge_us": round(merge, 2),
+            "plan_us": round(kernel + merge, 2),
+            "roof_us": round(max(minimum / (bw * sms), flops / (peak * sms)), 2),
             "ctas": (len(ctas) + idle) * num_kv_heads, "busy_ctas": len(ctas) * num_kv_heads,
-            "flops": int(flops), "bytes": int(moved), "partial_bytes": 0,
-            "ctas_per_sm": per}  # fmt: skip
+            "flops": int(flops), "bytes": int(minimum + partial), "partial_bytes": int(partial),
+            "l2_bytes": int(sum(x for _, _, x in ctas) * num_kv_heads), "splits": splits,
+            "block_m": block_m, "ctas_per_sm": per,
+            "work_us": round(issued + sum(x for _, _, x in ctas) * num_kv_heads / (bw * sms), 2)}
+
+
+def _best_prefill(q_lens: Sequence[int], kv_lens: Sequence[int], num_kv_heads: int,
+                  group: int, block_m: int, floor: int, head_dim: int,
+                  target: Target) -> dict[str, float]:  # fmt: skip
+    """The ``_prefill_cost`` of the tile (``block_m``, or half when that is still ``>=
+    floor``) and KV split the model prefers: a split only when it is ``MIN_GAIN`` faster
+    than that tile unsplit (FlashInfer's ``PrefillBinarySearchKVChunkSize`` grows the grid
+    to ``max_batch_size_if_split``; here the split count that prices lowest, up to two
+    resident CTAs a SM), then, among plans within ``MIN_GAIN`` of the fastest, the least
+    ``work_us`` (the 128-row tile split in two beats 64-row tiles: half the L2 reads)."""
+    found = []
+    for bm in (block_m, block_m // 2) if block_m // 2 >= floor else (block_m,):
+        unsplit = _prefill_cost(q_lens, kv_lens, num_kv_heads, group, bm, head_dim, target)
+        found.append(unsplit)
+        busy = unsplit["busy_ctas"]
+        cap = min(max(kv_lens, default=0) // MIN_SPLIT_KEYS,
+                  -(-PREFILL_CTAS_PER_SM * target.sms // max(1, busy)))
+        for splits in range(2, cap + 1) if busy < target.sms else ():
+            cost = _prefill_cost(q_lens, kv_lens, num_kv_heads, group, bm, head_dim, target,
+                                 splits)  # fmt: skip
+            if cost["plan_us"] < unsplit["plan_us"] * (1 - MIN_GAIN):
+                found.append(cost)
+    fastest = min(c["plan_us"] for c in found)
+    return min((c for c in found if c["plan_us"] <= fastest * (1 + MIN_GAIN)),
+               key=lambda c: c["work_us"])
 
 
 def varlen_prefill(
     num_tokens: int, num_seqs: int, num_kv_heads: int, group: int, head_dim: int,
     target: Target, *, q_lens: Sequence[int] | None = None,
-    kv_lens: Sequence[int] | None = None,
+    kv_lens: Sequence[int] | None = None, max_seq_len: int | None = None,
 ) -> Plan:
     """Lab 03's GQA-packed varlen prefill: ``block_m`` rows = ``block_m // group`` query
-    tokens x the group, ``block_n`` keys, warps and stages from ``prefill_launch``; grid
-    ``(T // BLOCK_Q + B, KVH)`` as the launcher computes it.
+    tokens x the group, ``block_n`` keys, warps and stages from ``prefill_launch``, KV
+    ``splits``; grid ``(T // BLOCK_Q + B, KVH, splits)`` as the launcher computes it.
 
-    ``block_m``: FlashInfer's ``query_tile_rows`` of the packed length, the batch average
-    when only totals are known (the launcher), else the FLOP-weighted one
-    (``packed_rows_by_flops``); with per-sequence lengths the next smaller tile (never under
-    64 rows on sm_90+, never under the group) is taken when the model prices it
-    ``MIN_GAIN`` faster (a grid under a wave: TP8, one KV head). ``notes["wanted_splits"]``:
-    the KV split the model would take (lab 03's kernel does not split)."""
+    ``block_m``: FlashInfer's ``query_tile_rows`` of the packed length: the FLOP-weighted
+    one (``packed_rows_by_flops``) of ``q_lens`` / ``kv_lens``, else of ``num_tokens /
+    num_seqs`` tokens each, with ``max_seq_len`` keys each when given (the launcher: no
+    host sync); then ``_best_prefill`` takes the tile and split (never under 64 rows on
+    sm_90+, never under the group). Only totals: the average, halved under a wave.
+    ``classes``: with lengths of both kinds, one plan per sequence class (``split_classes``)."""
     lens_known = q_lens is not None and kv_lens is not None
+    if not lens_known and max_seq_len and num_seqs and num_tokens and not target.interpreter:
+        q_lens = [num_tokens // num_seqs + (b < num_tokens % num_seqs) for b in range(num_seqs)]
+        kv_lens, lens_known = [max(int(max_seq_len), q) for q in q_lens], True
     if lens_known:
         packed = packed_rows_by_flops(q_lens, kv_lens, group)
     else:
@@ -536,46 +604,67 @@ def varlen_prefill(
     block_m = max(query_tile_rows(packed, head_dim, target), _pow2_at_least(group))
     if target.interpreter:
         return Plan({"block_m": block_m, "block_n": 16}, 4, 1,
-                    grid=(num_tokens // (block_m // group) + num_seqs, num_kv_heads),
+                    grid=(num_tokens // (block_m // group) + num_seqs, num_kv_heads, 1),
                     why="interpreter: tiny tiles")  # fmt: skip
     why = f"{packed} packed rows per sequence: {block_m}-row tiles"
     model: dict[str, float] = {}
-    notes: dict[str, int] = {}
+    splits = 1
     floor = max(_pow2_at_least(group), 64 if target.arch >= 90 else 16)
     if not lens_known and block_m // 2 >= floor and (
             (num_tokens // (block_m // group) + num_seqs) * num_kv_heads < target.sms):
         block_m //= 2  # only totals known: a grid under a wave takes the smaller tile
         why += f", halved: the {block_m * 2}-row grid is under a wave"
     if lens_known:
-        model = _prefill_cost(q_lens, kv_lens, num_kv_heads, group, block_m, head_dim, target)
-        if block_m // 2 >= floor:
-            smaller = _prefill_cost(q_lens, kv_lens, num_kv_heads, group, block_m // 2,
-                                    head_dim, target)  # fmt: skip
-            if smaller["plan_us"] < model["plan_us"] * (1 - MIN_GAIN):
-                block_m, model = block_m // 2, smaller
-                why += f", halved: {model['busy_ctas']} CTAs fill the {target.sms} SMs"
-        notes["wanted_splits"] = _prefill_wanted_splits(q_lens, kv_lens, num_kv_heads, group,
-                                                        block_m, target)  # fmt: skip
+        model = _best_prefill(q_lens, kv_lens, num_kv_heads, group, block_m, floor, head_dim,
+                              target)  # fmt: skip
+        if model["block_m"] < block_m:
+            why += f", halved: {model['busy_ctas']} CTAs fill the {target.sms} SMs"
+        block_m, splits = int(model["block_m"]), int(model["splits"])
+        if splits > 1:
+            why += f", {splits} KV splits: {model['busy_ctas']} busy CTAs"
     tiles = _prefill_tiles(block_m, head_dim)
-    grid = (num_tokens // (block_m // group) + num_seqs, num_kv_heads)
+    grid = (num_tokens // (block_m // group) + num_seqs, num_kv_heads, splits)
     plan = Plan(tiles, **prefill_launch(block_m, tiles["block_n"], head_dim, target.arch),
-                grid=grid,
-                why=why, notes=notes, model=model)  # fmt: skip
-    return fit_smem(plan, "prefill", head_dim, target)
+                splits=splits, grid=grid, why=why, model=model)  # fmt: skip
+    plan = fit_smem(plan, "prefill", head_dim, target)
+    classes = split_classes(q_lens, kv_lens, group, head_dim, target) if lens_known else None
+    if classes is None or max_seq_len:
+        return plan
+    return _per_class(plan, classes, num_kv_heads, group, head_dim, target)
 
 
-def _prefill_wanted_splits(q_lens: Sequence[int], kv_lens: Sequence[int], num_kv_heads: int,
-                           group: int, block_m: int, target: Target) -> int:  # fmt: skip
-    """FlashInfer's prefill rule (``PrefillBinarySearchKVChunkSize``): the fewest KV chunks
-    of at least ``MIN_SPLIT_KEYS`` that make ``sum tiles x chunks x KVH`` reach one CTA per
-    SM x ``PREFILL_CTAS_PER_SM``; 1 when the unsplit grid already has a CTA per SM."""
-    block_q = max(1, block_m // group)
-    tiles = sum(-(-q // block_q) for q in q_lens) * num_kv_heads
-    if tiles >= target.sms:
-        return 1
-    longest = max(kv_lens)
-    wanted = math.ceil(PREFILL_CTAS_PER_SM * target.sms / tiles)
-    return max(1, min(wanted, longest // MIN_SPLIT_KEYS))
+def split_classes(q_lens: Sequence[int], kv_lens: Sequence[int], group: int, head_dim: int,
+                  target: Target) -> tuple[tuple[list[int], list[int]], ...] | None:  # fmt: skip
+    """``((q_lens, kv_lens) of the decode rows, (...) of the prefill rows)``: a sequence is a
+    decode row when its own packed tile (``query_tile_rows(q x group)``, at least the
+    group) is smaller than the FLOP-weighted tile of the batch; None with one class."""
+    tile = max(query_tile_rows(packed_rows_by_flops(q_lens, kv_lens, group), head_dim, target),
+               _pow2_at_least(group))  # fmt: skip
+    small = [max(query_tile_rows(q * group, head_dim, target), _pow2_at_least(group)) < tile
+             for q in q_lens]  # fmt: skip
+    if all(small) or not any(small):
+        return None
+    pick = [[(q, n) for q, n, f in zip(q_lens, kv_lens, small) if f == cls] for cls in (1, 0)]
+    return tuple(([q for q, _ in part], [n for _, n in part]) for part in pick)
+
+
+def _per_class(plan: Plan, classes: tuple[tuple[list[int], list[int]], ...], num_kv_heads: int,
+               group: int, head_dim: int, target: Target) -> Plan:  # fmt: skip
+    """``plan`` with one launch per sequence class (each planned alone), when the two
+    launches (the second ``LAUNCH_US`` more) price within ``MIN_GAIN`` of the one launch and
+    issue less ``work_us`` (the decode rows' padded MMA)."""
+    parts = tuple(varlen_prefill(sum(q), len(q), num_kv_heads, group, head_dim, target,
+                                 q_lens=q, kv_lens=n) for q, n in classes)  # fmt: skip
+    add = ("kernel_us", "merge_us", "plan_us", "ctas", "busy_ctas", "bytes", "partial_bytes",
+           "l2_bytes", "work_us")  # fmt: skip
+    model = {**plan.model, **{k: round(sum(p.model[k] for p in parts), 2) for k in add}}
+    model["plan_us"] += LAUNCH_US
+    if (model["plan_us"] > plan.model["plan_us"] * (1 + MIN_GAIN)
+            or model["work_us"] >= plan.model["work_us"]):
+        return plan
+    rows = " / ".join(f"{p.tiles['block_m']}" for p in parts)
+    return replace(plan, classes=parts, model=model,
+                   why=f"a launch a class: decode / prefill rows in {rows}-row tiles")
 
 
 def prefill_launch(block_m: int, block_n: int, head_dim: int, arch: int = 90) -> dict[str, int]:

@@ -4,7 +4,9 @@
 On the Triton side you write the kernel (``_varlen_prefill_kernel``) and its launcher
 (``varlen_prefill_triton``); the launcher calls :func:`check_varlen_inputs`,
 :data:`INTERPRETER_TILES` / :func:`gpu_tiles` (through ``tile_config``), :func:`fit_group`,
-:func:`varlen_grid`, :func:`output_buffers` and :func:`device_metadata`.
+:func:`split_count`, :func:`varlen_grid`, :func:`output_buffers`, :func:`device_metadata`,
+and the KV split's buffers and merge (``split_outputs``, ``merge_splits``: ``common.splits``,
+given code lab 06 shares).
 
 Bad input raises ``ValueError`` naming the argument. The checks read shapes only, unless
 the caller leaves ``max_seq_len`` out: then they copy the metadata to the host once (the
@@ -25,6 +27,7 @@ from common.checks import (
     check_seq_len,
     host_max_seq_len,
 )
+from common.splits import merge_splits, split_outputs  # noqa: F401 (given; lab 06 shares them)
 from common.triton_env import check_kernel_dtype, dot_tile, plan_target
 
 if TYPE_CHECKING:
@@ -41,17 +44,36 @@ def gpu_tiles(
     group: int,
     head_dim: int,
     target: launch_plan.Target | None = None,
+    *,
+    num_kv_heads: int = 1,
+    max_seq_len: int | None = None,
 ) -> dict[str, int]:
     """The GPU tile plan for ``q [num_tokens, H, head_dim]`` cut into ``num_seqs`` sequences,
-    ``group`` query heads per KV head: ``block_m``, ``block_n``, ``num_warps``, ``num_stages``.
+    ``group`` query heads per KV head: ``block_m``, ``block_n``, ``num_warps``,
+    ``num_stages`` and ``num_splits`` (KV splits; 1 unless ``max_seq_len`` is given).
 
     The launch plan's (``common.launch_plan.varlen_prefill``, FlashInfer's rule): 128 rows
     when a sequence packs more than 64 query rows, 64 above 16, else 16, and never fewer
     than the group; 64 keys beside a 64+-row tile at d > 64, else 32; 8 warps from a
-    64 x 64 tile, else 4; 3 stages (``launch_plan.prefill_launch``).
+    64 x 64 tile, else 4; 3 stages (``launch_plan.prefill_launch``). With ``max_seq_len``
+    keys a sequence, a grid under a wave splits the keys (8 heads on one KV head, 1,024
+    tokens after 32k cached: 2 splits on an H100).
     """
     target = target or plan_target()  # this GPU's plan; the H100's without one
-    return launch_plan.varlen_prefill(num_tokens, num_seqs, 1, group, head_dim, target).config
+    plan = launch_plan.varlen_prefill(num_tokens, num_seqs, num_kv_heads, group, head_dim,
+                                      target, max_seq_len=max_seq_len)  # fmt: skip
+    return {**plan.config, "num_splits": plan.splits}
+
+
+def split_count(num_splits: Any, planned: int) -> int:
+    """KV splits of a launch: the caller's ``num_splits`` (an int >= 1), or ``planned``."""
+    if num_splits is None:
+        return int(planned)
+    if isinstance(num_splits, bool) or not isinstance(num_splits, (int, np.integer)) \
+            or num_splits < 1:
+        raise ValueError(f"num_splits must be None (the launch plan's) or an int >= 1, got "
+                         f"{num_splits!r}")
+    return int(num_splits)
 
 # ---------------------------------------------------------------------------------------
 # NumPy inputs
@@ -250,15 +272,15 @@ def fit_group(tiles: dict[str, int], group: int, block_m: int | None) -> dict[st
 
 
 def varlen_grid(
-    num_tokens: int, num_seqs: int, num_kv_heads: int, block_q: int
-) -> tuple[int, int]:
-    """``(num_tokens // BLOCK_Q + num_seqs, num_kv_heads)``: from shapes only.
+    num_tokens: int, num_seqs: int, num_kv_heads: int, block_q: int, num_splits: int = 1
+) -> tuple[int, int, int]:
+    """``(num_tokens // BLOCK_Q + num_seqs, num_kv_heads, num_splits)``: from shapes only.
 
     sum_b ceil(query_len_b / BLOCK_Q) <= sum_b (query_len_b // BLOCK_Q + 1)
     <= num_tokens // BLOCK_Q + num_seqs, so every query block has a program; the spare ones
     return at once. (vLLM 0.33.0: ``total_num_q_blocks = q.shape[0] // BLOCK_Q + num_seqs``.)
     """
-    return (num_tokens // block_q + num_seqs, num_kv_heads)
+    return (num_tokens // block_q + num_seqs, num_kv_heads, num_splits)
 
 
 def output_buffers(q: torch.Tensor, head_dim_v: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -259,13 +259,13 @@ def _attend_kv_tile(
 def _varlen_prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, query_start_loc_ptr, seq_lens_ptr,
     out_ptr, lse_ptr,
-    qk_scale, num_seqs,
+    qk_scale, num_seqs, num_splits,
     stride_qt, stride_qh, stride_qd,
     stride_kb, stride_ks, stride_kh, stride_kd,
     stride_vb, stride_vs, stride_vh, stride_vd,
     stride_bt,
-    stride_ot, stride_oh, stride_od,
-    stride_lt, stride_lh,
+    stride_ot, stride_oh, stride_os, stride_od,
+    stride_lt, stride_lh, stride_ls,
     GROUP: tl.constexpr, PAGE_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
@@ -275,13 +275,16 @@ def _varlen_prefill_kernel(
     """One program = BLOCK_Q query tokens of one sequence x the GROUP query heads of one KV
     head, packed into the BLOCK_M rows of one tile: every K/V tile it loads serves them all.
 
-    ``varlen_prefill_triton`` launches it on the grid ``(T // BLOCK_Q + B, KVH)``
-    with the arguments above (strides for every dimension: nothing is assumed contiguous;
-    V's head dim HEAD_DIM_V may differ from K's HEAD_DIM; both are padded to powers of two
-    >= 16, HEAD_DIM_PAD and HEAD_DIM_V_PAD, for tl.dot).
+    ``varlen_prefill_triton`` launches it on the grid ``(T // BLOCK_Q + B, KVH,
+    num_splits)`` with the arguments above (strides for every dimension: nothing is assumed
+    contiguous; V's head dim HEAD_DIM_V may differ from K's HEAD_DIM; both are padded to
+    powers of two >= 16, HEAD_DIM_PAD and HEAD_DIM_V_PAD, for tl.dot). Split ``split`` of
+    ``num_splits`` takes its share of the key tiles every row sees, split 0 the diagonal
+    too; it writes a partial ``(out, lse)`` at its split row (``stride_os``, ``stride_ls``).
     """
     q_block = tl.program_id(0)
     kv_head = tl.program_id(1)
+    split = tl.program_id(2).to(tl.int64)  # x stride_os: the partials pass 2**31 elements
 
     # Which sequence does this query block belong to, and where in it?
     seq = _find_seq_idx(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q)
@@ -323,25 +326,32 @@ def _varlen_prefill_kernel(
     first_pos = start_pos + q_block_in_seq * BLOCK_Q
     kv_end = tl.minimum(first_pos + BLOCK_Q, seq_len)
     full_end = ((first_pos + 1) // BLOCK_N) * BLOCK_N
-    for start_n in range(0, full_end, BLOCK_N):
+    # KV split: this split's share of the full tiles (whole tiles); split 0 also takes the
+    # diagonal, after its full tiles, so every row has a key before a masked tile.
+    share = tl.cdiv(full_end // BLOCK_N, num_splits) * BLOCK_N
+    lo = tl.minimum(split * share, full_end)
+    hi = tl.minimum(lo + share, full_end)
+    for start_n in range(lo, hi, BLOCK_N):
         acc, m_i, l_i = _attend_kv_tile(
             acc, m_i, l_i, q, q_pos, start_n, kv_end, block_table_ptr, k_head_ptr, v_head_ptr,
             stride_kb, stride_ks, stride_vb, stride_vs, k_dims, v_dims, d_ok, dv_ok, qk_scale,
             BLOCK_N, PAGE_SIZE, False, DOT_PRECISION,
         )  # fmt: skip
-    for start_n in range(full_end, kv_end, BLOCK_N):
+    for start_n in range(full_end, tl.where(split == 0, kv_end, full_end), BLOCK_N):
         acc, m_i, l_i = _attend_kv_tile(
             acc, m_i, l_i, q, q_pos, start_n, kv_end, block_table_ptr, k_head_ptr, v_head_ptr,
             stride_kb, stride_ks, stride_vb, stride_vs, k_dims, v_dims, d_ok, dv_ok, qk_scale,
             BLOCK_N, PAGE_SIZE, True, DOT_PRECISION,
         )  # fmt: skip
 
-    out = acc / l_i[:, None]
-    lse = (m_i + tl.log2(l_i)) * 0.6931471805599453  # log2 units back to the natural log
+    l_safe = tl.where(l_i > 0, l_i, 1.0)  # a split with no keys: out 0, lse -inf (identity)
+    out = acc / l_safe[:, None]
+    lse = tl.where(l_i > 0, (m_i + tl.log2(l_safe)) * 0.6931471805599453, float("-inf"))  # ln
     tl.store(out_ptr + q_rows[:, None] * stride_ot + head[:, None] * stride_oh
-             + offs_dv[None, :] * stride_od,
+             + split * stride_os + offs_dv[None, :] * stride_od,
              out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & dv_ok[None, :])  # fmt: skip
-    tl.store(lse_ptr + q_rows * stride_lt + head * stride_lh, lse, mask=row_ok)
+    tl.store(lse_ptr + q_rows * stride_lt + head * stride_lh + split * stride_ls, lse,
+             mask=row_ok)  # fmt: skip
 
 
 def varlen_prefill_triton(
@@ -356,6 +366,7 @@ def varlen_prefill_triton(
     block_m: int | None = None,
     block_n: int | None = None,
     max_seq_len: int | None = None,
+    num_splits: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Varlen causal attention over a paged cache in one Triton launch (torch tensors).
 
@@ -370,12 +381,15 @@ def varlen_prefill_triton(
         max_seq_len: the longest ``seq_lens`` entry, known on the host. Given, the launch
             makes no host synchronisation; None is the debug path (one copy of the metadata
             to the host, every value checked).
+        num_splits: KV splits per query tile; None = the launch plan's (1 on the
+            interpreter; on a GPU, enough to fill a grid under a wave). More than one: the
+            kernel writes partials that ``provided.merge_splits`` combines (a second launch).
 
     Returns:
         ``(out [T, H, dv] in q's dtype, lse [T, H] float32)``.
 
-    Grid: ``(T // BLOCK_Q + B, KVH)`` from shapes only; each program binary-searches
-    ``query_start_loc`` for its sequence (vLLM 0.33.0's ``find_seq_idx``).
+    Grid: ``(T // BLOCK_Q + B, KVH, num_splits)`` from shapes only; each program
+    binary-searches ``query_start_loc`` for its sequence (vLLM 0.33.0's ``find_seq_idx``).
     """
     group = provided.check_varlen_inputs(
         q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, max_seq_len
@@ -385,25 +399,28 @@ def varlen_prefill_triton(
     num_seqs = seq_lens.shape[0]
     tiles = tile_config(
         q,
-        gpu=provided.gpu_tiles(num_tokens, num_seqs, group, head_dim, launch_target(q)),
+        gpu=provided.gpu_tiles(num_tokens, num_seqs, group, head_dim, launch_target(q),
+                               num_kv_heads=num_kv_heads, max_seq_len=max_seq_len),
         interpreter=provided.INTERPRETER_TILES,
         block_m=block_m,
         block_n=block_n,
     )
     tiles = provided.fit_group(tiles, group, block_m)
     block_q = tiles["block_m"] // group  # BLOCK_M rows = BLOCK_Q query tokens x GROUP heads
+    splits = provided.split_count(num_splits, tiles.get("num_splits", 1))
     out, lse = provided.output_buffers(q, head_dim_v)  # [T, H, dv], [T, H] float32
     if num_tokens == 0:
         return out, lse
-    grid = provided.varlen_grid(num_tokens, num_seqs, num_kv_heads, block_q)
+    part_out, part_lse = provided.split_outputs(out, lse, splits)  # [T, H, S, dv], [T, H, S]
+    grid = provided.varlen_grid(num_tokens, num_seqs, num_kv_heads, block_q, splits)
     tables, starts, lens = provided.device_metadata(q, block_tables, query_start_loc, seq_lens)
     qk_scale = log2e_scale(default_scale(head_dim) if scale is None else scale)  # for exp2
     # fmt: off
     _varlen_prefill_kernel[grid](
-        q, k_cache, v_cache, tables, starts, lens, out, lse,
-        qk_scale, num_seqs,
+        q, k_cache, v_cache, tables, starts, lens, part_out, part_lse,
+        qk_scale, num_seqs, splits,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), tables.stride(0),
-        *out.stride(), *lse.stride(),
+        *part_out.stride(), *part_lse.stride(),
         GROUP=group, PAGE_SIZE=page_size,
         HEAD_DIM=head_dim, HEAD_DIM_PAD=dot_tile(head_dim),
         HEAD_DIM_V=head_dim_v, HEAD_DIM_V_PAD=dot_tile(head_dim_v),
@@ -412,4 +429,5 @@ def varlen_prefill_triton(
         num_warps=tiles["num_warps"], num_stages=tiles["num_stages"],
     )
     # fmt: on
+    provided.merge_splits(part_out, part_lse, out, lse)  # nothing for one split
     return out, lse

@@ -136,13 +136,13 @@ def causal_mask(num_queries: int, num_keys: int, alignment: str) -> np.ndarray:
 def _varlen_prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, query_start_loc_ptr, seq_lens_ptr,
     out_ptr, lse_ptr,
-    qk_scale, num_seqs,
+    qk_scale, num_seqs, num_splits,
     stride_qt, stride_qh, stride_qd,
     stride_kb, stride_ks, stride_kh, stride_kd,
     stride_vb, stride_vs, stride_vh, stride_vd,
     stride_bt,
-    stride_ot, stride_oh, stride_od,
-    stride_lt, stride_lh,
+    stride_ot, stride_oh, stride_os, stride_od,
+    stride_lt, stride_lh, stride_ls,
     GROUP: tl.constexpr, PAGE_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
@@ -152,10 +152,12 @@ def _varlen_prefill_kernel(
     """One program = BLOCK_Q query tokens of one sequence x the GROUP query heads of one KV
     head, packed into the BLOCK_M rows of one tile: every K/V tile it loads serves them all.
 
-    ``varlen_prefill_triton`` launches it on the grid ``(T // BLOCK_Q + B, KVH)``
-    with the arguments above (strides for every dimension: nothing is assumed contiguous;
-    V's head dim HEAD_DIM_V may differ from K's HEAD_DIM; both are padded to powers of two
-    >= 16, HEAD_DIM_PAD and HEAD_DIM_V_PAD, for tl.dot).
+    ``varlen_prefill_triton`` launches it on the grid ``(T // BLOCK_Q + B, KVH,
+    num_splits)`` with the arguments above (strides for every dimension: nothing is assumed
+    contiguous; V's head dim HEAD_DIM_V may differ from K's HEAD_DIM; both are padded to
+    powers of two >= 16, HEAD_DIM_PAD and HEAD_DIM_V_PAD, for tl.dot). Split ``split`` of
+    ``num_splits`` takes its share of the key tiles every row sees, split 0 the diagonal
+    too; it writes a partial ``(out, lse)`` at its split row (``stride_os``, ``stride_ls``).
     """
     tl.static_assert(False,
         "TODO: every row's state summarises only keys at or before its own position (HINTS.md "
@@ -175,6 +177,7 @@ def varlen_prefill_triton(
     block_m: int | None = None,
     block_n: int | None = None,
     max_seq_len: int | None = None,
+    num_splits: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Varlen causal attention over a paged cache in one Triton launch (torch tensors).
 
@@ -189,11 +192,14 @@ def varlen_prefill_triton(
         max_seq_len: the longest ``seq_lens`` entry, known on the host. Given, the launch
             makes no host synchronisation; None is the debug path (one copy of the metadata
             to the host, every value checked).
+        num_splits: KV splits per query tile; None = the launch plan's (1 on the
+            interpreter; on a GPU, enough to fill a grid under a wave). More than one: the
+            kernel writes partials that ``provided.merge_splits`` combines (a second launch).
 
     Returns:
         ``(out [T, H, dv] in q's dtype, lse [T, H] float32)``.
 
-    Grid: ``(T // BLOCK_Q + B, KVH)`` from shapes only; each program binary-searches
-    ``query_start_loc`` for its sequence (vLLM 0.33.0's ``find_seq_idx``).
+    Grid: ``(T // BLOCK_Q + B, KVH, num_splits)`` from shapes only; each program
+    binary-searches ``query_start_loc`` for its sequence (vLLM 0.33.0's ``find_seq_idx``).
     """
     raise NotImplementedError("TODO: HINTS.md step 6 (make hint LAB=03 STEP=6 LEVEL=1)")

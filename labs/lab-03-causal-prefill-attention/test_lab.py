@@ -868,6 +868,30 @@ def test_triton_kernel_serves_prefill_chunks_and_decode_rows_in_one_launch(tiles
     check_prefill_kernel(result, batch, f"Triton, fp32, mixed batch, {tiles_label(*tiles)}")
 
 
+SPLIT_HINT = (
+    "with num_splits > 1 each program of grid axis 2 must attend only its split's keys: a "
+    "share of the whole key tiles below the block's first query (cdiv(full tiles, "
+    "num_splits) tiles each), the diagonal tiles in split 0 after its full tiles, and write "
+    "its partial (out, lse) at its split row (stride_os, stride_ls); a split with no keys "
+    "writes out 0 and lse -inf (the merge's identity), never 0/0"
+)
+
+
+@pytest.mark.triton
+@pytest.mark.points(2)
+@pytest.mark.parametrize("num_splits", [2, 3, 7])
+def test_triton_kernel_split_over_the_keys_merges_to_the_unsplit_answer(num_splits):
+    # A long cached context beside a decode row and a fresh 3-token prompt: the first has
+    # full tiles for every split, the others leave most splits without keys (their partial
+    # is the identity); 7 splits of 40 cached keys give shares of one 16-key tile or none.
+    batch = make_batch(np.random.default_rng(21), [40, 9, 0], [5, 1, 3], (4, 2), 8, 4)
+    result = impl.varlen_prefill_triton(*triton_batch(batch), block_m=16, block_n=16,
+                                        max_seq_len=batch.max_seq_len, num_splits=num_splits)
+    label = f"Triton, {num_splits} KV splits merged, 16 x 16 tiles"
+    atol, rtol = tolerance("float32")
+    check_varlen(result, batch, label, atol=atol, rtol=rtol, hint=SPLIT_HINT)
+
+
 def blocks_without_a_program(batch, block_q, programs):
     """``{sequence: [its query blocks]}`` that a grid of ``programs`` programs on axis 0
     leaves out, sequence b's blocks being numbered from ``query_start_loc[b] // BLOCK_Q + b``
@@ -902,7 +926,8 @@ def test_triton_launch_gives_every_query_block_of_every_sequence_a_program():
         f"the rows of query blocks {short} (sequence: blocks) were never written: they got no "
         f"program. A tile's BLOCK_M rows hold BLOCK_Q = BLOCK_M // GROUP query tokens, and a "
         "sequence's last block may be partial, so cdiv(T, BLOCK_Q) programs are too few: the "
-        "grid is (T // BLOCK_Q + B, KVH) (provided.varlen_grid), the spare programs return"
+        "grid is (T // BLOCK_Q + B, KVH, num_splits) (provided.varlen_grid), the spare "
+        "programs return"
     )
     check_prefill_kernel((out, lse), batch, "Triton, 6 sequences of 1-17 new tokens, 16 x 16")
 
@@ -1124,6 +1149,7 @@ BAD_LAUNCH = {
         "block_tables|max_seq_len",
     ),
     "negative max_seq_len": ({"max_seq_len": -1}, "max_seq_len"),
+    "no KV split at all": ({"num_splits": 0}, "num_splits"),
 }
 
 
