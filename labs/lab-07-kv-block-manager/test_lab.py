@@ -36,6 +36,7 @@ from common.testing import (
     BadInputs,
     assert_close,
     bad_input_test,
+    call_all,
     called_on_copies,
     raised_as,
 )
@@ -100,14 +101,15 @@ def free_queue_message(pool, partial_blocks, expected=None) -> str:
 
 def snapshot(pool, manager=None) -> tuple:
     """Everything observable about the pool (and manager): to check that nothing changed."""
-    state = (
-        pool.free_block_ids(),
-        [pool.ref_count(b) for b in range(pool.num_blocks)],
-        [pool.block_hash(b) for b in range(pool.num_blocks)],
-    )
+    n = pool.num_blocks
+    got = call_all([(pool.free_block_ids, ()), *((pool.ref_count, (b,)) for b in range(n)),
+                    *((pool.block_hash, (b,)) for b in range(n))])
+    state = (got[0], got[1:n + 1], got[n + 1:])
     if manager is not None:
         ids = manager.request_ids
-        state += (ids, [manager.block_table(r) for r in ids], [manager.num_tokens(r) for r in ids])
+        got = call_all([*((manager.block_table, (r,)) for r in ids),
+                        *((manager.num_tokens, (r,)) for r in ids)])
+        state += (ids, got[:len(ids)], got[len(ids):])
     return state
 
 
@@ -632,14 +634,14 @@ class KVCacheMachine(RuleBasedStateMachine):
     # -- helpers --
 
     def _refs(self):
-        return [self.pool.ref_count(b) for b in range(self.nb)]
+        return call_all((self.pool.ref_count, (b,)) for b in range(self.nb))
 
     def _write(self, rid, tokens, start):
         slots = np.asarray(self.manager.slot_mapping(rid, np.arange(start, len(tokens))))
-        for block in set((slots // self.bs).tolist()):
-            assert self.pool.ref_count(block) == 1, (
-                f"{rid!r} writes into block {block} (reference count "
-                f"{self.pool.ref_count(block)}): {SHARED_WRITE}"
+        blocks = list(set((slots // self.bs).tolist()))
+        for block, refs in zip(blocks, call_all((self.pool.ref_count, (b,)) for b in blocks)):
+            assert refs == 1, (
+                f"{rid!r} writes into block {block} (reference count {refs}): {SHARED_WRITE}"
             )
         self.store[slots] = tokens[start:]
 
@@ -654,8 +656,9 @@ class KVCacheMachine(RuleBasedStateMachine):
                 f"{i}, which needs {tokens[i * bs:(i + 1) * bs]}"
             )
         cached = 0
-        for h in chain(tokens[:(len(tokens) - 1) // bs * bs], bs):
-            if self.pool.get_cached_block(h) is None:
+        for block in call_all((self.pool.get_cached_block, (h,))
+                              for h in chain(tokens[:(len(tokens) - 1) // bs * bs], bs)):
+            if block is None:
                 break
             cached += 1
         assert len(hit_blocks) == cached, (
@@ -751,8 +754,8 @@ class KVCacheMachine(RuleBasedStateMachine):
         assert child.request_id == child_id and list(child.token_ids) == self.tokens[rid]
         table = self.manager.block_table(rid)
         assert self.manager.block_table(child_id) == table, "a fork shares every block"
-        for block in table:
-            assert self.pool.ref_count(block) == refs0[block] + 1, "fork adds one reference"
+        for block, refs in zip(table, call_all((self.pool.ref_count, (b,)) for b in table)):
+            assert refs == refs0[block] + 1, "fork adds one reference"
         assert self.pool.free_block_ids() == free0
         self.tokens[child_id] = list(self.tokens[rid])
 
@@ -762,7 +765,7 @@ class KVCacheMachine(RuleBasedStateMachine):
         rid = self._pick(data)
         table, refs0 = self.manager.block_table(rid), self._refs()
         free0 = self.pool.free_block_ids()
-        hashes0 = [self.pool.block_hash(b) for b in range(self.nb)]
+        hashes0 = call_all((self.pool.block_hash, (b,)) for b in range(self.nb))
         self.manager.free(rid)
         released = [b for b in reversed(table) if refs0[b] == 1]
         expected = ([b for b in released if hashes0[b] is None] + free0
@@ -780,9 +783,10 @@ class KVCacheMachine(RuleBasedStateMachine):
     def every_block_is_free_or_owned_and_counted(self):
         assert sorted(self.manager.request_ids) == sorted(self.tokens)
         owners: Counter = Counter()
-        for rid, tokens in self.tokens.items():
-            table = self.manager.block_table(rid)
-            assert self.manager.num_tokens(rid) == len(tokens)
+        got = call_all(step for rid in self.tokens for step in (
+            (self.manager.block_table, (rid,)), (self.manager.num_tokens, (rid,))))
+        for (rid, tokens), table, num_tokens in zip(self.tokens.items(), got[::2], got[1::2]):
+            assert num_tokens == len(tokens)
             repeated = len(set(table)) < len(table)
             assert len(table) == math.ceil(len(tokens) / self.bs) == len(set(table)), (
                 f"{rid!r} has {len(tokens)} tokens and block table {table}: expected "
@@ -807,8 +811,10 @@ class KVCacheMachine(RuleBasedStateMachine):
 
     @invariant()
     def every_request_reads_back_its_own_tokens(self):
-        for rid, tokens in self.tokens.items():
-            slots = np.asarray(self.manager.slot_mapping(rid, np.arange(len(tokens))))
+        mappings = call_all((self.manager.slot_mapping, (rid, np.arange(len(tokens))))
+                            for rid, tokens in self.tokens.items())
+        for (rid, tokens), mapping in zip(self.tokens.items(), mappings):
+            slots = np.asarray(mapping)
             held = self.store[slots].tolist()
             assert held == tokens, (
                 f"{rid!r} reads {held} through its block table, but its tokens are {tokens}: "
@@ -818,10 +824,14 @@ class KVCacheMachine(RuleBasedStateMachine):
     @invariant()
     def only_full_blocks_are_cached_under_the_hash_of_their_tokens(self):
         bs = self.bs
-        for rid, tokens in self.tokens.items():
+        tables = call_all((self.manager.block_table, (rid,)) for rid in self.tokens)
+        held = call_all((self.pool.block_hash, (b,)) for table in tables for b in table)
+        cached = iter(call_all((self.pool.get_cached_block, (h,)) for h in held if h is not None))
+        held = iter(held)
+        for (rid, tokens), table in zip(self.tokens.items(), tables):
             hashes = chain(tokens, bs)
-            for i, block in enumerate(self.manager.block_table(rid)):
-                h = self.pool.block_hash(block)
+            for i, block in enumerate(table):
+                h = next(held)
                 if h is None:
                     continue
                 where = f"block {block} (logical block {i} of {rid!r}, {len(tokens)} tokens)"
@@ -834,7 +844,7 @@ class KVCacheMachine(RuleBasedStateMachine):
                     "tokens: a stale hash? A block handed out again by allocate must lose the "
                     "hash of its previous content (eviction)"
                 )
-                assert self.pool.get_cached_block(h) == block
+                assert next(cached) == block
 
 
 # The number of runs is the profile's; 20 steps each keep the machine quick. No shrinking (and
