@@ -130,11 +130,21 @@ def manager_with(*requests, **manager_kwargs):
     return pool, manager
 
 
-def chain(tokens, block_size, extra_keys=()):
-    """The chained hashes of the full blocks of ``tokens`` (with your ``hash_block``)."""
+def chain(tokens, block_size, extra_keys=(), memo=None):
+    """The chained hashes of the full blocks of ``tokens`` (with your ``hash_block``).
+    ``memo`` (a dict): the hashes already asked for, by ``(parent, block tokens)``, so that a
+    machine that checks the same requests after every step asks for each block once."""
     hashes, parent = [], None
     for i in range(len(tokens) // block_size):
-        parent = impl.hash_block(parent, tokens[i * block_size:(i + 1) * block_size], extra_keys)
+        block = tokens[i * block_size:(i + 1) * block_size]
+        key = (parent, tuple(block), tuple(extra_keys))
+        try:
+            known = memo is not None and key in memo
+        except TypeError:  # an unhashable hash: asked for every time
+            memo, known = None, False
+        parent = memo[key] if known else impl.hash_block(parent, block, extra_keys)
+        if memo is not None and not known:
+            memo[key] = parent
         hashes.append(parent)
     return hashes
 
@@ -630,6 +640,7 @@ class KVCacheMachine(RuleBasedStateMachine):
         self.store = np.full(num_blocks * block_size, -1, dtype=np.int64)
         self.paused: list[list[int]] = []
         self.count = 0
+        self.hashes: dict = {}  # chain's memo: hash_block is deterministic (tested above)
 
     # -- helpers --
 
@@ -656,8 +667,9 @@ class KVCacheMachine(RuleBasedStateMachine):
                 f"{i}, which needs {tokens[i * bs:(i + 1) * bs]}"
             )
         cached = 0
+        full = tokens[:(len(tokens) - 1) // bs * bs]
         for block in call_all((self.pool.get_cached_block, (h,))
-                              for h in chain(tokens[:(len(tokens) - 1) // bs * bs], bs)):
+                              for h in chain(full, bs, memo=self.hashes)):
             if block is None:
                 break
             cached += 1
@@ -829,7 +841,7 @@ class KVCacheMachine(RuleBasedStateMachine):
         cached = iter(call_all((self.pool.get_cached_block, (h,)) for h in held if h is not None))
         held = iter(held)
         for (rid, tokens), table in zip(self.tokens.items(), tables):
-            hashes = chain(tokens, bs)
+            hashes = chain(tokens, bs, memo=self.hashes)
             for i, block in enumerate(table):
                 h = next(held)
                 if h is None:
