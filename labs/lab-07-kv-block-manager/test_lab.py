@@ -99,9 +99,10 @@ def free_queue_message(pool, partial_blocks, expected=None) -> str:
     return f"free queue {got}{want}: {EVICTION_ORDER}"
 
 
-def snapshot(pool, manager=None) -> tuple:
-    """Everything observable about the pool (and manager): to check that nothing changed."""
-    n = pool.num_blocks
+def snapshot(pool, manager=None, num_blocks=None) -> tuple:
+    """Everything observable about the pool (and manager): to check that nothing changed.
+    ``num_blocks``: the pool's size, when the caller knows it (one attribute read less)."""
+    n = pool.num_blocks if num_blocks is None else num_blocks
     got = call_all([(pool.free_block_ids, ()), *((pool.ref_count, (b,)) for b in range(n)),
                     *((pool.block_hash, (b,)) for b in range(n))])
     state = (got[0], got[1:n + 1], got[n + 1:])
@@ -178,8 +179,8 @@ class PagedCache:
             self.k[copy.dst_block_id] = self.k[copy.src_block_id]
             self.v[copy.dst_block_id] = self.v[copy.src_block_id]
         slots = np.asarray(self.manager.slot_mapping(request, np.arange(start, stop)))
-        for block in set((slots // self.pool.block_size).tolist()):
-            refs = self.pool.ref_count(block)
+        blocks = list(set((slots // self.k.shape[1]).tolist()))  # k: [blocks, block_size, ...]
+        for block, refs in zip(blocks, call_all((self.pool.ref_count, (b,)) for b in blocks)):
             assert refs == 1, f"a new token of {request.request_id!r} goes to block {block} " \
                 f"with reference count {refs}: {SHARED_WRITE}"
         k, v = kv_of(request.token_ids, self.k.shape[2], self.k.shape[3])
@@ -191,7 +192,7 @@ class PagedCache:
         """One decode step of ``request`` over its block table (gather, then attention)."""
         table = np.asarray(self.manager.block_table(request))
         t = np.arange(self.manager.num_tokens(request))
-        bs = self.pool.block_size
+        bs = self.k.shape[1]
         k, v = self.k[table[t // bs], t % bs], self.v[table[t // bs], t % bs]
         return reference_attention(q[None], k, v)[0][0]
 
@@ -685,10 +686,10 @@ class KVCacheMachine(RuleBasedStateMachine):
         request = Request(rid, tokens)
         hit_blocks, num_hit = self.manager.get_computed_blocks(request)
         self._check_hit(tokens, hit_blocks, num_hit)
-        free_before, before = self.pool.free_block_ids(), snapshot(self.pool, self.manager)
+        free_before, before = self.pool.free_block_ids(), snapshot(self.pool, self.manager, self.nb)
         new = self.manager.allocate_slots(request, len(tokens) - num_hit)
         if new is None:
-            assert snapshot(self.pool, self.manager) == before, NONE_CHANGED
+            assert snapshot(self.pool, self.manager, self.nb) == before, NONE_CHANGED
             return False
         queue = [b for b in free_before if b not in hit_blocks]
         assert new == queue[:len(new)], (
@@ -726,10 +727,10 @@ class KVCacheMachine(RuleBasedStateMachine):
         old = self.tokens[rid]
         tokens, n0 = old + new, len(old)
         table0, refs0 = self.manager.block_table(rid), self._refs()
-        free0, before = self.pool.free_block_ids(), snapshot(self.pool, self.manager)
+        free0, before = self.pool.free_block_ids(), snapshot(self.pool, self.manager, self.nb)
         result = self.manager.allocate_slots(Request(rid, tokens), len(new))
         if result is None:
-            assert snapshot(self.pool, self.manager) == before, NONE_CHANGED
+            assert snapshot(self.pool, self.manager, self.nb) == before, NONE_CHANGED
             return
         copies = self.manager.take_copies()
         must_copy = n0 % self.bs != 0 and refs0[table0[-1]] > 1
