@@ -662,21 +662,14 @@ def assert_loads_in_bounds(reports: list[dict], what: str = "the kernel") -> Non
 
 
 def call_all(calls: Iterable[tuple[Callable[..., Any], tuple]]) -> list[Any]:
-    """``[fn(*args) for fn, args in calls]``: the same calls in the same order, the first
-    exception raised as it is.
-
-    Under the grader, where the functions and the methods of the graded code's objects run
-    in a sandboxed worker, calls of one worker go there in one round trip (a test that reads
-    a pool's state block by block makes one request, not one per block); each result is
-    checked as a single call's is."""
+    """``[fn(*args) for fn, args in calls]``; under the grader, calls of one sandboxed worker
+    go there in one round trip (each result checked as one call's, the first error raised)."""
     calls = list(calls)
-    batch = [getattr(fn, "__batch_entry__", None) for fn, _ in calls]
-    entries = [entry() for entry in batch if entry is not None]
+    entries = [e() for e in (getattr(fn, "__batch_entry__", None) for fn, _ in calls) if e]
     if not calls or len(entries) < len(calls) or len({id(e[0]) for e in entries}) > 1:
         return [fn(*args) for fn, args in calls]
-    steps = [(op, target, name, tuple(args), {}, what)
-             for (_, op, target, name, what), (_, args) in zip(entries, calls)]
-    return entries[0][0].request_batch(steps)
+    return entries[0][0].request_batch([(op, target, name, tuple(args), {}, what) for (
+        _, op, target, name, what), (_, args) in zip(entries, calls)])
 
 
 INSTRUMENTS: dict[str, Callable[..., tuple[Any, Any]]] = {
