@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tracemalloc
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -659,6 +659,17 @@ def assert_loads_in_bounds(reports: list[dict], what: str = "the kernel") -> Non
             "columns < the head dim): a GPU reads whatever lies there (or faults), and what "
             "is never stored still costs bandwidth and can be NaN or Inf in a tl.dot"
         )
+
+
+def call_all(calls: Iterable[tuple[Callable[..., Any], tuple]]) -> list[Any]:
+    """``[fn(*args) for fn, args in calls]``; under the grader, calls of one sandboxed worker
+    go there in one round trip (each result checked as one call's, the first error raised)."""
+    calls = list(calls)
+    entries = [e() for e in (getattr(fn, "__batch_entry__", None) for fn, _ in calls) if e]
+    if not calls or len(entries) < len(calls) or len({id(e[0]) for e in entries}) > 1:
+        return [fn(*args) for fn, args in calls]
+    return entries[0][0].request_batch([(op, target, name, tuple(args), {}, what) for (
+        _, op, target, name, what), (_, args) in zip(entries, calls)])
 
 
 INSTRUMENTS: dict[str, Callable[..., tuple[Any, Any]]] = {

@@ -773,7 +773,7 @@ from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from common import load_impl
-from common.testing import LabScript, host_syncs, peak_memory
+from common.testing import LabScript, call_all, host_syncs, peak_memory
 
 impl = load_impl(__file__)
 SWITCHED = os.environ["EXPECT_SWITCH"] == "1"
@@ -854,6 +854,22 @@ def test_objects_of_student_classes_are_remote_handles():
         pool.allocate(9)
     manager = impl.Manager(pool)
     assert manager.take(1) == [2] and manager.pool.num_free_blocks == 2
+
+
+def test_batched_calls_are_the_calls_one_by_one_in_one_request():
+    pool = impl.BlockPool(6)
+    got = call_all([(pool.allocate, (2,)), (pool.allocate, (1,)), (impl.state, (2,))])
+    assert got[:2] == [[0, 1], [2]] and pool.num_free_blocks == 3
+    assert type(got[2]) is impl.State and np.array_equal(got[2].l, np.ones(2))
+    cache = np.full((3, 1), np.nan)
+    call_all([(impl.write_kv, (cache, np.array([1]), np.ones((1, 1))))])
+    assert cache[1, 0] == 1 and np.isnan(cache[[0, 2]]).all()  # written back, per step
+    with pytest.raises(impl.NoFreeBlocks, match="asked for 9"):  # the first error ends it
+        call_all([(pool.allocate, (1,)), (pool.allocate, (9,)), (pool.allocate, (1,))])
+    assert pool.num_free_blocks == 2  # the step after the error never ran
+    with pytest.raises(BaseException, match="an object of the class Liar"):
+        call_all([(impl.big, (2,)), (impl.liars, ())])  # still plain data only
+    assert call_all([]) == [] and call_all([(len, ([1, 2],))]) == [2]
 
 
 def test_measurements_are_taken_in_the_worker():

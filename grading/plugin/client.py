@@ -320,8 +320,8 @@ class Client:
 
     # -- requests --
 
-    def request(self, op: str, target: tuple, name: str | None, args: tuple, kwargs: dict,
-                instrument: str | None, what: str) -> Any:
+    def _check(self, target: tuple, what: str) -> float:
+        """The deadline of a call of ``what`` on ``target``, if it may be sent at all."""
         __tracebackhide__ = True
         if os.getpid() != self.pid:
             raise WorkerError(f"{what}: the sandboxed module cannot be called from a process "
@@ -339,6 +339,64 @@ class Client:
         if target[0] == "h" and target[1] != self.generation:
             raise WorkerError(f"{what}: this object lived in a worker that has since been "
                               f"restarted ({self.last_death})") from None
+        return deadline
+
+    def request_batch(self, steps: list[tuple[str, tuple, str | None, tuple, dict, str]]
+                      ) -> list[Any]:
+        """The results of ``steps`` (``(op, target, name, args, kwargs, what)``, calls and
+        method calls), run in order by the worker in one round trip; the first step that
+        raises ends the batch and raises here, as the same calls one by one would. Each
+        step's reply is checked as a call's is (plain data, arguments written back)."""
+        __tracebackhide__ = True
+        names = list(dict.fromkeys(step[5] for step in steps))
+        what = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+        deadline = 0.0
+        for op, target, *_ in steps:
+            if op not in ("call", "callmethod"):
+                raise WorkerError(f"{what}: only calls can be batched, not {op!r}") from None
+            deadline = self._check(target, what)
+        if not steps:
+            return []
+        if self.proc is None:
+            self.start(deadline, what)
+        try:
+            payload = dumps_args(("batch", ("mod", ""), None,
+                                  tuple(step[:5] for step in steps), {}, None,
+                                  list(self.released)))
+        except GradingError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a test passed something that cannot travel
+            raise WorkerError(f"the arguments of {what} cannot be sent to the sandboxed "
+                              f"worker: {exc!r} (pass arrays, tensors and plain values)"
+                              ) from None
+        self.released.clear()
+        try:
+            frames.send_frame(self.proc.sock, payload)
+        except OSError:
+            self._crashed(what)
+        reply = self._receive(deadline, what)
+        if reply[0] == "error":
+            raise build_exception(reply[1], what, self.handle) from None
+        replies = reply[1] if reply[0] == "batch" and len(reply) == 2 else None
+        if type(replies) is not list or not 0 < len(replies) <= len(steps) or not all(
+                type(r) is tuple and len(r) >= 3 - (r[:1] == ("error",)) and r[0] in ("ok", "error")
+                for r in replies):
+            self._discard()
+            raise WorkerError(f"{what} returned something the grader cannot accept: not the "
+                              "replies of a batch") from None
+        results = []
+        for (op, _, _, args, kwargs, step_what), step in zip(steps, replies):
+            results.append(self._answer(step, op, args, kwargs, step_what, None))
+        if len(results) < len(steps):
+            self._discard()
+            raise WorkerError(f"{what}: the worker answered {len(results)} of the "
+                              f"{len(steps)} calls of a batch") from None
+        return results
+
+    def request(self, op: str, target: tuple, name: str | None, args: tuple, kwargs: dict,
+                instrument: str | None, what: str) -> Any:
+        __tracebackhide__ = True
+        deadline = self._check(target, what)
         if instrument == "peak_memory":
             return self._measure(op, target, name, args, kwargs, what, deadline)
         if self.proc is None:

@@ -353,6 +353,10 @@ class RemoteFunction:
         return self._client.request("call", self._ref, None, args, kwargs, instrument,
                                     self.__name__)
 
+    def __batch_entry__(self) -> tuple[Channel, str, tuple, str | None, str]:
+        """``(client, op, target, name, what)``: this function as one step of a batch."""
+        return self._client, "call", self._ref, None, self.__name__
+
     def __repr__(self) -> str:
         return f"<function {self.__name__} (runs in the sandboxed worker)>"
 
@@ -376,6 +380,11 @@ class RemoteMethod:
         owner = self._owner
         return owner._client.request("callmethod", owner._ref, self._name, args, kwargs,
                                      instrument, f"{owner._short}.{self._name}")
+
+    def __batch_entry__(self) -> tuple[Channel, str, tuple, str | None, str]:
+        """``(client, op, target, name, what)``: this method call as one step of a batch."""
+        owner = self._owner
+        return owner._client, "callmethod", owner._ref, self._name, f"{owner._short}.{self._name}"
 
     def __repr__(self) -> str:
         return f"<bound method {self._owner._short}.{self._name} (in the sandboxed worker)>"

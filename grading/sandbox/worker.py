@@ -244,6 +244,15 @@ class Worker:
     def execute(self, op: str, target: tuple, name: str | None, args: tuple, kwargs: dict,
                 instrument: str | None, releases: list[int]) -> tuple:
         self.handles.release(releases)
+        if op == "batch":  # calls in order, up to the first that raises
+            replies: list[tuple] = []
+            for step in args:
+                try:
+                    replies.append(self.execute(*step, None, []))
+                except BaseException as exc:  # noqa: BLE001 - goes back as that step's reply
+                    replies.append(("error", error_info(exc, self.lab_dir, self.handles)))
+                    break
+            return ("batch", replies)
         obj = self.resolve(target)
         if op == "getattr":
             value = getattr(obj, name)

@@ -36,6 +36,7 @@ from common.testing import (
     BadInputs,
     assert_close,
     bad_input_test,
+    call_all,
     called_on_copies,
     raised_as,
 )
@@ -98,16 +99,18 @@ def free_queue_message(pool, partial_blocks, expected=None) -> str:
     return f"free queue {got}{want}: {EVICTION_ORDER}"
 
 
-def snapshot(pool, manager=None) -> tuple:
-    """Everything observable about the pool (and manager): to check that nothing changed."""
-    state = (
-        pool.free_block_ids(),
-        [pool.ref_count(b) for b in range(pool.num_blocks)],
-        [pool.block_hash(b) for b in range(pool.num_blocks)],
-    )
+def snapshot(pool, manager=None, num_blocks=None) -> tuple:
+    """Everything observable about the pool (and manager): to check that nothing changed.
+    ``num_blocks``: the pool's size, when the caller knows it (one attribute read less)."""
+    n = pool.num_blocks if num_blocks is None else num_blocks
+    got = call_all([(pool.free_block_ids, ()), *((pool.ref_count, (b,)) for b in range(n)),
+                    *((pool.block_hash, (b,)) for b in range(n))])
+    state = (got[0], got[1:n + 1], got[n + 1:])
     if manager is not None:
         ids = manager.request_ids
-        state += (ids, [manager.block_table(r) for r in ids], [manager.num_tokens(r) for r in ids])
+        got = call_all([*((manager.block_table, (r,)) for r in ids),
+                        *((manager.num_tokens, (r,)) for r in ids)])
+        state += (ids, got[:len(ids)], got[len(ids):])
     return state
 
 
@@ -128,11 +131,21 @@ def manager_with(*requests, **manager_kwargs):
     return pool, manager
 
 
-def chain(tokens, block_size, extra_keys=()):
-    """The chained hashes of the full blocks of ``tokens`` (with your ``hash_block``)."""
+def chain(tokens, block_size, extra_keys=(), memo=None):
+    """The chained hashes of the full blocks of ``tokens`` (with your ``hash_block``).
+    ``memo`` (a dict): the hashes already asked for, by ``(parent, block tokens)``, so that a
+    machine that checks the same requests after every step asks for each block once."""
     hashes, parent = [], None
     for i in range(len(tokens) // block_size):
-        parent = impl.hash_block(parent, tokens[i * block_size:(i + 1) * block_size], extra_keys)
+        block = tokens[i * block_size:(i + 1) * block_size]
+        key = (parent, tuple(block), tuple(extra_keys))
+        try:
+            known = memo is not None and key in memo
+        except TypeError:  # an unhashable hash: asked for every time
+            memo, known = None, False
+        parent = memo[key] if known else impl.hash_block(parent, block, extra_keys)
+        if memo is not None and not known:
+            memo[key] = parent
         hashes.append(parent)
     return hashes
 
@@ -166,8 +179,8 @@ class PagedCache:
             self.k[copy.dst_block_id] = self.k[copy.src_block_id]
             self.v[copy.dst_block_id] = self.v[copy.src_block_id]
         slots = np.asarray(self.manager.slot_mapping(request, np.arange(start, stop)))
-        for block in set((slots // self.pool.block_size).tolist()):
-            refs = self.pool.ref_count(block)
+        blocks = list(set((slots // self.k.shape[1]).tolist()))  # k: [blocks, block_size, ...]
+        for block, refs in zip(blocks, call_all((self.pool.ref_count, (b,)) for b in blocks)):
             assert refs == 1, f"a new token of {request.request_id!r} goes to block {block} " \
                 f"with reference count {refs}: {SHARED_WRITE}"
         k, v = kv_of(request.token_ids, self.k.shape[2], self.k.shape[3])
@@ -179,7 +192,7 @@ class PagedCache:
         """One decode step of ``request`` over its block table (gather, then attention)."""
         table = np.asarray(self.manager.block_table(request))
         t = np.arange(self.manager.num_tokens(request))
-        bs = self.pool.block_size
+        bs = self.k.shape[1]
         k, v = self.k[table[t // bs], t % bs], self.v[table[t // bs], t % bs]
         return reference_attention(q[None], k, v)[0][0]
 
@@ -628,18 +641,19 @@ class KVCacheMachine(RuleBasedStateMachine):
         self.store = np.full(num_blocks * block_size, -1, dtype=np.int64)
         self.paused: list[list[int]] = []
         self.count = 0
+        self.hashes: dict = {}  # chain's memo: hash_block is deterministic (tested above)
 
     # -- helpers --
 
     def _refs(self):
-        return [self.pool.ref_count(b) for b in range(self.nb)]
+        return call_all((self.pool.ref_count, (b,)) for b in range(self.nb))
 
     def _write(self, rid, tokens, start):
         slots = np.asarray(self.manager.slot_mapping(rid, np.arange(start, len(tokens))))
-        for block in set((slots // self.bs).tolist()):
-            assert self.pool.ref_count(block) == 1, (
-                f"{rid!r} writes into block {block} (reference count "
-                f"{self.pool.ref_count(block)}): {SHARED_WRITE}"
+        blocks = list(set((slots // self.bs).tolist()))
+        for block, refs in zip(blocks, call_all((self.pool.ref_count, (b,)) for b in blocks)):
+            assert refs == 1, (
+                f"{rid!r} writes into block {block} (reference count {refs}): {SHARED_WRITE}"
             )
         self.store[slots] = tokens[start:]
 
@@ -654,8 +668,10 @@ class KVCacheMachine(RuleBasedStateMachine):
                 f"{i}, which needs {tokens[i * bs:(i + 1) * bs]}"
             )
         cached = 0
-        for h in chain(tokens[:(len(tokens) - 1) // bs * bs], bs):
-            if self.pool.get_cached_block(h) is None:
+        full = tokens[:(len(tokens) - 1) // bs * bs]
+        for block in call_all((self.pool.get_cached_block, (h,))
+                              for h in chain(full, bs, memo=self.hashes)):
+            if block is None:
                 break
             cached += 1
         assert len(hit_blocks) == cached, (
@@ -670,10 +686,10 @@ class KVCacheMachine(RuleBasedStateMachine):
         request = Request(rid, tokens)
         hit_blocks, num_hit = self.manager.get_computed_blocks(request)
         self._check_hit(tokens, hit_blocks, num_hit)
-        free_before, before = self.pool.free_block_ids(), snapshot(self.pool, self.manager)
+        free_before, before = self.pool.free_block_ids(), snapshot(self.pool, self.manager, self.nb)
         new = self.manager.allocate_slots(request, len(tokens) - num_hit)
         if new is None:
-            assert snapshot(self.pool, self.manager) == before, NONE_CHANGED
+            assert snapshot(self.pool, self.manager, self.nb) == before, NONE_CHANGED
             return False
         queue = [b for b in free_before if b not in hit_blocks]
         assert new == queue[:len(new)], (
@@ -711,10 +727,10 @@ class KVCacheMachine(RuleBasedStateMachine):
         old = self.tokens[rid]
         tokens, n0 = old + new, len(old)
         table0, refs0 = self.manager.block_table(rid), self._refs()
-        free0, before = self.pool.free_block_ids(), snapshot(self.pool, self.manager)
+        free0, before = self.pool.free_block_ids(), snapshot(self.pool, self.manager, self.nb)
         result = self.manager.allocate_slots(Request(rid, tokens), len(new))
         if result is None:
-            assert snapshot(self.pool, self.manager) == before, NONE_CHANGED
+            assert snapshot(self.pool, self.manager, self.nb) == before, NONE_CHANGED
             return
         copies = self.manager.take_copies()
         must_copy = n0 % self.bs != 0 and refs0[table0[-1]] > 1
@@ -751,8 +767,8 @@ class KVCacheMachine(RuleBasedStateMachine):
         assert child.request_id == child_id and list(child.token_ids) == self.tokens[rid]
         table = self.manager.block_table(rid)
         assert self.manager.block_table(child_id) == table, "a fork shares every block"
-        for block in table:
-            assert self.pool.ref_count(block) == refs0[block] + 1, "fork adds one reference"
+        for block, refs in zip(table, call_all((self.pool.ref_count, (b,)) for b in table)):
+            assert refs == refs0[block] + 1, "fork adds one reference"
         assert self.pool.free_block_ids() == free0
         self.tokens[child_id] = list(self.tokens[rid])
 
@@ -762,7 +778,7 @@ class KVCacheMachine(RuleBasedStateMachine):
         rid = self._pick(data)
         table, refs0 = self.manager.block_table(rid), self._refs()
         free0 = self.pool.free_block_ids()
-        hashes0 = [self.pool.block_hash(b) for b in range(self.nb)]
+        hashes0 = call_all((self.pool.block_hash, (b,)) for b in range(self.nb))
         self.manager.free(rid)
         released = [b for b in reversed(table) if refs0[b] == 1]
         expected = ([b for b in released if hashes0[b] is None] + free0
@@ -780,9 +796,10 @@ class KVCacheMachine(RuleBasedStateMachine):
     def every_block_is_free_or_owned_and_counted(self):
         assert sorted(self.manager.request_ids) == sorted(self.tokens)
         owners: Counter = Counter()
-        for rid, tokens in self.tokens.items():
-            table = self.manager.block_table(rid)
-            assert self.manager.num_tokens(rid) == len(tokens)
+        got = call_all(step for rid in self.tokens for step in (
+            (self.manager.block_table, (rid,)), (self.manager.num_tokens, (rid,))))
+        for (rid, tokens), table, num_tokens in zip(self.tokens.items(), got[::2], got[1::2]):
+            assert num_tokens == len(tokens)
             repeated = len(set(table)) < len(table)
             assert len(table) == math.ceil(len(tokens) / self.bs) == len(set(table)), (
                 f"{rid!r} has {len(tokens)} tokens and block table {table}: expected "
@@ -807,8 +824,10 @@ class KVCacheMachine(RuleBasedStateMachine):
 
     @invariant()
     def every_request_reads_back_its_own_tokens(self):
-        for rid, tokens in self.tokens.items():
-            slots = np.asarray(self.manager.slot_mapping(rid, np.arange(len(tokens))))
+        mappings = call_all((self.manager.slot_mapping, (rid, np.arange(len(tokens))))
+                            for rid, tokens in self.tokens.items())
+        for (rid, tokens), mapping in zip(self.tokens.items(), mappings):
+            slots = np.asarray(mapping)
             held = self.store[slots].tolist()
             assert held == tokens, (
                 f"{rid!r} reads {held} through its block table, but its tokens are {tokens}: "
@@ -818,10 +837,14 @@ class KVCacheMachine(RuleBasedStateMachine):
     @invariant()
     def only_full_blocks_are_cached_under_the_hash_of_their_tokens(self):
         bs = self.bs
-        for rid, tokens in self.tokens.items():
-            hashes = chain(tokens, bs)
-            for i, block in enumerate(self.manager.block_table(rid)):
-                h = self.pool.block_hash(block)
+        tables = call_all((self.manager.block_table, (rid,)) for rid in self.tokens)
+        held = call_all((self.pool.block_hash, (b,)) for table in tables for b in table)
+        cached = iter(call_all((self.pool.get_cached_block, (h,)) for h in held if h is not None))
+        held = iter(held)
+        for (rid, tokens), table in zip(self.tokens.items(), tables):
+            hashes = chain(tokens, bs, memo=self.hashes)
+            for i, block in enumerate(table):
+                h = next(held)
                 if h is None:
                     continue
                 where = f"block {block} (logical block {i} of {rid!r}, {len(tokens)} tokens)"
@@ -834,7 +857,7 @@ class KVCacheMachine(RuleBasedStateMachine):
                     "tokens: a stale hash? A block handed out again by allocate must lose the "
                     "hash of its previous content (eviction)"
                 )
-                assert self.pool.get_cached_block(h) == block
+                assert next(cached) == block
 
 
 # The number of runs is the profile's; 20 steps each keep the machine quick. No shrinking (and
