@@ -270,7 +270,8 @@ def can_switch_user(uid: int, prepare: Callable[[], object] | None = None) -> st
     """``None`` if this process can run a child as ``uid`` and that child can read the
     interpreter and the labs' packages (:func:`python_files`, the pre-flight), else why not.
     ``prepare`` runs in the child before it switches, as a sandboxed process's does
-    (``grading.sandbox.confine.expose_python``: Python folders behind ``/root`` bound back)."""
+    (``grading.sandbox.confine.Rehearsal``: the lab's private /tmp, and Python folders
+    behind ``/root`` or a 0700 checkout bound back)."""
     if not hasattr(os, "setuid") or not hasattr(os, "fork"):
         return "this platform has no user switch"
     if os.geteuid() != 0:
