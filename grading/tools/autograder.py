@@ -50,6 +50,7 @@ import traceback
 import zipfile
 from pathlib import Path
 
+from grading.run.calibration import load_factor
 from grading.run.discovery import discover_labs
 from grading.run.lab import grade
 from grading.run.report import (
@@ -58,7 +59,7 @@ from grading.run.report import (
     plain_summary,
     write_json,
 )
-from grading.run.runner import Options, load_factor
+from grading.run.runner import Options
 from grading.tools.release import (
     HIDDEN_TESTS,
     PROJECT_ROOT,
