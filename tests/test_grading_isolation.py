@@ -339,3 +339,29 @@ def test_the_course_models_behind_a_0700_folder_are_readable_by_the_sandbox_uid(
                            4: "models/ is writable"}.get(code, code)
     finally:
         shutil.rmtree(checkout, ignore_errors=True)
+
+
+def test_every_process_of_a_lab_gets_the_private_temp_not_only_the_first():
+    """The first sandboxed process leaves, in the lab's /tmp, the empty folder it mounted the
+    scratch copy back on; the next one must mount it again, not take that folder for it
+    (it found no ``tmp`` there and fell back to the machine's shared /tmp)."""
+    from grading.sandbox import confine
+
+    _user_switch_or_skip()
+    scratch = tempfile.mkdtemp(prefix="course-sandbox-test-")
+    try:
+        os.mkdir(os.path.join(scratch, "tmp"))
+        for attempt in range(2):
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover - in the child
+                code = 1
+                try:
+                    ok = confine.private_temp(os.path.join(scratch, "tmp"))
+                    code = 0 if ok and os.path.samefile("/tmp", os.path.join(scratch, "tmp")) \
+                        else 2
+                finally:
+                    os._exit(code)
+            _, status = os.waitpid(pid, 0)
+            assert os.waitstatus_to_exitcode(status) == 0, f"process {attempt + 1}: shared /tmp"
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)

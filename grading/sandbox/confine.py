@@ -152,8 +152,8 @@ def private_temp(tmp: str | None) -> bool:
                 bound.append(target.encode())
         # what lived inside one (the scratch copy; a clone's .venv in /tmp): mounted back
         for path, fd in zip(keep_paths, fds[1:]):
-            if os.path.isdir(path):
-                continue
+            if os.path.isdir(path) and os.path.samestat(os.stat(path), os.fstat(fd)):
+                continue  # visible already (an empty folder left by an earlier process is not)
             os.makedirs(path, exist_ok=True)
             source = f"/proc/self/fd/{fd}".encode()
             if libc.mount(source, path.encode(), None, _MS_BIND, None) != 0:
