@@ -12,12 +12,14 @@ ranks talk over it), and so does its own ``/dev/shm``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -77,6 +79,7 @@ def probe(port, pid):
 '''
 
 TESTS = '''
+import contextlib
 import json
 
 import pytest
@@ -142,6 +145,7 @@ def lazy_arena(n):
     return _fill(_LAZY if _LAZY is not None else bytearray(n << 20), n)
 """
 MEMORY_TESTS = """
+import contextlib
 import json
 
 import pytest
@@ -266,3 +270,98 @@ def test_every_link_of_a_venv_symlink_chain_under_temp_is_made_again(tmp_path, m
     links = dict(confine._links_under((str(tmp_path),)))
     assert links == {str(clone / ".venv"): str(tmp_path / "link"),
                      str(tmp_path / "link"): str(venv)}, links
+
+
+def _user_switch_or_skip() -> None:
+    if not sys.platform.startswith("linux") or choose_mode()[0].uids is None:
+        pytest.skip("no user switch here (not root, or no mount namespaces)")
+
+
+def test_a_0700_checkout_under_temp_whose_venv_is_a_symlink_keeps_the_user_switch(tmp_path):
+    """A clone in a 0700 folder under /tmp, ``.venv -> the venv``: the sandbox makes the link
+    again in its private /tmp, so the pre-flight must rehearse that too (it could not read
+    numpy through the link and fell back to running the graded code as root)."""
+    _user_switch_or_skip()
+    if sys.prefix == sys.base_prefix:
+        pytest.skip("not running from a venv")
+    clone = tmp_path / "clone"
+    clone.mkdir(mode=0o700)
+    os.chmod(clone, 0o700)
+    shutil.copytree(ROOT / "grading", clone / "grading",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    (clone / ".venv").symlink_to(os.path.realpath(sys.prefix))
+    env = {k: v for k, v in os.environ.items() if k not in ("COURSE_SANDBOX_UIDS", "PYTHONPATH")}
+    out = subprocess.run([str(clone / ".venv" / "bin" / "python"), "-m",
+                          "grading.sandbox.lab_sandbox", "check"], cwd=clone, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("user switch"), out.stdout
+
+
+def test_the_course_models_behind_a_0700_folder_are_readable_by_the_sandbox_uid():
+    """A 0700 checkout outside /tmp is covered by an empty folder in the sandbox: its
+    ``models/`` (lab 11's trained model) must be bound back read-only, and nothing else."""
+    from grading.sandbox import confine
+
+    _user_switch_or_skip()
+    mode, _ = choose_mode()
+    uid = mode.uids[0] + 1  # type: ignore[index]
+    checkout = tempfile.mkdtemp(prefix="course-0700-", dir="/dev/shm")  # not a private temp
+    try:
+        os.chmod(checkout, 0o700)
+        models = os.path.join(checkout, "models", "adder")
+        os.makedirs(models, mode=0o755)
+        with open(os.path.join(models, "config.json"), "w") as f:
+            f.write("{}")
+        os.chmod(os.path.join(checkout, "models"), 0o755)
+        with open(os.path.join(checkout, "secret.txt"), "w") as f:
+            f.write("tests")
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - in the child
+            code = 1
+            try:
+                os.environ["COURSE_MODELS_DIR"] = os.path.join(checkout, "models")
+                confine.confine_files(None)
+                confine.drop_privileges(uid, uid)
+                with open(os.path.join(models, "config.json")) as f:
+                    code = 0 if f.read() == "{}" else 2
+                if os.path.exists(os.path.join(checkout, "secret.txt")):
+                    code = 3
+                with contextlib.suppress(OSError):
+                    open(os.path.join(models, "new"), "w").close()
+                    code = 4
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        code = os.waitstatus_to_exitcode(status)
+        assert code == 0, {1: "models/ unreadable by the sandbox uid", 2: "wrong file",
+                           3: "the rest of the checkout is visible",
+                           4: "models/ is writable"}.get(code, code)
+    finally:
+        shutil.rmtree(checkout, ignore_errors=True)
+
+
+def test_every_process_of_a_lab_gets_the_private_temp_not_only_the_first():
+    """The first sandboxed process leaves, in the lab's /tmp, the empty folder it mounted the
+    scratch copy back on; the next one must mount it again, not take that folder for it
+    (it found no ``tmp`` there and fell back to the machine's shared /tmp)."""
+    from grading.sandbox import confine
+
+    _user_switch_or_skip()
+    scratch = tempfile.mkdtemp(prefix="course-sandbox-test-")
+    try:
+        os.mkdir(os.path.join(scratch, "tmp"))
+        for attempt in range(2):
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover - in the child
+                code = 1
+                try:
+                    ok = confine.private_temp(os.path.join(scratch, "tmp"))
+                    code = 0 if ok and os.path.samefile("/tmp", os.path.join(scratch, "tmp")) \
+                        else 2
+                finally:
+                    os._exit(code)
+            _, status = os.waitpid(pid, 0)
+            assert os.waitstatus_to_exitcode(status) == 0, f"process {attempt + 1}: shared /tmp"
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)

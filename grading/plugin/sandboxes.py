@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from grading.sandbox import host
-from grading.sandbox.confine import expose_python
+from grading.sandbox.confine import Rehearsal
 from grading.sandbox.host import Mode, SandboxError, choose_mode
 from grading.sandbox.lab_sandbox import ENV_ZYGOTE, LabSandbox
 from grading.sandbox.zygote_client import Registry
@@ -80,7 +80,8 @@ def active() -> bool:
 
 def mode() -> Mode:
     if STATE["mode"] is None:
-        STATE["mode"], _ = choose_mode(prepare=expose_python)
+        with Rehearsal() as prepare:
+            STATE["mode"], _ = choose_mode(prepare=prepare)
     return STATE["mode"]
 
 

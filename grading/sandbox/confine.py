@@ -17,8 +17,10 @@ import importlib
 import os
 import pkgutil
 import resource
+import shutil
 import signal
 import sys
+import tempfile
 from typing import Any
 
 from grading.sandbox.host import FILE_SIZE_LIMIT
@@ -38,7 +40,7 @@ def readable_by(uid: int | None, gid: int | None) -> bool:
     if pid == 0:  # pragma: no cover - in the child
         code = 1
         try:
-            expose_python()  # as a sandboxed process does before it switches
+            confine_files(os.environ.get("TMPDIR"))  # as a sandboxed process does
             drop_privileges(uid, gid)
             os.listdir(os.path.dirname(os.__file__))
             code = 0
@@ -88,6 +90,40 @@ def _private_mount_namespace() -> Any:
         pass
     return None
 
+def confine_files(tmp: str | None) -> None:
+    """Linux, as root, before the user switch: the lab's own ``/tmp`` (:func:`private_temp`,
+    ``tmp`` its folder), then the Python folders and the course's models behind a closed
+    folder bound back read-only (:func:`expose_python`). What a sandboxed process sees."""
+    umask = os.umask(0o022)  # the folders made on the way are passable by the sandbox uid
+    try:
+        private_temp(tmp)
+        expose_python()
+    finally:
+        os.umask(umask)
+
+
+class Rehearsal:
+    """The user switch's pre-flight ``prepare`` (:func:`grading.sandbox.host.can_switch_user`):
+    in the forked probe, :func:`confine_files` with a throwaway lab ``/tmp``, so that the probe
+    sees what a sandboxed process will (a ``.venv`` symlink in a 0700 checkout under /tmp is
+    only reachable in the private /tmp). A context manager: the folder is removed at exit."""
+
+    def __init__(self) -> None:
+        self.folder = tempfile.mkdtemp(prefix="course-preflight-")
+        self.tmp = os.path.join(self.folder, "tmp")
+        os.mkdir(self.tmp)
+        os.chmod(self.tmp, 0o1777)  # the probe's uid and group are not known here
+
+    def __call__(self) -> None:
+        confine_files(self.tmp)
+
+    def __enter__(self) -> Rehearsal:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
 def private_temp(tmp: str | None) -> bool:
     """Linux, as root: a mount namespace of this process's own in which ``/tmp`` and
     ``/var/tmp`` are its lab's ``tmp`` folder (``<scratch>/tmp``, removed with the scratch
@@ -116,8 +152,8 @@ def private_temp(tmp: str | None) -> bool:
                 bound.append(target.encode())
         # what lived inside one (the scratch copy; a clone's .venv in /tmp): mounted back
         for path, fd in zip(keep_paths, fds[1:]):
-            if os.path.isdir(path):
-                continue
+            if os.path.isdir(path) and os.path.samestat(os.stat(path), os.fstat(fd)):
+                continue  # visible already (an empty folder left by an earlier process is not)
             os.makedirs(path, exist_ok=True)
             source = f"/proc/self/fd/{fd}".encode()
             if libc.mount(source, path.encode(), None, _MS_BIND, None) != 0:
@@ -137,10 +173,8 @@ def _kept_under_temp(scratch: str) -> list[str]:
     scratch copy, and the Python it runs (a clone in /tmp keeps its .venv there: without it
     the graded code could not import what the zygote did not import first)."""
     packages = [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
-    # never the course tree, except the weights it ships (models/, public: lab 11 serves them;
-    # the trusted side names the folder, since this code runs from the scratch copy)
-    models = os.environ.get("COURSE_MODELS_DIR", "")
-    needed = [scratch, sys.prefix, sys.exec_prefix, *packages, *([models] if models else [])]
+    # never the course tree, except the weights it ships (models_paths)
+    needed = [scratch, sys.prefix, sys.exec_prefix, *packages, *models_paths()]
     under = sorted({os.path.realpath(p) for p in needed if os.path.isdir(p) and any(
         os.path.realpath(p).startswith(d + os.sep) for d in PRIVATE_TEMP_DIRS)})
     outer: list[str] = []
@@ -160,6 +194,16 @@ def python_paths() -> list[str]:
     dirs = [sys.base_prefix, sys.base_exec_prefix, sys.prefix, sys.exec_prefix, *packages,
             os.path.dirname(sys.executable), os.path.dirname(os.path.realpath(sys.executable))]
     return sorted({q for p in dirs if os.path.isdir(p) for q in (p, os.path.realpath(p))})
+
+
+def models_paths() -> list[str]:
+    """The weights the course ships (``models/``, public: lab 11 serves them), as written
+    and resolved; never the rest of the course tree. The trusted side names the folder
+    (``COURSE_MODELS_DIR``), since this code runs from the scratch copy."""
+    models = os.environ.get("COURSE_MODELS_DIR", "")
+    if not models or not os.path.isdir(models):
+        return []
+    return sorted({models, os.path.realpath(models)})
 
 
 def _closed_ancestor(path: str) -> str | None:
@@ -187,7 +231,7 @@ def expose_python() -> bool:
     if not sys.platform.startswith("linux"):
         return False
     closed: dict[str, list[str]] = {}
-    for path in python_paths():
+    for path in python_paths() + models_paths():
         real = os.path.realpath(path)
         for name in (real, path):
             if any(name.startswith(d + os.sep) for d in PRIVATE_TEMP_DIRS):
@@ -360,8 +404,7 @@ def enter_sandbox(fds: dict[int, int], uid: int | None, gid: int | None, cwd: st
         os.dup2(fd, target, inheritable=target <= 2)
     os.closerange(max(fds) + 1, os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 65536)
     if uid is not None:
-        private_temp(os.environ.get("TMPDIR"))
-        expose_python()
+        confine_files(os.environ.get("TMPDIR"))
         share_nothing()
     no_new_privileges()
     drop_privileges(uid, gid)

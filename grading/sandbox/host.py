@@ -242,13 +242,20 @@ def python_files() -> list[str]:
     unreadable standard library is imported whole by the zygote instead, before it forks.)"""
     import importlib.util
 
+    # the sandbox's own path: its PYTHONPATH is the scratch copy, so a package this process
+    # finds through its PYTHONPATH is not one the graded code imports (nor one a private
+    # /tmp mounts back)
+    installed = [os.path.realpath(p) for p in sys.path
+                 if p.endswith(("site-packages", "dist-packages"))]
+    installed += [os.path.realpath(p) for p in (sys.prefix, sys.base_prefix)]
     paths: list[str] = []
     for name in PYTHON_PACKAGES:
         try:
             spec = importlib.util.find_spec(name)
         except (ImportError, ValueError):
             spec = None
-        if spec is not None and spec.origin and os.path.isfile(spec.origin):
+        if spec is not None and spec.origin and os.path.isfile(spec.origin) and any(
+                os.path.realpath(spec.origin).startswith(p + os.sep) for p in installed):
             paths += [os.path.dirname(spec.origin), spec.origin]
     return paths
 
@@ -270,7 +277,8 @@ def can_switch_user(uid: int, prepare: Callable[[], object] | None = None) -> st
     """``None`` if this process can run a child as ``uid`` and that child can read the
     interpreter and the labs' packages (:func:`python_files`, the pre-flight), else why not.
     ``prepare`` runs in the child before it switches, as a sandboxed process's does
-    (``grading.sandbox.confine.expose_python``: Python folders behind ``/root`` bound back)."""
+    (``grading.sandbox.confine.Rehearsal``: the lab's private /tmp, and Python folders
+    behind ``/root`` or a 0700 checkout bound back)."""
     if not hasattr(os, "setuid") or not hasattr(os, "fork"):
         return "this platform has no user switch"
     if os.geteuid() != 0:

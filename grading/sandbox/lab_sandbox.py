@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from grading.sandbox import frames, host
-from grading.sandbox.confine import expose_python
+from grading.sandbox.confine import Rehearsal
 from grading.sandbox.host import (
     Mode,
     SandboxError,
@@ -154,7 +154,8 @@ def grading_session(root: Path, labs: list[str], enabled: bool, results: Path | 
         yield Session("none: this platform cannot fork a sandboxed worker (Windows), so the "
                       "graded code runs inside the test process", False, {})
         return
-    mode, blocks = choose_mode(len(labs), expose_python)
+    with Rehearsal() as prepare:  # the pre-flight sees what a sandboxed process will
+        mode, blocks = choose_mode(len(labs), prepare)
     if top_level:
         host.set_subreaper()
     restore = lock_tree(root, results, impl) if mode.uids is not None else (lambda: None)
@@ -451,7 +452,8 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("check", help="say how the graded code would be isolated here")
     args = parser.parse_args(argv)
     if args.command == "check":
-        mode, _ = choose_mode(prepare=expose_python)
+        with Rehearsal() as prepare:
+            mode, _ = choose_mode(prepare=prepare)
         print(mode.describe())
         return 0
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
