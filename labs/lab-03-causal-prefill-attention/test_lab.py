@@ -348,44 +348,6 @@ def check_varlen(result, batch, label, atol=1e-12, rtol=1e-12, hint=""):
 
 
 
-@pytest.mark.points(1)
-@pytest.mark.parametrize("scale", [0.0, 0.3])
-def test_the_scale_keyword_reaches_every_numpy_prefill_path(scale):
-    """``scale=`` of prefill_attention, chunked_prefill and varlen_prefill_attention; 0 is a
-    real scale (uniform weights), only None means 1/sqrt(d)."""
-    batch = make_batch(np.random.default_rng(21), [3, 0], [4, 5], (4, 2), 8, 4)
-    (q0, q1), (k0, k1), (v0, v1) = batch.qs, batch.ks, batch.vs
-    want, default = reference_attention(q0, k0, v0, scale=scale, mask=batch.masks()[0]), \
-        reference_attention(q0, k0, v0, mask=batch.masks()[0])  # fmt: skip
-    out, lse = impl.prefill_attention(q0, k0, v0, 3, scale=scale)
-    assert_close(out, want[0], what=f"prefill_attention out (scale={scale})",
-                 wrong_answers=scale_wrong(scale, default[0]))  # fmt: skip
-    assert_close(lse, want[1], what=f"prefill_attention lse (scale={scale})")
-    got = impl.chunked_prefill(q1, k1, v1, [2, 3], scale=scale)
-    whole = reference_attention(q1, k1, v1, scale=scale, mask=batch.masks()[1])[0]
-    assert_close(got, whole, what=f"chunked_prefill(chunks [2, 3], scale={scale})",
-                 wrong_answers=scale_wrong(scale, reference_attention(
-                     q1, k1, v1, mask=batch.masks()[1])[0]))  # fmt: skip
-    out, lse = impl.varlen_prefill_attention(*batch.args(), scale=scale)
-    want_out, want_lse = batch.expected(scale=scale)
-    assert_close(out, want_out, what=f"varlen_prefill_attention out (scale={scale})",
-                 wrong_answers=scale_wrong(scale, batch.expected()[0]))  # fmt: skip
-    assert_close(lse, want_lse, what=f"varlen_prefill_attention lse (scale={scale})")
-
-
-@pytest.mark.triton
-@pytest.mark.points(1)
-@pytest.mark.parametrize("scale", [0.0, 0.3])
-def test_the_triton_kernel_takes_the_scale_keyword(scale):
-    batch = make_batch(np.random.default_rng(22), [3, 0], [4, 5], (4, 2), 8, 4)
-    out, lse = impl.varlen_prefill_triton(*triton_batch(batch), scale=scale, block_n=16)
-    want_out, want_lse = batch.expected(scale=scale)
-    atol, rtol = tolerance("float32")
-    assert_close(out, want_out, what=f"varlen_prefill_triton out (scale={scale})", atol=atol,
-                 rtol=rtol, wrong_answers=scale_wrong(scale, batch.expected()[0]))  # fmt: skip
-    assert_close(lse, want_lse, what=f"varlen_prefill_triton lse (scale={scale})", atol=atol,
-                 rtol=rtol)  # fmt: skip
-
 # ---- prefill_attention ---------------------------------------------------------------------
 
 
@@ -408,8 +370,10 @@ def test_prefill_matches_the_float64_reference_for_any_length_start_and_heads(
     dv = head_dim if head_dim_v is None else head_dim_v
     q = rng.standard_normal((num_queries, num_heads, head_dim))
     k, v = poisoned_kv(rng, start_pos + num_queries, extra, num_kv_heads, head_dim, dv)
+    with raised_as(f"a query had no key to attend to: {NO_DIAGONAL}", when="zero-size array"):
+        out_lse = impl.prefill_attention(q, k, v, start_pos)
     check_prefill(
-        impl.prefill_attention(q, k, v, start_pos),
+        out_lse,
         q,
         k,
         v,
@@ -536,16 +500,18 @@ CHUNK_NOT_CAUSAL = (
 )
 
 
-def chunk_wrong_answers(q, k, v, chunk_sizes):
+def chunk_wrong_answers(q, k, v, chunk_sizes, scale=None):
     zero, own, whole_chunk = [], [], []
     start = 0
     for size in chunk_sizes:
         end = start + size
         local = prefix_mask(np.arange(size), end)
-        zero.append(reference_attention(q[start:end], k[:end], v[:end], mask=local)[0])
+        zero.append(reference_attention(q[start:end], k[:end], v[:end], mask=local,
+                                        scale=scale)[0])
         own_mask = prefix_mask(np.arange(size), size)
-        own.append(reference_attention(q[start:end], k[start:end], v[start:end], mask=own_mask)[0])
-        whole_chunk.append(reference_attention(q[start:end], k[:end], v[:end])[0])
+        own.append(reference_attention(q[start:end], k[start:end], v[start:end], mask=own_mask,
+                                       scale=scale)[0])
+        whole_chunk.append(reference_attention(q[start:end], k[:end], v[:end], scale=scale)[0])
         start = end
     wrong = {
         START_POS_ZERO: np.concatenate(zero),
@@ -554,7 +520,8 @@ def chunk_wrong_answers(q, k, v, chunk_sizes):
     }
     mask = prefix_mask(np.arange(q.shape[0]), q.shape[0])
     wrong.update(gqa_wrong_answers(
-        q, k[: q.shape[0]], v[: q.shape[0]], lambda k, v: reference_attention(q, k, v, mask=mask)[0]
+        q, k[: q.shape[0]], v[: q.shape[0]],
+        lambda k, v: reference_attention(q, k, v, mask=mask, scale=scale)[0]
     ))  # fmt: skip
     return wrong
 
@@ -715,6 +682,32 @@ def _bad_metadata(case: str) -> None:
 test_varlen_rejects_bad_metadata_with_a_value_error_naming_the_argument = bad_input_test(
     {case: (argument, functools.partial(_bad_metadata, case))
      for case, argument in BAD_METADATA.items()}, points=0.5)
+
+
+@pytest.mark.points(1)
+@pytest.mark.parametrize("scale", [0.0, 0.3])
+def test_the_scale_keyword_reaches_every_numpy_prefill_path(scale):
+    """``scale=`` of prefill_attention, chunked_prefill and varlen_prefill_attention; 0 is a
+    real scale (uniform weights), only None means 1/sqrt(d)."""
+    batch = make_batch(np.random.default_rng(21), [3, 0], [4, 5], (4, 2), 8, 4)
+    (q0, q1), (k0, k1), (v0, v1) = batch.qs, batch.ks, batch.vs
+    want, default = reference_attention(q0, k0, v0, scale=scale, mask=batch.masks()[0]), \
+        reference_attention(q0, k0, v0, mask=batch.masks()[0])  # fmt: skip
+    out, lse = impl.prefill_attention(q0, k0, v0, 3, scale=scale)
+    assert_close(out, want[0], what=f"prefill_attention out (scale={scale})",
+                 wrong_answers=scale_wrong(scale, default[0]))  # fmt: skip
+    assert_close(lse, want[1], what=f"prefill_attention lse (scale={scale})")
+    got = impl.chunked_prefill(q1, k1, v1, [2, 3], scale=scale)
+    whole = reference_attention(q1, k1, v1, scale=scale, mask=batch.masks()[1])[0]
+    assert_close(got, whole, what=f"chunked_prefill(chunks [2, 3], scale={scale})",
+                 wrong_answers={**scale_wrong(scale, reference_attention(
+                     q1, k1, v1, mask=batch.masks()[1])[0]),
+                     **chunk_wrong_answers(q1, k1, v1, [2, 3], scale)})  # fmt: skip
+    out, lse = impl.varlen_prefill_attention(*batch.args(), scale=scale)
+    want_out, want_lse = batch.expected(scale=scale)
+    assert_close(out, want_out, what=f"varlen_prefill_attention out (scale={scale})",
+                 wrong_answers=scale_wrong(scale, batch.expected()[0]))  # fmt: skip
+    assert_close(lse, want_lse, what=f"varlen_prefill_attention lse (scale={scale})")
 
 
 # ---- causal_mask against the real PyTorch functions ---------------------------------------------
@@ -1077,6 +1070,20 @@ def test_triton_kernel_loads_keys_only_up_to_each_query_blocks_causal_bound(bloc
         "loop that runs to seq_len and hides the future with the mask gives the right numbers "
         "at up to twice the cost"
     )
+
+
+@pytest.mark.triton
+@pytest.mark.points(1)
+@pytest.mark.parametrize("scale", [0.0, 0.3])
+def test_the_triton_kernel_takes_the_scale_keyword(scale):
+    batch = make_batch(np.random.default_rng(22), [3, 0], [4, 5], (4, 2), 8, 4)
+    out, lse = impl.varlen_prefill_triton(*triton_batch(batch), scale=scale, block_n=16)
+    want_out, want_lse = batch.expected(scale=scale)
+    atol, rtol = tolerance("float32")
+    assert_close(out, want_out, what=f"varlen_prefill_triton out (scale={scale})", atol=atol,
+                 rtol=rtol, wrong_answers=scale_wrong(scale, batch.expected()[0]))  # fmt: skip
+    assert_close(lse, want_lse, what=f"varlen_prefill_triton lse (scale={scale})", atol=atol,
+                 rtol=rtol)  # fmt: skip
 
 
 @pytest.mark.triton

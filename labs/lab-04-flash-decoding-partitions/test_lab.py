@@ -48,7 +48,7 @@ from common.testing import (
     strided_view,
     tolerance,
 )
-from common.triton_env import DEVICE
+from common.triton_env import DEVICE, LOG2E
 
 # every call gets copies of its arrays: expected values come from the test's own
 impl = called_on_copies(load_impl(__file__))
@@ -63,6 +63,14 @@ NO_RESCALE = (
     "the merge forgot to rescale: each side must be multiplied by exp(m_side - m), "
     "m = max(m_a, m_b), before l and acc are added"
 )
+DROPPED_TAIL = (
+    "split-KV is exact for every partition count, but this cut dropped the last keys: "
+    "partitions of floor(n / P) keys lose n % P of them; cut at (i * n) // P instead"
+)
+OWN_MAX = (
+    "each side's l and acc are relative to its own max: the merged m is max(m_a, m_b), and "
+    "each side is rescaled by exp(m_side - m) before l and acc are added"
+)
 LSE_WITHOUT_MAX = (
     "the LSE is missing the max: lse = m + log(l); log(l) alone is the log-sum-exp "
     "relative to the running max m"
@@ -75,6 +83,11 @@ OVERFLOW = (
     "NaN or inf from large log-sum-exps: exp(800) overflows float64 and exp(-800) underflows "
     "to 0 (float32: already near +-88), so exp(lse) or exp(m) must never be taken directly. "
     "Subtract the larger of the two first: exp(lse_a - max) and exp(lse_b - max) lie in [0, 1]"
+)
+EMPTY_IS_IDENTITY = (
+    "the empty state is the merge's identity, m = -inf (no score seen yet), l = 0, acc = 0: "
+    "with m = 0, merging it into a state whose max is below 0 rescales that state by "
+    "exp(m - 0) < 1"
 )
 PLUS_INF_EMPTY = (
     "an lse of +inf produced NaN: FlashAttention-2 returns lse = +inf for a row with no keys, "
@@ -170,26 +183,27 @@ def chunk_misconceptions(q, k, v, bounds):
             NEVER_NORMALISE + " (and l = 1)": normalised_l1}
 
 
-def head_misconceptions(q, k, v):
+def head_misconceptions(q, k, v, scale=None):
     """Dense answers with the two classic wrong head mappings (where they differ)."""
     H, KVH = q.shape[0], k.shape[1]
     wrong = {}
     for why, heads in ((MODULO_HEADS, np.arange(H) % KVH),
                        (SWAPPED_GROUP, np.minimum(np.arange(H) // KVH, KVH - 1))):
         if not np.array_equal(heads, kv_head_for(np.arange(H), H, KVH)):
-            outs = [reference_attention(q[h][None, None], k[:, [j]], v[:, [j]])[0][0, 0]
+            outs = [reference_attention(q[h][None, None], k[:, [j]], v[:, [j]],
+                                        scale=scale)[0][0, 0]
                     for h, j in enumerate(heads)]
             wrong[why] = np.stack(outs)
     return wrong
 
 
-def check_state(actual, m, l, acc, what, nan_hint=None):
+def check_state(actual, m, l, acc, what, nan_hint=None, hint=""):
     """Compare a state's three fields with the expected ones."""
     assert isinstance(actual, tuple) and len(actual) == 3, (
         f"{what} must be an AttentionState(m, l, acc), got {type(actual).__name__}"
     )
     kwargs = {"nan_hint": nan_hint} if nan_hint else {}
-    assert_close(actual.m, m, what=f"{what}.m (the max score)", **kwargs)
+    assert_close(actual.m, m, what=f"{what}.m (the max score)", hint=hint, **kwargs)
     assert_close(actual.l, l, what=f"{what}.l (the denominator relative to m)", **kwargs)
     assert_close(actual.acc, acc, what=f"{what}.acc", wrong_answers={
         NEVER_NORMALISE: acc / np.where(l == 0, 1.0, l)[..., None]}, **kwargs)
@@ -244,10 +258,11 @@ def reduce_tree(tree, leaves, merge):
 @pytest.mark.points(1)
 def test_empty_state_is_minus_inf_zero_zero_with_the_right_shapes():
     state = impl.empty_state(3, 5)
-    check_state(state, np.full(3, -np.inf), np.zeros(3), np.zeros((3, 5)), "empty_state(3, 5)")
+    check_state(state, np.full(3, -np.inf), np.zeros(3), np.zeros((3, 5)), "empty_state(3, 5)",
+                hint=EMPTY_IS_IDENTITY)
     state = impl.empty_state((2, 3), 4)
     check_state(state, np.full((2, 3), -np.inf), np.zeros((2, 3)), np.zeros((2, 3, 4)),
-                "empty_state((2, 3), 4)")
+                "empty_state((2, 3), 4)", hint=EMPTY_IS_IDENTITY)
 
 
 @pytest.mark.points(1)
@@ -293,7 +308,7 @@ def test_empty_state_is_the_identity_of_merge(a):
     for what, merged in (("merge(a, empty)", impl.merge(a, e)),
                          ("merge(empty, a)", impl.merge(e, a))):
         assert_close(merged.l, a.l, what=f"{what}.l", hint=hint, nan_hint=IDENTITY_NAN)
-        check_state(merged, a.m, a.l, a.acc, what, nan_hint=IDENTITY_NAN)
+        check_state(merged, a.m, a.l, a.acc, what, nan_hint=IDENTITY_NAN, hint=OWN_MAX)
 
 
 @pytest.mark.points(2)
@@ -366,8 +381,8 @@ def test_merged_partials_stay_exact_when_the_scores_sit_near_plus_or_minus_800(o
     out, lse = impl.finalize(reduce_tree(((0, 1), (2, 3)), leaves, impl.merge))
     want_out, want_lse = dense(q, k, v)
     what = f"merged partials with scores near {offset:+.0f}"
-    assert_close(out, want_out, what=f"{what}: out", nan_hint=OVERFLOW)
-    assert_close(lse, want_lse, what=f"{what}: lse", nan_hint=OVERFLOW,
+    assert_close(out, want_out, what=f"{what}: out", hint=OVERFLOW, nan_hint=OVERFLOW)
+    assert_close(lse, want_lse, what=f"{what}: lse", hint=OVERFLOW, nan_hint=OVERFLOW,
                  wrong_answers={LSE_WITHOUT_MAX: want_lse - score_max(q, k)})
 
 
@@ -385,7 +400,8 @@ def test_split_kv_attention_equals_dense_for_every_partition_count_and_order(
     out, lse = impl.split_kv_attention(q, k, v, num_partitions, order=order)
     want_out, want_lse = dense(q, k, v)
     what = f"split_kv_attention(n={n}, num_partitions={num_partitions}, order={order!r})"
-    assert_close(out, want_out, what=f"{what} out", nan_hint=IDENTITY_NAN)
+    wrong = {DROPPED_TAIL: dropped_tail(q, k, v, num_partitions)[0]} if n else {}
+    assert_close(out, want_out, what=f"{what} out", nan_hint=IDENTITY_NAN, wrong_answers=wrong)
     with np.errstate(invalid="ignore"):
         assert_close(lse, want_lse, what=f"{what} lse", nan_hint=IDENTITY_NAN,
                      wrong_answers={LSE_WITHOUT_MAX: want_lse - score_max(q, k)})
@@ -415,8 +431,7 @@ def test_split_kv_attention_with_more_than_64_partitions_not_a_power_of_two(
             f"scores near {offset:+.0f})")
     wrong = {}
     if n > num_partitions:
-        wrong["the cut dropped the last keys: partitions of floor(n / P) keys lose n % P of "
-              "them; cut at (i * n) // P instead"] = dropped_tail(q, k, v, num_partitions)[0]
+        wrong[DROPPED_TAIL] = dropped_tail(q, k, v, num_partitions)[0]
     assert_close(out, want_out, what=f"{what} out", nan_hint=f"{IDENTITY_NAN}. Or: {OVERFLOW}",
                  wrong_answers=wrong)
     assert_close(lse, want_lse, what=f"{what} lse", nan_hint=OVERFLOW)
@@ -548,6 +563,8 @@ def test_merge_attn_states_treats_plus_inf_lse_as_empty_like_vllm():
     plus_inf = np.isposinf(lse_a) | np.isposinf(lse_b)
     out, lse = impl.merge_attn_states(out_a, lse_a, out_b, lse_b)
     assert_close(out, want_out, what="merge_attn_states out with +inf lses",
+                 hint="FlashAttention-2 returns lse = +inf for a row with no keys: treat "
+                 "+inf, like -inf, as an empty side (weight 0, its out ignored)",
                  nan_hint=PLUS_INF_EMPTY)
     assert_close(lse, want_lse, what="merge_attn_states lse with +inf lses",
                  nan_hint=PLUS_INF_EMPTY, wrong_answers={
@@ -570,8 +587,8 @@ def test_merge_attn_states_stays_exact_for_lse_near_plus_or_minus_800(offset_a, 
     out, lse = impl.merge_attn_states(out_a, lse_a, out_b, lse_b)
     want_out, want_lse = reference_attention(q, k, v)
     what = f"merge_attn_states with lse near {lse_a.mean():+.0f} and {lse_b.mean():+.0f}"
-    assert_close(out, want_out, what=f"{what}: out", nan_hint=OVERFLOW)
-    assert_close(lse, want_lse, what=f"{what}: lse", nan_hint=OVERFLOW)
+    assert_close(out, want_out, what=f"{what}: out", hint=OVERFLOW, nan_hint=OVERFLOW)
+    assert_close(lse, want_lse, what=f"{what}: lse", hint=OVERFLOW, nan_hint=OVERFLOW)
 
 
 @pytest.mark.points(2)
@@ -660,8 +677,12 @@ def test_ring_step_takes_the_scale_keyword(scale):
         out, lse = impl.finalize(state)
         want_out, want_lse = reference_attention(q, k, v, scale=scale, mask=mask)
         default_out, _ = reference_attention(q, k, v, mask=mask)
+        wrong = scale_wrong(scale, default_out)
+        if causal:  # the shards' own positions: queries 0..4 and keys 0..6
+            local = np.arange(7)[None, :] <= np.arange(5)[:, None]
+            wrong[LOCAL_POSITIONS] = reference_attention(q, k, v, scale=scale, mask=local)[0]
         assert_close(out, want_out, what=f"ring_step(causal={causal}, scale={scale}) out",
-                     wrong_answers=scale_wrong(scale, default_out))  # fmt: skip
+                     wrong_answers=wrong)
         assert_close(lse, want_lse, what=f"ring_step(causal={causal}, scale={scale}) lse")
 
 @pytest.mark.points(3)
@@ -762,21 +783,46 @@ def paged_misconceptions(q, ks, vs, split_bounds):
     return wrong
 
 
-def split_bounds_for(seq_lens, partition_size=None, num_segments=None, block_n=16):
-    """Each sequence's non-empty splits, the way the kernel must cut them."""
+def split_bounds_for(seq_lens, partition_size=None, num_segments=None, block_n=16,
+                     full_only=False):
+    """Each sequence's non-empty splits, the way the kernel must cut them (``full_only``:
+    only the splits of the whole split length)."""
     bounds = []
     for n in seq_lens:
         if num_segments:
             size = -(-n // (num_segments * block_n)) * block_n
         else:
             size = partition_size
-        bounds.append([(lo, min(lo + size, n)) for lo in range(0, n, size)] if n else [])
+        bounds.append([(lo, min(lo + size, n)) for lo in range(0, n, size)
+                       if not full_only or lo + size <= n] if n else [])
     return bounds
 
 
+EXP_ON_LOG2 = (
+    "tl.exp on scores scaled into log2 units (qk_scale = scale * log2 e): every score weighs "
+    "as if the scale were 1.44x larger; with the log2 e scale, use tl.exp2"
+)
+LAST_SPLIT_SKIPPED = (
+    "the keys of each sequence's last, partial split were lost: a split shorter than the "
+    "split length (the end of a sequence) is not empty, it holds the last keys"
+)
+SPLIT_END_EARLY = (
+    "every full split lost its last key: a split covers start .. start + split_len - 1 "
+    "inclusive, so its end bound is start + split_len, exclusive (and min(., seq_len))"
+)
+SEGMENT_ROUNDED_DOWN = (
+    "the segment length was rounded down: NUM_SEGMENTS segments of floor(n / (NUM_SEGMENTS "
+    "* BLOCK_N)) tiles leave the last keys in no segment; round the tile count up (cdiv)"
+)
+LSE_IN_LOG2 = (
+    "the lse was left in log2 units (m + log2(l), m in log2 units): divide by log2 e to get "
+    "back to the natural log that the merge and the caller use"
+)
 TRITON_NAN_HINT = NAN_HINT + (
     " In the merge kernel: a sequence with 0 tokens has lse = -inf in every partition, and "
-    "exp(-inf - (-inf)) is NaN; such partitions must weigh 0. Or a kernel never stored a "
+    "exp(-inf - (-inf)) is NaN; such partitions must weigh 0, and their output (never "
+    "written) must not be read at all: weight 0 times a NaN output is NaN. Or a kernel never "
+    "stored a "
     "value it owns (provided.output_buffer fills buffers with NaN on the interpreter): the "
     "launcher must run the partition kernel on the whole plan.partition_grid (one program "
     "per sequence x split, KV head), and only then the merge kernel over all the splits."
@@ -830,21 +876,39 @@ def check_split_kv(seq_lens, kwargs, dtype=torch.float32, heads=(2, 1), d=16, of
            f"seq_lens={seq_lens}, heads={heads}, d={d}, {str(dtype).replace('torch.', '')})"
     wrong = {**paged_misconceptions(q, ks, vs, bounds), **(more_wrong(q, ks, vs)
                                                             if more_wrong else {})}
+    wrong[EXP_ON_LOG2] = reference_batch(q, ks, vs, scale=LOG2E / math.sqrt(d))[0]
+    full = split_bounds_for(seq_lens, kwargs.get("partition_size", 512),
+                            kwargs.get("num_segments"), kwargs.get("block_n") or 16, full_only=True)
+    if full != bounds:  # the keys of the full splits only
+        kept = [np.concatenate([np.arange(lo, hi) for lo, hi in parts] or [[]]).astype(int)
+                for parts in full]
+        wrong[LAST_SPLIT_SKIPPED] = reference_batch(
+            q, [k[i] for k, i in zip(ks, kept)], [v[i] for v, i in zip(vs, kept)])[0]
+    short = [np.concatenate([np.arange(lo, hi - ((lo, hi) in whole)) for lo, hi in parts]
+                            or [[]]).astype(int)
+             for parts, whole in zip(bounds, full)]  # every full split one token short
+    wrong[SPLIT_END_EARLY] = reference_batch(
+        q, [k[i] for k, i in zip(ks, short)], [v[i] for v, i in zip(vs, short)])[0]
+    if kwargs.get("num_segments"):  # segments of whole tiles, their count rounded down
+        tile = (kwargs.get("block_n") or 16) * kwargs["num_segments"]
+        kept = [min(n, (n // tile) * tile) for n in seq_lens]
+        wrong[SEGMENT_ROUNDED_DOWN] = reference_batch(
+            q, [k[:n] for k, n in zip(ks, kept)], [v[:n] for v, n in zip(vs, kept)])[0]
     assert_close(out, want_out, what=f"{what} out", atol=atol, rtol=rtol, wrong_answers=wrong,
                  nan_hint=TRITON_NAN_HINT)
     assert_close(lse, want_lse, what=f"{what} lse", atol=atol, rtol=rtol,
-                 nan_hint=TRITON_NAN_HINT)
+                 nan_hint=TRITON_NAN_HINT, wrong_answers={LSE_IN_LOG2: want_lse * LOG2E})
 
 
 @pytest.mark.triton
 @pytest.mark.points(2)
 @pytest.mark.parametrize(("seq_lens", "kwargs", "heads"), [
+    pytest.param([37, 9], {"block_n": 32}, (2, 1),  # first: one split each names more mistakes
+                 id="the default 512-token partition, longer than every sequence"),
     pytest.param([37, 0, 20], {"partition_size": 16, "block_n": 16}, (2, 1),
                  id="partitions of 16 in tiles of 16, an empty sequence"),
     pytest.param([23, 0], {"partition_size": 5, "block_n": 32}, (2, 1),
                  id="partitions of 5 inside tiles of 32"),
-    pytest.param([37, 9], {"block_n": 32}, (2, 1),
-                 id="the default 512-token partition, longer than every sequence"),
 ])
 def test_split_kv_decode_triton_matches_the_reference_for_partition_and_tile_sizes(
     seq_lens, kwargs, heads
@@ -926,7 +990,7 @@ def test_split_kv_decode_triton_accumulates_float16_in_float32():
     want_out, want_lse = reference_batch(q, ks, vs)
     atol, rtol = tolerance("float16")
     assert_close(out, want_out, what="float16 out (cancelling values)", atol=atol, rtol=rtol,
-                 hint=ACC_IN_FP16)  # fmt: skip
+                 hint=f"{ACC_IN_FP16}. Or: {PARTIALS_IN_HALF}")  # fmt: skip
     assert_close(lse, want_lse, what="float16 lse", atol=atol, rtol=rtol)
 
 
@@ -938,8 +1002,11 @@ def test_split_kv_decode_triton_takes_the_scale_keyword(scale):
     out, lse = run_split_kv(q, paged, partition_size=16, block_n=16, scale=scale)
     want_out, want_lse = reference_batch(q, ks, vs, scale=scale)
     atol, rtol = tolerance("float32")
+    wrong = scale_wrong(scale, reference_batch(q, ks, vs)[0])
+    heads = [head_misconceptions(q[b], k, v, scale) for b, (k, v) in enumerate(zip(ks, vs))]
+    wrong.update({why: np.stack([h[why] for h in heads]) for why in heads[0]})
     assert_close(out, want_out, what=f"split_kv_decode_triton(scale={scale}) out", atol=atol,
-                 rtol=rtol, wrong_answers=scale_wrong(scale, reference_batch(q, ks, vs)[0]))
+                 rtol=rtol, wrong_answers=wrong)
     assert_close(lse, want_lse, what=f"split_kv_decode_triton(scale={scale}) lse", atol=atol,
                  rtol=rtol)
 
