@@ -74,10 +74,11 @@ WINDOW_TOO_SHORT = (
 )
 WINDOW_IGNORED = "it equals attention over the whole context: the window was not applied"
 WINDOW_NAN = (
-    "NaN reached the output: you read a block that lies wholly before the window (the tests "
-    "fill those blocks with NaN and point their table entries at a NaN block, as vLLM points "
-    "them at its null block once it has freed them). Start the loop at the block holding "
-    "position seq_len - window; never read a table entry before it"
+    "NaN reached the output: you read a block that lies wholly before the window (through a "
+    "mask over the whole context, or a window that starts one token early: window + 1 "
+    "tokens). The tests fill those blocks with NaN and point their table entries at a NaN "
+    "block, as vLLM points them at its null block once it has freed them. Start the loop at "
+    "the block holding position seq_len - window; never read a table entry before it"
 )
 SINK_IGNORED = (
     "it equals attention without the sink: a sink is one more term exp(sink) in each "
@@ -126,6 +127,8 @@ def window_wrong_answers(q, k, v, window, sinks=None, scale=None) -> dict:
         answers[WINDOW_IGNORED] = out_with(None)
     if 1 < window <= len(k):
         answers[WINDOW_TOO_SHORT] = out_with(window - 1)
+    elif window == 1 and len(k):  # window - 1 = 0 tokens: nothing attended, out = 0
+        answers[WINDOW_TOO_SHORT] = np.zeros_like(out_with(1))
     return answers
 
 
