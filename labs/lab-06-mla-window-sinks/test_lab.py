@@ -108,7 +108,9 @@ MLA_SCALE = (
 KERNEL_NAN = (
     "NaN reached the kernel's output. Slots past seq_len, unreferenced blocks and blocks "
     "before the window are NaN: start the loop at the window's first token, mask the "
-    "block-table and cache loads with pos < seq_len and other=0 (NaN * 0 = NaN in tl.dot)"
+    "block-table and cache loads with pos < seq_len and other=0 (NaN * 0 = NaN in tl.dot); "
+    "or a slot stepped with a stride it assumed instead of the cache's own (the tests pad "
+    "the rows and slots with NaN: pass and use every cache stride)"
 )
 LSE_HINT = "lse = m + log(l) in natural log, per query head, with the sink in l"
 
