@@ -94,6 +94,10 @@ SINK_SCALED = (
     "a logit in the units of the scaled scores (in a base-2 kernel it is multiplied by "
     "log2(e), and by nothing else)"
 )
+SINK_NATURAL_LOG = (
+    "it equals attention with the sink left in natural-log units next to base-2 scores: a "
+    "base-2 kernel multiplies the sink by log2(e), as it does the scaled scores"
+)
 ROPE_ABSORBED = (
     "it equals attention without the RoPE score q_pe · k_pe: only the latent part can be "
     "absorbed. RoPE rotates each key by its position, so no fixed matrix can be folded "
@@ -153,6 +157,8 @@ def sink_wrong_answers(q, k, v, sinks, window=None, scale=None) -> dict:
     scale_used = 1 / math.sqrt(q.shape[1]) if scale is None else scale
     answers[SINK_SCALED] = reference_decode(q, k, v, window=window, sinks=sinks * scale_used,
                                            scale=scale)[0]
+    answers[SINK_NATURAL_LOG] = reference_decode(q, k, v, window=window,
+                                                 sinks=sinks * math.log(2), scale=scale)[0]
     return answers
 
 
