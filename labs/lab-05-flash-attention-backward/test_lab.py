@@ -56,6 +56,11 @@ NO_LSE = (
     "P recomputed without subtracting lse: P = exp(S·scale − lse) is the forward's "
     "normalised softmax; exp(S·scale) alone is missing the 1/l of every row"
 )
+D_FROM_TILE = (
+    "D computed from P ∘ dP of one tile: rowsum(P ∘ dP) needs a whole row of P, and a tile "
+    "holds only block_k of its keys. D_i = rowsum(dO_i ∘ O_i) gives the row's number from two "
+    "[dv] vectors, before the loop"
+)
 P_MISSING_LOG_L = (
     "P recomputed as exp(S·scale − m), the row max without log l: lse = m + log l holds both "
     "the max and the denominator, so P = exp(S·scale − lse) (these numbers are l times too big)"
@@ -241,6 +246,18 @@ def diagonal_dropped_visits(lq, lk, block_q, block_k, round_up=False):
     return np.arange(lq)[:, None] >= first_q[None, :]
 
 
+def tile_rowsum(block_k):
+    """delta_of for D taken as rowsum(P ∘ dP) over each K/V tile's keys alone."""
+    def delta_of(p, dp):
+        d = np.zeros_like(p)
+        for k0 in range(0, p.shape[1], block_k):
+            d[:, k0:k0 + block_k] = (p[:, k0:k0 + block_k] * dp[:, k0:k0 + block_k]).sum(
+                axis=1, keepdims=True)
+        return d
+
+    return delta_of
+
+
 def numpy_misconceptions(q, k, v, do, causal, block_q, block_k, scale=None):
     """{"dq": {misconception: wrong dq}, "dk": ..., "dv": ...} for the tiled numpy backward."""
     if len(k) == 0 or len(q) == 0:
@@ -248,6 +265,7 @@ def numpy_misconceptions(q, k, v, do, causal, block_q, block_k, scale=None):
     c = 1.0 / math.sqrt(q.shape[1]) if scale is None else scale
     variants = {
         NO_DELTA: dict(use_delta=False),
+        D_FROM_TILE: dict(delta_of=tile_rowsum(block_k)),
         NO_LSE: dict(p_of=lambda s, lse, c_: np.exp(s * c_)),
         GRAD_NO_SCALE: dict(grad_scale=1.0),
         GRAD_SCALE_TWICE: dict(grad_scale=c * c),
@@ -308,8 +326,9 @@ def test_naive_backward_equals_the_float64_autograd_gradients(lq, lk, d, dv, cau
         got = impl.attention_backward_naive(q, k, v, do, causal=causal)
     wrong = numpy_misconceptions(q, k, v, do, causal, 1, 1)
     for w in wrong.values():  # the naive version has no lse, no tiles: only these apply
-        for name in (NO_LSE, P_UNSCALED, P_SCALE_TWICE, DIAGONAL_DROPPED, DIAGONAL_ROUNDED_UP,
-                     UNMASKED_P, P_MISSING_LOG_L, P_TILE_MAX, P_TILE_SOFTMAX):
+        for name in (NO_LSE, D_FROM_TILE, P_UNSCALED, P_SCALE_TWICE, DIAGONAL_DROPPED,
+                     DIAGONAL_ROUNDED_UP, UNMASKED_P, P_MISSING_LOG_L, P_TILE_MAX,
+                     P_TILE_SOFTMAX):
             w.pop(name, None)
     column_sums = variant_backward(q, k, v, do, causal,
                                    delta_of=lambda p, dp: (p * dp).sum(axis=0, keepdims=True))
@@ -625,7 +644,7 @@ def backward_kernel_misconceptions(q, k, v, do, causal, tiles, scale=None):
 
 def check_backward_kernel(case, tiles=(None, None), *, causal=False, scale=None, what="",
                           tol=None, want=None, poison=None, rows=None, no_host_sync=False,
-                          layout=None, skip=0, poison_rows=None, nan_hint=NAN_HINT):
+                          layout=None, skip=0, poison_rows=None, nan_hint=NAN_HINT, hint=""):
     """Run flash_attention_backward_triton on ``case`` and grade dq, dk, dv against float64.
 
     ``poison(k, v)`` NaN-poisons keys after the forward ran, ``poison_rows`` the first rows
@@ -663,7 +682,7 @@ def check_backward_kernel(case, tiles=(None, None), *, causal=False, scale=None,
     cut = (slice(None), slice(None), slice(skip, rows))
     for name, g, w in zip(NAMES, got, want):
         assert_close(to_float64(g)[cut], np.asarray(w)[cut], what=f"{name} ({what})",
-                     atol=atol, rtol=rtol, nan_hint=nan_hint,
+                     atol=atol, rtol=rtol, nan_hint=nan_hint, hint=hint,
                      wrong_answers={m: np.asarray(x)[cut] for m, x in wrong[name].items()})
 
 
@@ -746,11 +765,12 @@ def test_triton_backward_reads_transposed_and_sliced_views_through_their_strides
     import torch
 
     case = torch_case(1, 4, 2, 24, 24, 16, torch.float32, seed=19, causal=True)
+    strides = ("a kernel stepped with a stride it assumed instead of the tensor's own (pass "
+               "every .stride(), or make the inputs contiguous first)")
     check_backward_kernel(case, (16, 16), causal=True, layout=layout, what=f"{layout} views, ",
                           nan_hint=f"NaN with {layout} views: NaN sits between the rows of a "
-                          "sliced view, so a kernel stepped with a stride it assumed instead of "
-                          "the tensor's own (pass every .stride(), or make the inputs contiguous "
-                          "first)")
+                          f"sliced view, so {strides}",
+                          hint=f"wrong with {layout} views: {strides}")
 
 
 @pytest.mark.triton
