@@ -398,7 +398,8 @@ def test_greedy_tokens_equal_transformers_generate(budget, num_blocks, arrivals)
     """20 requests per setting (60 in all): arriving over several steps, prompts of 1-21
     tokens, half sharing a 9-token prefix, a pool small enough to force preemption."""
     probe = engine(max_num_batched_tokens=budget)  # a prompt longer than one step's budget
-    probe.add_request(list(range(budget + 1)), SamplingParams(max_tokens=6), request_id="p")
+    probe.add_request([t % VOCAB for t in range(budget + 1)], SamplingParams(max_tokens=6),
+                      request_id="p")
     got = [o.token_ids for o in probe.step()]
     assert not got, (f"a {budget + 1}-token prompt's first chunk of {budget} gave the output "
                      f"{got}: {LAST_TOKEN_LOGITS}")
