@@ -108,11 +108,18 @@ def run_arrivals(llm, prompts, params, arrivals_per_step: int) -> dict[str, tupl
     until all finish: ``{request_id: output tokens}``."""
     pending = list(enumerate(prompts))
     done: dict[str, tuple[int, ...]] = {}
+    idle = 0  # steps in a row that gave no request a token
     while pending or llm.has_unfinished_requests():
         for _ in range(min(arrivals_per_step, len(pending))):
             i, prompt = pending.pop(0)
             llm.add_request(list(prompt), params, request_id=f"r{i}")
-        for out in llm.step():
+        outputs = llm.step()
+        idle = 0 if outputs else idle + 1
+        assert idle < 500, (
+            f"the engine stalled: 500 steps in a row gave no request a token, "
+            f"{len(done)} of {len(prompts)} finished. Likely the pool never gets its blocks "
+            f"back: {LEAK}")
+        for out in outputs:
             if out.finished:
                 done[out.request_id] = out.token_ids
     return done
@@ -258,6 +265,18 @@ def test_a_long_prompt_is_prefilled_in_chunks_that_continue_from_num_computed_to
     assert chunks == [(0, 4), (4, 4), (8, 2)], f"chunks {chunks}: {CHUNK_CONTINUES}"
 
 
+@pytest.mark.points(1)
+def test_after_a_prefix_hit_of_h_tokens_the_first_computed_token_sits_at_position_h():
+    sched = scheduler(budget=16, caching=True)
+    lengths = {"a": 9, "b": 10}
+    sched.add(sequence("a", 9))
+    advance(sched, sched.schedule(), lengths)  # a's first 8 tokens fill two cached blocks
+    sched.add(provided.Sequence("b", tuple(range(8)) + (90, 91), SamplingParams(max_tokens=4)))
+    got = [(s.num_computed_tokens, s.num_new_tokens) for s in sched.schedule().scheduled
+           if s.request_id == "b"]
+    assert got == [(8, 2)], f"b (10 tokens, its first 8 cached) scheduled as {got}: {POSITIONS}"
+
+
 @pytest.mark.points(2)
 def test_decode_rows_come_first_and_the_budget_is_never_exceeded():
     sched = scheduler(budget=6)
@@ -308,7 +327,9 @@ def test_no_more_than_max_num_seqs_requests_run_at_once():
     for i in range(4):
         sched.add(sequence(f"r{i}", 2, first=10 * i))
     out = sched.schedule()
-    assert len(out.scheduled) == 2, f"{len(out.scheduled)} requests scheduled, max_num_seqs=2"
+    assert len(out.scheduled) == 2, (
+        f"{len(out.scheduled)} requests scheduled, max_num_seqs=2: admitted while the token "
+        "budget lasted, whatever max_num_seqs says (a new request waits once max_num_seqs run)")
 
 
 # ---- 4. the model runner -------------------------------------------------------------------------
@@ -343,6 +364,23 @@ def test_the_runner_builds_the_varlen_batch_from_the_scheduler_output():
     np.testing.assert_array_equal(batch.slot_mapping, [10, 44], SLOTS + " (the table grows "
                                   "by the blocks of each step's output)")
     np.testing.assert_array_equal(batch.block_tables[:, :2], [[7, 2], [5, 11]], "block_tables")
+    # a long prompt's second chunk: tokens 4..6 of c, its first chunk (0..3) already computed
+    seqs["c"] = sequence("c", 10, first=40)
+    runner.prepare_inputs(provided.SchedulerOutput((
+        provided.ScheduledRequest("c", 0, 4, (3,), True),)), seqs)
+    seqs["c"].num_computed_tokens = 4
+    batch = runner.prepare_inputs(provided.SchedulerOutput((
+        provided.ScheduledRequest("c", 4, 3, (6,), False),)), seqs)
+    np.testing.assert_array_equal(batch.positions, [4, 5, 6], CHUNK_CONTINUES)
+    np.testing.assert_array_equal(batch.slot_mapping, [24, 25, 26], CHUNK_CONTINUES)
+    np.testing.assert_array_equal(batch.seq_lens, [7], CHUNK_CONTINUES)
+    # c is preempted (its blocks freed), then resumed from scratch in block 9
+    runner.prepare_inputs(provided.SchedulerOutput((
+        provided.ScheduledRequest("a", 6, 1, (), False),), preempted=("c",)), seqs)
+    seqs["c"].num_computed_tokens = 0
+    batch = runner.prepare_inputs(provided.SchedulerOutput((
+        provided.ScheduledRequest("c", 0, 4, (9,), True),)), seqs)
+    np.testing.assert_array_equal(batch.slot_mapping, [36, 37, 38, 39], STALE_TABLE)
 
 
 # ---- 5. the engine: token for token with transformers ---------------------------------------
@@ -359,12 +397,16 @@ def engine(**kwargs):
 def test_greedy_tokens_equal_transformers_generate(budget, num_blocks, arrivals):
     """20 requests per setting (60 in all): arriving over several steps, prompts of 1-21
     tokens, half sharing a 9-token prefix, a pool small enough to force preemption."""
+    probe = engine(max_num_batched_tokens=budget)  # a prompt longer than one step's budget
+    probe.add_request([t % VOCAB for t in range(budget + 1)], SamplingParams(max_tokens=6),
+                      request_id="p")
+    got = [o.token_ids for o in probe.step()]
+    assert not got, (f"a {budget + 1}-token prompt's first chunk of {budget} gave the output "
+                     f"{got}: {LAST_TOKEN_LOGITS}")
     prompts = workload(budget, 20)
     llm = engine(max_num_batched_tokens=budget, num_blocks=num_blocks)
     got = run_arrivals(llm, prompts, SamplingParams(max_tokens=6), arrivals)
     kv = llm.kv
-    assert kv.num_failed_allocations > 0 and kv.num_hit_tokens > 0, (
-        "test set-up: the pool must run out and prefixes must hit")
     for i, prompt in enumerate(prompts):
         want = reference_tokens(prompt, 6)
         assert f"r{i}" in got, f"request r{i} never finished"
@@ -373,6 +415,8 @@ def test_greedy_tokens_equal_transformers_generate(budget, num_blocks, arrivals)
             f"{first_difference(got[f'r{i}'], want)}. Likely: "
             + (POSITIONS if i % 2 else CHUNK_CONTINUES) + "; or " + STALE_TABLE + "; or "
             + SLOTS + "; or " + LAST_TOKEN_LOGITS)
+    assert kv.num_failed_allocations > 0 and kv.num_hit_tokens > 0, (  # after the tokens: a
+        "test set-up: the pool must run out and prefixes must hit")  # wrong one names its cause
     assert kv.num_free_blocks == num_blocks, f"{kv.num_free_blocks} of {num_blocks} free: {LEAK}"
 
 

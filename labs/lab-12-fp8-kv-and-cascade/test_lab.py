@@ -70,6 +70,8 @@ FLUSHED = ("it equals the values with every overflow set to 0: saturating means 
 TRUNCATION = ("it equals rounding toward zero (truncating the mantissa): round to the NEAREST "
               "grid value, ties to an even mantissa (np.rint), or the error doubles and is biased")
 SWAPPED = "it equals attention with k_scale and v_scale swapped"
+MODULO_HEADS = ("it equals attention where query head h reads KV head h % num_kv_heads: a "
+                "group is consecutive query heads, KV head h // (num_heads // num_kv_heads)")
 K_TWICE = ("it equals attention with k_scale applied twice: fold it into the score scale OR "
            "multiply the keys by it, not both")
 V_FORGOTTEN = "it equals attention over V without v_scale: multiply the output by v_scale"
@@ -137,8 +139,9 @@ def test_quantize_rounds_each_value_to_the_nearest_e4m3_value(seed, spread):
     y = np.clip(x / scale, -E4M3_MAX, E4M3_MAX)
     positive = GRID[:127]  # bytes 0..126 in increasing order
     truncated = np.sign(y) * positive[np.searchsorted(positive, np.abs(y), side="right") - 1]
+    flushed = np.where(np.abs(x / scale) > E4M3_MAX, 0.0, want)  # float32 scale: a hair over
     assert_close(decoded(bits), want, what="the e4m3 values of quantize_kv(x)",
-                 wrong_answers={TRUNCATION: truncated}, atol=0, rtol=0)
+                 wrong_answers={TRUNCATION: truncated, FLUSHED: flushed}, atol=0, rtol=0)
 
 
 @pytest.mark.points(1)
@@ -180,8 +183,11 @@ def test_the_per_token_head_scale_is_each_rows_amax_over_448():
     want = np.abs(x).max(axis=-1) / 448
     ok = np.ones_like(want, dtype=bool)
     ok[2, 1] = False
+    one = np.full(ok.sum(), np.abs(x).max() / 448, dtype=np.float32)
     assert_close(scale[ok], want[ok].astype(np.float32), what="the per-token-head scales",
-                 rtol=1e-7, atol=0, hint="amax over the head_dim axis only, per token and head")
+                 rtol=1e-7, atol=0, hint="amax over the head_dim axis only, per token and head",
+                 wrong_answers={"it equals one scale for the whole tensor: per token-head, "
+                                "each [token, head] row gets its own amax / 448": one})
 
 
 @pytest.mark.points(2)
@@ -339,7 +345,9 @@ def test_reshape_and_cache_fp8_quantises_each_token_into_its_slot_and_nothing_el
             stored = scales[block, offset].astype(np.float64)
             assert_close(stored, want_scale.astype(np.float32), what=f"{name}_scale at the slots",
                          rtol=1e-7, atol=0, hint="per token-head: amax / 448 of each row, "
-                         "stored at [block, offset, head] beside the bytes")
+                         "stored at [block, offset, head] beside the bytes",
+                         nan_hint="the scales were never stored: per token-head, each token's "
+                         "scales go into k_scale / v_scale at its slot, beside its bytes")
             assert np.isnan(scales[~written]).all(), (
                 f"{name}_scale changed outside the written slots")
             want_scale = stored
@@ -441,7 +449,8 @@ def fp8_paged_case(rng: np.random.Generator, lens: list[int], num_heads: int, kv
 
 
 def fp8_expected(case: dict, b: int, scale: float | None = None, *, k_scale_power: int = 1,
-                 v_scale_power: int = 1, swap: bool = False, as_integers: bool = False):
+                 v_scale_power: int = 1, swap: bool = False, as_integers: bool = False,
+                 modulo_heads: bool = False):
     """Reference (out, lse) of sequence b over the dequantised cache, or a mistake's."""
     grid = (lambda b_: b_.astype(np.float64)) if as_integers else (lambda b_: GRID[b_])
     k_sc, v_sc = case["k_sc"][b].astype(np.float64), case["v_sc"][b].astype(np.float64)
@@ -449,6 +458,9 @@ def fp8_expected(case: dict, b: int, scale: float | None = None, *, k_scale_powe
         k_sc, v_sc = v_sc, k_sc
     k = grid(case["k_bytes"][b]) * (k_sc ** k_scale_power)[..., None]
     v = grid(case["v_bytes"][b]) * (v_sc ** v_scale_power)[..., None]
+    if modulo_heads:  # query head h reads KV head h % KVH: one KV head per query head
+        heads = np.arange(case["q"].shape[1]) % k.shape[1]
+        k, v = k[:, heads], v[:, heads]
     return reference_decode(case["q"][b].astype(np.float64), k, v, scale=scale)
 
 
@@ -459,6 +471,8 @@ def fp8_wrong_answers(case: dict, b: int, scale: float | None = None) -> dict:
         V_FORGOTTEN: fp8_expected(case, b, scale, v_scale_power=0)[0],
         AS_INTEGERS: fp8_expected(case, b, scale, as_integers=True)[0],
     }
+    if case["q"].shape[1] > case["k_bytes"][b].shape[1] > 1:  # GQA: the mapping shows
+        answers[MODULO_HEADS] = fp8_expected(case, b, scale, modulo_heads=True)[0]
     if case["per"] == "token_head":
         answers[V_IN_L] = v_scale_in_l_answer(case, b, scale)
     return answers
@@ -860,8 +874,11 @@ def test_cascade_reads_the_prefix_once_where_per_request_decode_reads_it_per_req
     system prompt and have 100 tokens each of their own."""
     row = 2 * 8 * 128 * 2  # K and V of one token
     cascade, per_request = impl.cascade_kv_bytes(2000, [100] * 32, 8, 128, 2)
+    once = "" if cascade != per_request else (
+        "the cascade counted the shared prefix once per request, as per-request decode does: "
+        "its point is that one pass reads the prefix ONCE for all requests; ")
     assert (cascade, per_request) == ((2000 + 3200) * row, (32 * 2000 + 3200) * row), (
-        f"got (cascade {cascade}, per-request {per_request}) bytes; expected the prefix once "
+        f"{once}got (cascade {cascade}, per-request {per_request}) bytes; expected the prefix once "
         f"plus every suffix ({(2000 + 3200) * row}) vs the prefix once per request plus every "
         f"suffix ({(32 * 2000 + 3200) * row})")
 
