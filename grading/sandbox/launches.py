@@ -51,18 +51,30 @@ def _bits(values: Any) -> Any:
 
 def _writer_of(fn: Any) -> int:
     """OWN for a kernel of the graded file, a new given-launch number for a kernel of the
-    lab's given files (``provided.py``: a merge the lab's contract makes), else OTHER."""
+    lab's given files (``provided.py``, or the course's ``common/`` that labs share, such as
+    ``common/splits.py``'s merge: a merge the lab's contract makes), else OTHER."""
     code = getattr(fn, "__code__", None)
     if code is None:
         return OTHER
     path = os.path.realpath(code.co_filename)
     if path == _STATE["file"]:
         return OWN
-    if os.path.dirname(path) == os.path.dirname(_STATE["file"]):
+    if os.path.dirname(path) == os.path.dirname(_STATE["file"]) or _shared(fn, path):
         record = _STATE["active"]
         record.merges.append([0, 0])
         return len(record.merges) - 1
     return OTHER
+
+
+def _shared(fn: Any, path: str) -> bool:
+    """A kernel of the course's ``common`` package, which labs share (wherever the sandbox
+    imported it from): the module it names is loaded from the file its code comes from."""
+    import sys
+
+    module = sys.modules.get(str(getattr(fn, "__module__", "")))
+    origin = getattr(module, "__file__", None)
+    return (module is not None and module.__name__.split(".")[0] == "common"
+            and origin is not None and os.path.realpath(origin) == path)
 
 
 def _wrote(ptrs: Any, mask: Any) -> None:
