@@ -1243,6 +1243,13 @@ def test_no_svg_label_is_clipped_by_its_drawing_or_runs_over_its_box(open_page, 
                 f"{rel} ({width} px, {moment}): runs over its box {found['overflow'][:5]}"
 
 
+# the button's label is `label` and the visualisation is full screen exactly when it says so
+FULLSCREEN_SHOWN = """([id, label]) => {
+  const b = document.querySelector('#' + id + ' > .viz-frame [data-action=fullscreen]');
+  const full = document.fullscreenElement === document.getElementById(id);
+  return b !== null && b.innerText.trim() === label && full === (label === 'Exit full screen');
+}"""
+
 @BROWSER
 @pytest.mark.parametrize("rel", [f"viz/{n}.html" for n in VIZ])
 def test_every_visualisation_has_full_screen_and_new_tab_buttons_that_do_what_they_say(
@@ -1253,13 +1260,9 @@ def test_every_visualisation_has_full_screen_and_new_tab_buttons_that_do_what_th
     for vid in ids:
         full = p.page.locator(f"#{vid} > .viz-frame [data-action=fullscreen]")
         assert full.inner_text() == "Full screen"
-        full.click()
-        p.page.wait_for_function("id => document.fullscreenElement === document.getElementById(id)",
-                                 arg=vid, timeout=WAIT_MS)
-        assert full.inner_text() == "Exit full screen"
-        full.click()
-        p.page.wait_for_function("() => !document.fullscreenElement", timeout=WAIT_MS)
-        assert full.inner_text() == "Full screen"
+        for label in ("Exit full screen", "Full screen"):
+            full.click()  # the label follows the fullscreenchange event, which comes after
+            p.page.wait_for_function(FULLSCREEN_SHOWN, arg=[vid, label], timeout=WAIT_MS)
         link = p.page.locator(f"#{vid} > .viz-frame [data-action=new-tab]")
         assert link.get_attribute("target") == "_blank"
         href = link.get_attribute("href")
