@@ -17,9 +17,7 @@ is installed).
 
 from __future__ import annotations
 
-import argparse
 import datetime
-import json
 import pathlib
 
 import numpy as np
@@ -28,7 +26,6 @@ from common.loader import load_impl
 from common.tracing import rounded
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-OUT = REPO / "book" / "viz" / "traces"
 NAME = "dates-reference"
 LAB08 = REPO / "labs" / "lab-08-attention-from-scratch"
 # Dates the model never trained on (their day number is a multiple of 7, models/bahdanau.py).
@@ -88,20 +85,10 @@ def build() -> dict:
                          "digits_argmax": round(float(is_max[:, digit].mean()), 4)}}
 
 
-def as_script(data: dict) -> str:
-    body = json.dumps(data, separators=(",", ":"), sort_keys=True)
-    return ("window.BOOK_TRACES = window.BOOK_TRACES || {};\n"
-            f"window.BOOK_TRACES[{json.dumps(NAME)}] = {body};\n")
-
-
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=pathlib.Path, default=OUT)
-    args = ap.parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{NAME}.js").write_text(as_script(build()))
-    print(f"   wrote {args.out / f'{NAME}.js'}")
-    return 0
+    from book.traces import model_trace_main
+
+    return model_trace_main(NAME, build, __doc__, argv)
 
 
 if __name__ == "__main__":

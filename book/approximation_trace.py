@@ -24,8 +24,6 @@ One torch thread, fixed problems: the same file on every run. Writes
 
 from __future__ import annotations
 
-import argparse
-import json
 import pathlib
 from typing import Any
 
@@ -35,7 +33,6 @@ from common.loader import load_impl, load_lab_module
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 MODEL = REPO / "models" / "adder"
-OUT = REPO / "book" / "viz" / "traces"
 NAME = "adder-approx-reference"
 LAB10 = REPO / "labs" / "lab-10-approximate-attention"
 PROBLEMS = [(123, 456), (999, 1), (587, 645), (250, 307)]  # book/attention_trace.py's
@@ -175,20 +172,10 @@ def build() -> dict:
     }
 
 
-def as_script(data: dict) -> str:
-    body = json.dumps(data, separators=(",", ":"), sort_keys=True)
-    return ("window.BOOK_TRACES = window.BOOK_TRACES || {};\n"
-            f"window.BOOK_TRACES[{json.dumps(NAME)}] = {body};\n")
-
-
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=pathlib.Path, default=OUT)
-    args = ap.parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{NAME}.js").write_text(as_script(build()))
-    print(f"   wrote {args.out / f'{NAME}.js'}")
-    return 0
+    from book.traces import model_trace_main
+
+    return model_trace_main(NAME, build, __doc__, argv)
 
 
 if __name__ == "__main__":

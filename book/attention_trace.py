@@ -20,15 +20,12 @@ fails when it is stale where torch and transformers are installed).
 
 from __future__ import annotations
 
-import argparse
-import json
 import pathlib
 
 import numpy as np
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 MODEL = REPO / "models" / "adder"
-OUT = REPO / "book" / "viz" / "traces"
 NAME = "adder-reference"
 # (a, b): no carry, carries in every place, a carry into the fourth digit, zeros
 PROBLEMS = [(123, 456), (999, 1), (587, 645), (250, 307)]
@@ -83,20 +80,10 @@ def build() -> dict:
             "score_names": names, "scores": np.round(scores, 4).tolist(), "found": found}
 
 
-def as_script(data: dict) -> str:
-    body = json.dumps(data, separators=(",", ":"), sort_keys=True)
-    return ("window.BOOK_TRACES = window.BOOK_TRACES || {};\n"
-            f"window.BOOK_TRACES[{json.dumps(NAME)}] = {body};\n")
-
-
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=pathlib.Path, default=OUT)
-    args = ap.parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{NAME}.js").write_text(as_script(build()))
-    print(f"   wrote {args.out / f'{NAME}.js'}")
-    return 0
+    from book.traces import model_trace_main
+
+    return model_trace_main(NAME, build, __doc__, argv)
 
 
 if __name__ == "__main__":

@@ -80,6 +80,19 @@ def as_script(name: str, data: dict) -> str:
             f"window.BOOK_TRACES[{json.dumps(name)}] = {body};\n")
 
 
+def model_trace_main(name: str, build_trace: Callable[[], dict], doc: str,
+                     argv: list[str] | None = None) -> int:
+    """The command line of a trace built from a trained model (``book.attention_trace``,
+    ``book.alignment_trace``, ``book.approximation_trace``): ``--out`` folder, one script."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--out", type=pathlib.Path, default=REFERENCE_DIR)
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{name}.js").write_text(as_script(name, build_trace()))
+    print(f"   wrote {args.out / f'{name}.js'}")
+    return 0
+
+
 def read_script(path: pathlib.Path) -> dict | None:
     text = path.read_text()
     return json.loads(text.split("] = ", 1)[1].rstrip().rstrip(";"))
