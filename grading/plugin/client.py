@@ -359,21 +359,8 @@ class Client:
             return []
         if self.proc is None:
             self.start(deadline, what)
-        try:
-            payload = dumps_args(("batch", ("mod", ""), None,
-                                  tuple(step[:5] for step in steps), {}, None,
-                                  list(self.released)))
-        except GradingError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - a test passed something that cannot travel
-            raise WorkerError(f"the arguments of {what} cannot be sent to the sandboxed "
-                              f"worker: {exc!r} (pass arrays, tensors and plain values)"
-                              ) from None
-        self.released.clear()
-        try:
-            frames.send_frame(self.proc.sock, payload)
-        except OSError:
-            self._crashed(what)
+        self._send(("batch", ("mod", ""), None, tuple(step[:5] for step in steps), {}, None),
+                   what)
         reply = self._receive(deadline, what)
         if reply[0] == "error":
             raise build_exception(reply[1], what, self.handle) from None
@@ -393,18 +380,10 @@ class Client:
                               f"{len(steps)} calls of a batch") from None
         return results
 
-    def request(self, op: str, target: tuple, name: str | None, args: tuple, kwargs: dict,
-                instrument: str | None, what: str) -> Any:
-        __tracebackhide__ = True
-        deadline = self._check(target, what)
-        if instrument == "peak_memory":
-            return self._measure(op, target, name, args, kwargs, what, deadline)
-        if self.proc is None:
-            self.start(deadline, what)
-        measured = None
+    def _send(self, request: tuple, what: str) -> None:
+        """Send one request (with the handles released since the last one) to the worker."""
         try:
-            payload = dumps_args((op, target, name, args, kwargs, instrument,
-                                  list(self.released)))
+            payload = dumps_args((*request, list(self.released)))
         except GradingError:
             raise
         except Exception as exc:  # noqa: BLE001 - a test passed something that cannot travel
@@ -416,6 +395,17 @@ class Client:
             frames.send_frame(self.proc.sock, payload)
         except OSError:
             self._crashed(what)
+
+    def request(self, op: str, target: tuple, name: str | None, args: tuple, kwargs: dict,
+                instrument: str | None, what: str) -> Any:
+        __tracebackhide__ = True
+        deadline = self._check(target, what)
+        if instrument == "peak_memory":
+            return self._measure(op, target, name, args, kwargs, what, deadline)
+        if self.proc is None:
+            self.start(deadline, what)
+        measured = None
+        self._send((op, target, name, args, kwargs, instrument), what)
         try:
             return self._answer(self._receive(deadline, what), op, args, kwargs, what,
                                 measured)
