@@ -39,7 +39,7 @@ from grading.sandbox.host import (
     signal_text,
 )
 from grading.sandbox.lab_sandbox import ENV_ENABLE, ENV_ZYGOTE, LabSandbox
-from grading.sandbox.zygote_client import ENV_DIR
+from grading.sandbox.zygote_client import ENV_DIR, ForkedChild, preloaded
 
 # ---- lab run -----------------------------------------------------------------------------
 
@@ -275,15 +275,7 @@ def run_pytest(
         start = time.monotonic()
         try:
             with open(out, "wb") as sink:
-                proc = subprocess.Popen(
-                    args,
-                    cwd=opts.root,
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=sink,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,  # its own process group: a kill reaches its children
-                )
+                proc = _start_tests(args, opts, env, sink)
                 _limit_resources(proc.pid)
                 timed_out, allowance = _wait(proc, log, limit, opts)
                 returncode = proc.wait()
@@ -303,6 +295,82 @@ def run_pytest(
             elapsed=time.monotonic() - start,
             allowance=allowance,
         )
+
+
+def _start_tests(args: list[str], opts: Options, env: dict[str, str], sink: Any
+                 ) -> subprocess.Popen | ForkedChild:
+    """The lab's pytest process: forked from this one when it is the warm front door
+    (:func:`can_fork_tests`: torch imported once here serves it), else a fresh interpreter.
+    Either way its own session and process group (a kill reaches its children), ``cwd`` the
+    project, ``env`` its whole environment, no input, its output to ``sink``."""
+    if not can_fork_tests(opts):
+        return subprocess.Popen(args, cwd=opts.root, env=env, stdin=subprocess.DEVNULL,
+                                stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - in the child
+        os._exit(_forked_pytest(args[3:], str(opts.root), env, sink.fileno()))
+    return ForkedChild(pid)
+
+
+def can_fork_tests(opts: Options) -> bool:
+    """Fork the tests from this process? Only the warm front door (``python -m grading``,
+    :func:`grading.sandbox.zygote_client.preloaded`) with no thread running (``--jobs 1``),
+    grading the project its own code comes from, with its own interpreter."""
+    import threading
+
+    return (preloaded() and threading.active_count() == 1 and opts.python == sys.executable
+            and opts.root.resolve() == PROJECT_ROOT.resolve())
+
+
+def _forked_pytest(args: list[str], cwd: str, env: dict[str, str], out: int) -> int:
+    """In the forked child: become what ``python -m pytest ARGS`` started in ``cwd`` with
+    ``env`` would be (a new session, only stdin, stdout and stderr, the parent's objects
+    and exit handlers left alone), run pytest, its exit status."""
+    import atexit
+    import gc
+    import weakref
+
+    code = 70
+    try:
+        gc.freeze()  # the parent's objects: never collected here (their descriptors are gone)
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+        atexit._clear()  # the parent's: its temp folders are not this process's to remove
+        for finalizer in list(weakref.finalize._registry):  # type: ignore[attr-defined]
+            finalizer.atexit = False
+        weakref.finalize._registered_with_atexit = False  # type: ignore[attr-defined]
+        given = set(filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep)))
+        os.chdir(cwd)
+        os.environ.clear()
+        os.environ.update(env)
+        tempfile.tempdir = None
+        sys.dont_write_bytecode = bool(env.get("PYTHONDONTWRITEBYTECODE"))
+        path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        sys.path[:] = [cwd, *path, *(p for p in sys.path[1:] if p and p not in given)]
+        sys.argv = ["pytest", *args]
+        import pytest
+
+        code = int(pytest.main(args))
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:  # noqa: BLE001
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        try:
+            atexit._run_exitfuncs()
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+    return code
 
 
 def sandbox_args(opts: Options, env: dict[str, str], block: tuple[int, int] | None

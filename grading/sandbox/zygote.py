@@ -246,6 +246,54 @@ class Zygote:
         os._exit(0)
 
 
+def serve_seed(sock: socket.socket) -> int:
+    """The seed's side (:func:`grading.sandbox.zygote_client.start_seed`): a child of the
+    front door forked right after it imported numpy, torch and Triton, before it read any
+    file of the course. It waits for its orders (the run's :class:`Mother` config, its
+    listening socket and log), then makes itself what ``python -m grading.sandbox.zygote``
+    would be: a new session, only those descriptors, the scratch copy as its folder, the
+    clean environment, and every module of the course dropped and imported again from the
+    scratch copy (``common`` without the reference); then :func:`main`. Exits when the front
+    door goes without using it."""
+    import gc
+
+    gc.freeze()  # the parent's objects: never collected here (their descriptors are gone)
+    try:
+        data, fds = frames.recv_frame(sock, None, max_size=1 << 24, max_fds=2)
+    except (EOFError, OSError, frames.FrameError):
+        return 0
+    config = json.loads(data)
+    if len(fds) != 2:
+        return 70
+    os.setsid()
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    for target in (1, 2):
+        os.dup2(fds[1], target)
+    os.dup2(fds[0], 3, inheritable=False)
+    os.closerange(4, os.sysconf("SC_OPEN_MAX"))
+    cwd, env = config.pop("cwd"), config.pop("env")
+    config["listen_fd"] = 3
+    os.chdir(cwd)
+    given = set(filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep)))
+    os.environ.clear()
+    os.environ.update(env)
+    import tempfile
+
+    tempfile.tempdir = None
+    # sys.path as a fresh interpreter in the scratch copy has it: no folder of the course
+    sys.path[:] = [cwd, *(p for p in sys.path[1:] if p and p not in given)]
+    for name in [n for n in sys.modules
+                 if n.split(".")[0] in COURSE_PACKAGES or n.startswith("lab_")]:
+        del sys.modules[name]
+    importlib.invalidate_caches()
+    fresh = importlib.import_module("grading.sandbox.zygote")
+    return fresh.main([json.dumps(config)])
+
+
+COURSE_PACKAGES = ("common", "grading", "bench", "labs", "conftest")
+
+
 def main(argv: list[str] | None = None) -> int:
     config = json.loads((argv or sys.argv[1:])[0])
     uids, gid = config.get("uids"), config.get("probe_uid") or config.get("gid")

@@ -10,6 +10,11 @@
   (:mod:`grading.sandbox.zygote`): JSON requests with file descriptors attached.
   :class:`Mother` is a grading run's warm zygote: it imports torch once and forks the
   zygote of each lab.
+- The seed (:func:`start_seed`): ``python -m grading`` imports numpy, torch and Triton once,
+  before the grader reads anything of the course, and forks a child that waits; the run's
+  :class:`Mother` becomes that child (:func:`grading.sandbox.zygote.serve_seed`) instead of
+  a fresh interpreter importing torch again, and the lab's test process is forked from the
+  same warm parent (:class:`ForkedChild`, :mod:`grading.run.runner`).
 - Lab scripts (``common.testing.LabScript``): :class:`Registry` holds the sandboxes of one
   test process, in a file that ``COURSE_SCRIPT_PREFIX`` names;
   ``python -m grading.sandbox.lab_sandbox script --registry FILE -- script.py ...`` (what
@@ -25,6 +30,7 @@ import argparse
 import ast
 import json
 import os
+import select
 import shlex
 import shutil
 import socket
@@ -244,6 +250,109 @@ class WorkerProcess:
     stack: Path
 
 
+class ForkedChild:
+    """A child this process forked (the seed, a lab's test process), seen as
+    :class:`subprocess.Popen` sees one: ``pid``, ``poll``, ``wait(timeout)``, ``kill``."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.returncode = pid, None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere (the run's sweep)
+                self.returncode = -9
+                return self.returncode
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            pidfd = os.pidfd_open(self.pid)
+        except (AttributeError, OSError):
+            pidfd = -1
+        try:
+            while self.poll() is None:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise subprocess.TimeoutExpired(str(self.pid), timeout or 0.0)
+                if pidfd >= 0:
+                    select.select([pidfd], [], [], left)
+                else:
+                    time.sleep(0.02 if left is None else min(left, 0.02))
+        finally:
+            if pidfd >= 0:
+                os.close(pidfd)
+        return self.returncode  # type: ignore[return-value]
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, 9)
+            except ProcessLookupError:
+                pass
+
+
+_SEED: dict[str, Any] = {"preloaded": False, "pid": None, "sock": None}
+
+
+def start_seed() -> bool:
+    """In ``python -m grading``, before the grader imports itself or reads a file of the
+    course (tests, solutions: nothing of them may be in a forked image): numpy, torch and
+    Triton imported once (``TRITON_INTERPRET`` chosen first), then a child forked that waits
+    to become the run's warm zygote (:class:`Mother`). True when this process is warm (its
+    lab test processes may be forked from it too: :func:`preloaded`). Nothing happens where
+    a fork could not share it safely (no ``fork``, torch missing, CUDA already initialised,
+    threads running)."""
+    if not hasattr(os, "fork") or not hasattr(socket, "send_fds"):
+        return False
+    try:
+        os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # no CUDA context here
+        import numpy  # noqa: F401
+        import torch
+
+        from common.device import configure_triton
+
+        configure_triton()  # before triton is imported
+        import triton  # noqa: F401
+        import triton.language  # noqa: F401
+
+        from grading.sandbox import zygote
+    except ImportError:
+        return False
+    if torch.cuda.is_initialized() or threading.active_count() > 1:
+        return False
+    _SEED["preloaded"] = True
+    parent, child = socket.socketpair()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - in the child
+        code = 70
+        try:
+            parent.close()
+            code = zygote.serve_seed(child)
+        finally:
+            os._exit(code)
+    child.close()
+    _SEED.update(pid=pid, sock=parent)
+    return True
+
+
+def preloaded() -> bool:
+    """Did :func:`start_seed` import torch in this process (the front door)?"""
+    return bool(_SEED["preloaded"])
+
+
+def _take_seed() -> tuple[int, socket.socket] | None:
+    pid, sock = _SEED["pid"], _SEED["sock"]
+    _SEED.update(pid=None, sock=None)
+    return None if pid is None else (pid, sock)
+
+
 class Mother:
     """The grading run's warm zygote: it imports torch, triton and ``common`` once and forks
     the zygote of each lab (:class:`LabSandbox`), so that a lab's sandbox costs a fork
@@ -262,13 +371,23 @@ class Mother:
         listener.listen(8)
         config = {"listen_fd": listener.fileno(), "probe_uid": probe_uid, "lab_dir": None,
                   "uids": None, "gid": None, "modules": modules}
+        env = sandbox_env(self.scratch, "starter")
+        seed = _take_seed()
+        self.proc: subprocess.Popen | ForkedChild
         with open(self.private / "mother.log", "wb") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "grading.sandbox.zygote", json.dumps(config)],
-                cwd=self.scratch, env=sandbox_env(self.scratch, "starter"),
-                pass_fds=[listener.fileno()], stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True,
-            )
+            if seed is not None:  # the seed: torch is imported there already
+                frames.send_frame(seed[1], json.dumps(
+                    dict(config, cwd=str(self.scratch), env=env)).encode(),
+                    [listener.fileno(), log.fileno()])
+                seed[1].close()
+                self.proc = ForkedChild(seed[0])
+            else:
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-m", "grading.sandbox.zygote", json.dumps(config)],
+                    cwd=self.scratch, env=env, pass_fds=[listener.fileno()],
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
         listener.close()
         self.client = ZygoteClient(path, time.monotonic() + 60)
         self.client.send({"op": "control"})  # its reply comes once torch is imported
