@@ -9,6 +9,8 @@ test process are forks of this warm process, not fresh interpreters importing to
 
 import sys
 
+import numpy  # noqa: F401 - shared with the calibration's child, not imported twice
+
 from grading.run import calibration
 
 pending = calibration.start()
