@@ -7,7 +7,14 @@ once and the seed of the run's warm zygote is forked
 test process are forks of this warm process, not fresh interpreters importing torch again.
 """
 
+import os
 import sys
+
+if os.environ.get("PYTHONHASHSEED") != "0" and hasattr(os, "fork"):
+    # the sandbox's processes are forks of this one: they hash strings as a fresh interpreter
+    # with PYTHONHASHSEED=0 (the sandbox's environment) does, the same order on every run
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]],
+              dict(os.environ, PYTHONHASHSEED="0"))
 
 import numpy  # noqa: F401 - shared with the calibration's child, not imported twice
 

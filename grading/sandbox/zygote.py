@@ -282,6 +282,9 @@ def serve_seed(sock: socket.socket) -> int:
 
     tempfile.tempdir = None
     # sys.path as a fresh interpreter in the scratch copy has it: no folder of the course
+    import site
+
+    given.add(site.getusersitepackages())  # PYTHONNOUSERSITE=1
     sys.path[:] = [cwd, *(p for p in sys.path[1:] if p and p not in given)]
     for name in [n for n in sys.modules
                  if n.split(".")[0] in COURSE_PACKAGES or n.startswith("lab_")]:
