@@ -3,7 +3,7 @@
 The load calibration (:mod:`grading.run.calibration`) starts first, in a forked child, so
 that it runs while the grader imports itself; then numpy, torch and Triton are imported
 once and the seed of the run's warm zygote is forked
-(:func:`grading.sandbox.zygote_client.start_seed`): the sandbox's zygotes and each lab's
+(:func:`grading.sandbox.zygote.start_seed`): the sandbox's zygotes and each lab's
 test process are forks of this warm process, not fresh interpreters importing torch again.
 """
 
@@ -22,11 +22,11 @@ from grading.run import calibration
 
 pending = calibration.start()
 
-from grading.sandbox import zygote_client  # noqa: E402
+from grading.sandbox import zygote  # noqa: E402
 
 # numpy, torch and Triton once, before the grader reads any file of the course: the run's
 # warm zygote and each lab's test process are forked from here (no second torch import)
-zygote_client.start_seed()
+zygote.start_seed()
 
 from grading.run.cli import main  # noqa: E402 - after the calibration started
 

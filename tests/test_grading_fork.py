@@ -48,12 +48,12 @@ def test_the_front_door_forks_its_seed_before_the_grader_imports_itself():
     and before importing the grader's run, plugin or tools, a lab or the reference."""
     code = (
         "import os, sys\n"
-        "from grading.sandbox import zygote_client\n"
+        "from grading.sandbox import zygote\n"
         "def fork():\n"
         "    print(' '.join(sorted(sys.modules)))\n"
         "    raise SystemExit(0)\n"
         "os.fork = fork\n"
-        "zygote_client.start_seed()\n"
+        "zygote.start_seed()\n"
     )
     probe = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                            timeout=300, check=False)

@@ -38,7 +38,7 @@ from typing import Any
 from grading.sandbox import frames, host
 from grading.sandbox.confine import preimport, readable_by
 from grading.sandbox.worker import run_program, run_script, run_worker
-from grading.sandbox.zygote_client import lab_imports
+from grading.sandbox.zygote_client import keep_seed, lab_imports
 
 
 def _own_common(scratch: str) -> None:
@@ -246,8 +246,53 @@ class Zygote:
         os._exit(0)
 
 
+def start_seed() -> bool:
+    """In ``python -m grading``, before the grader imports itself or reads a file of the
+    course (tests, solutions: nothing of them may be in a forked image): numpy, torch and
+    Triton imported once (``TRITON_INTERPRET`` chosen first), then a child forked that waits
+    to become the run's warm zygote (``zygote_client.Mother``). True when this process is
+    warm (its lab test processes may be forked from it too: ``zygote_client.preloaded``).
+    Nothing happens where
+    a fork could not share it safely (no ``fork``, torch missing, CUDA already initialised,
+    threads running)."""
+    if not hasattr(os, "fork") or not hasattr(socket, "send_fds"):
+        return False
+    try:
+        os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # no CUDA context here
+        import numpy  # noqa: F401
+        import torch
+
+        from common.device import configure_triton
+    except ImportError:
+        return False
+    configure_triton()  # before triton is imported
+    try:
+        import triton.language  # noqa: F401
+    except ImportError:  # not installed here: its tests are "not run"
+        pass
+    import threading
+
+    if torch.cuda.is_initialized() or threading.active_count() > 1:
+        return False
+    keep_seed(None, None)
+    parent, child = socket.socketpair()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - in the child
+        code = 70
+        try:
+            parent.close()
+            code = serve_seed(child)
+        finally:
+            os._exit(code)
+    child.close()
+    keep_seed(pid, parent)
+    return True
+
+
 def serve_seed(sock: socket.socket) -> int:
-    """The seed's side (:func:`grading.sandbox.zygote_client.start_seed`): a child of the
+    """The seed's side (:func:`start_seed`): a child of the
     front door forked right after it imported numpy, torch and Triton, before it read any
     file of the course. It waits for its orders (the run's :class:`Mother` config, its
     listening socket and log), then makes itself what ``python -m grading.sandbox.zygote``

@@ -10,11 +10,12 @@
   (:mod:`grading.sandbox.zygote`): JSON requests with file descriptors attached.
   :class:`Mother` is a grading run's warm zygote: it imports torch once and forks the
   zygote of each lab.
-- The seed (:func:`start_seed`): ``python -m grading`` imports numpy, torch and Triton once,
-  before the grader reads anything of the course, and forks a child that waits; the run's
-  :class:`Mother` becomes that child (:func:`grading.sandbox.zygote.serve_seed`) instead of
-  a fresh interpreter importing torch again, and the lab's test process is forked from the
-  same warm parent (:class:`ForkedChild`, :mod:`grading.run.runner`).
+- The seed (:func:`grading.sandbox.zygote.start_seed`): ``python -m grading`` imports
+  numpy, torch and Triton once, before the grader reads anything of the course, and forks
+  a child that waits; the run's :class:`Mother` becomes that child
+  (:func:`grading.sandbox.zygote.serve_seed`) instead of a fresh interpreter importing
+  torch again, and the lab's test process is forked from the same warm parent
+  (:class:`ForkedChild`, :mod:`grading.run.runner`).
 - Lab scripts (``common.testing.LabScript``): :class:`Registry` holds the sandboxes of one
   test process, in a file that ``COURSE_SCRIPT_PREFIX`` names;
   ``python -m grading.sandbox.lab_sandbox script --registry FILE -- script.py ...`` (what
@@ -300,52 +301,15 @@ class ForkedChild:
 _SEED: dict[str, Any] = {"preloaded": False, "pid": None, "sock": None}
 
 
-def start_seed() -> bool:
-    """In ``python -m grading``, before the grader imports itself or reads a file of the
-    course (tests, solutions: nothing of them may be in a forked image): numpy, torch and
-    Triton imported once (``TRITON_INTERPRET`` chosen first), then a child forked that waits
-    to become the run's warm zygote (:class:`Mother`). True when this process is warm (its
-    lab test processes may be forked from it too: :func:`preloaded`). Nothing happens where
-    a fork could not share it safely (no ``fork``, torch missing, CUDA already initialised,
-    threads running)."""
-    if not hasattr(os, "fork") or not hasattr(socket, "send_fds"):
-        return False
-    try:
-        os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # no CUDA context here
-        import numpy  # noqa: F401
-        import torch
-
-        from common.device import configure_triton
-    except ImportError:
-        return False
-    configure_triton()  # before triton is imported
-    try:
-        import triton.language  # noqa: F401
-    except ImportError:  # not installed here: its tests are "not run"
-        pass
-    from grading.sandbox import zygote
-
-    if torch.cuda.is_initialized() or threading.active_count() > 1:
-        return False
-    _SEED["preloaded"] = True
-    parent, child = socket.socketpair()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - in the child
-        code = 70
-        try:
-            parent.close()
-            code = zygote.serve_seed(child)
-        finally:
-            os._exit(code)
-    child.close()
-    _SEED.update(pid=pid, sock=parent)
-    return True
+def keep_seed(pid: int | None, sock: socket.socket | None) -> None:
+    """This process is warm (:func:`grading.sandbox.zygote.start_seed` imported torch here);
+    ``pid``/``sock``: its seed, for the run's :class:`Mother`."""
+    _SEED.update(preloaded=True, pid=pid, sock=sock)
 
 
 def preloaded() -> bool:
-    """Did :func:`start_seed` import torch in this process (the front door)?"""
+    """Did :func:`grading.sandbox.zygote.start_seed` import torch in this process (the
+    front door)?"""
     return bool(_SEED["preloaded"])
 
 
