@@ -30,8 +30,11 @@ tests cannot even import (a syntax error) is reported as broken, not as killed.
 
 Mutants of shared code live in ``tests/mutants/common/`` (``# file: common/testing.py``).
 Each runs against every lab that imports the mutated module (directly or through another
-module of ``common/``), on a scratch copy of the repository's code; it is killed when at
-least one of those labs fails (``--lab 03`` runs lab 03's share of them, reported only).
+module of ``common/``), on a scratch copy of the repository's code, and against the course's
+own tests that import it (``tests/test_*.py``; ``--lab 03`` runs lab 03's share, reported
+only). Its ``# expect:`` words hold per run: it is killed when at least one of those runs
+fails AND names it. A run that fails without the words is reported UNNAMED beside it (a lab
+that catches a shared mistake by accident need not name it); a mutant no run names is UNNAMED.
 
 Instructors add their own mutants the same way; ``make release`` drops ``tests/mutants``.
 """
@@ -237,6 +240,9 @@ def _run_course_test(root: Path, mutant: Mutant, test_file: str) -> Outcome:
         output = proc.stdout + proc.stderr
         if proc.returncode == 0:
             return Outcome(mutant, "SURVIVED", "every test passed")
+        if proc.returncode == 1 and mutant.expect and not names_it(output, mutant.expect):
+            return Outcome(mutant, "UNNAMED", f"{_first_failure(output)} failed without "
+                           f"naming the mistake (expected the words {mutant.expect!r})")
         if proc.returncode == 1:
             return Outcome(mutant, "killed", _first_failure(output))
         return Outcome(mutant, "BROKEN", f"pytest exit {proc.returncode}: {_first_failure(output)}")
@@ -365,7 +371,7 @@ def shared_mutants(root: Path, wanted: str | None) -> list[tuple[Mutant, list[st
 
 def run_shared(root: Path, wanted: str | None, jobs: int) -> tuple[int, int]:
     """Run every shared mutant against each lab that uses it; ``(killed, total)``: killed
-    when at least one of those labs fails."""
+    when at least one of those runs fails naming it (its ``# expect:`` words)."""
     found = shared_mutants(root, wanted)
     if not found:
         return 0, 0
@@ -381,6 +387,7 @@ def run_shared(root: Path, wanted: str | None, jobs: int) -> tuple[int, int]:
     for mutant, _ in found:
         mine = [(lab, o) for (m, lab), o in zip(pairs, outcomes) if m is mutant]
         status = ("killed" if any(o.status == "killed" for _, o in mine)  # type: ignore[union-attr]
+                  else "UNNAMED" if any(o.status == "UNNAMED" for _, o in mine)  # type: ignore[union-attr]
                   else "BROKEN" if any(o.status == "BROKEN" for _, o in mine)  # type: ignore[union-attr]
                   else "SURVIVED")
         killed += status == "killed"
