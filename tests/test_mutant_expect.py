@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from grading.tools.mutants import names_it, parse_mutant
+from grading.tools.mutants import names_it, parse_mutant, shared_status
 
 MUTANT = """# the scale forgotten
 # expect: forgot the 1/sqrt(d) scale
@@ -33,6 +33,15 @@ def test_the_words_are_found_across_pytest_s_line_breaks_and_case():
     assert names_it(output, "forgot the 1/sqrt(d) scale")
     assert not names_it("E   AssertionError: out differs from the float64 reference",
                         "forgot the 1/sqrt(d) scale")
+
+
+def test_a_shared_mutant_is_killed_when_one_run_fails_naming_it():
+    """A mutant of common/ runs against every lab and course test using the module: one run
+    that fails with the words kills it; runs that fail without them do not."""
+    assert shared_status(["SURVIVED", "UNNAMED", "killed"]) == "killed"
+    assert shared_status(["SURVIVED", "UNNAMED", "UNNAMED"]) == "UNNAMED"
+    assert shared_status(["SURVIVED", "BROKEN"]) == "BROKEN"
+    assert shared_status(["SURVIVED", "SURVIVED"]) == "SURVIVED"
 
 
 # ---- the course's own mutants: each names its misconception, each README row has one ----------

@@ -369,6 +369,15 @@ def shared_mutants(root: Path, wanted: str | None) -> list[tuple[Mutant, list[st
     return out
 
 
+def shared_status(statuses: list[str]) -> str:
+    """A shared mutant's status from its runs' statuses: killed when one run fails naming it
+    (a run failing without the words does not count, and is reported beside it)."""
+    for status in ("killed", "UNNAMED", "BROKEN"):
+        if status in statuses:
+            return status
+    return "SURVIVED"
+
+
 def run_shared(root: Path, wanted: str | None, jobs: int) -> tuple[int, int]:
     """Run every shared mutant against each lab that uses it; ``(killed, total)``: killed
     when at least one of those runs fails naming it (its ``# expect:`` words)."""
@@ -386,10 +395,7 @@ def run_shared(root: Path, wanted: str | None, jobs: int) -> tuple[int, int]:
     killed = 0
     for mutant, _ in found:
         mine = [(lab, o) for (m, lab), o in zip(pairs, outcomes) if m is mutant]
-        status = ("killed" if any(o.status == "killed" for _, o in mine)  # type: ignore[union-attr]
-                  else "UNNAMED" if any(o.status == "UNNAMED" for _, o in mine)  # type: ignore[union-attr]
-                  else "BROKEN" if any(o.status == "BROKEN" for _, o in mine)  # type: ignore[union-attr]
-                  else "SURVIVED")
+        status = shared_status([o.status for _, o in mine])  # type: ignore[union-attr]
         killed += status == "killed"
         print(f"   {status:8s} {mutant.name}: {mutant.description}")
         for lab, o in mine:
