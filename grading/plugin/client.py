@@ -104,6 +104,8 @@ def _copy_into(dst: Any, src: Any) -> None:
 # ---- a Triton test needs the graded file's kernel ------------------------------------------
 
 WRITTEN = 0.99  # the share of each output tensor the file's own kernels must have made
+COPIED = 0.01  # at most this share of it may be values they only copied from a buffer the
+# call made (torch's answer): legitimate kernels copy only inputs (a gather) or their own
 
 
 def require_kernel(info: Any, what: str, impl: str) -> None:
@@ -119,7 +121,8 @@ def require_kernel(info: Any, what: str, impl: str) -> None:
         return
     try:
         kernels = [(str(k[0])[:100], k[1] is True) for k in info["kernels"][:64]]
-        written = [(str(w[0]), float(w[1]), int(w[2])) for w in info["written"][:32]]
+        written = [(str(w[0]), float(w[1]), int(w[2]), float(w[4]) if len(w) > 4 else 0.0)
+                   for w in info["written"][:32]]
         empty = info.get("empty") is True
     except (TypeError, KeyError, IndexError, ValueError, AttributeError):
         raise NoKernel(f"{what}: the worker's record of its kernel launches is malformed"
@@ -136,13 +139,23 @@ def require_kernel(info: Any, what: str, impl: str) -> None:
             "numpy) earns nothing here") from None
     short = [w for w in written if not w[1] >= WRITTEN]
     if short:
-        where, share, _ = short[0]
+        where, share, _, _ = short[0]
         raise NoKernel(
             f"{what}: only {share:.0%} of "
             + ("a tensor it returned" if where == "ret" else "what it wrote into an argument")
             + f" holds what {', '.join(own)} stored there: the result must come from the "
             "kernel's own tl.store (a kernel that stores elsewhere, or an output that torch "
             "computes or overwrites after the kernel, earns nothing)") from None
+    copied = [w for w in written if w[3] >= COPIED]
+    if copied:
+        where, _, _, share = copied[0]
+        raise NoKernel(
+            f"{what}: {share:.0%} of "
+            + ("a tensor it returned" if where == "ret" else "what it wrote into an argument")
+            + f" is what {', '.join(own)} loaded from a buffer the call made (neither an "
+            "input, nor an input converted, nor what the kernel itself wrote) and stored "
+            "unchanged: the kernel copied an answer computed elsewhere (torch), and a copy "
+            "earns nothing here") from None
 
 
 # ---- client ------------------------------------------------------------------------------
