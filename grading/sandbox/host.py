@@ -4,8 +4,9 @@ process it started, however it tried to hide.
 :func:`choose_mode` says how the graded code is isolated on this machine (a :class:`Mode`):
 ``COURSE_SANDBOX_UIDS`` names a block, or ``none``; else, as root, a free block of
 :data:`UIDS_PER_LAB` uids in 61000-64999 that no account and no process uses, reserved for
-this process by a lock file; else the process split alone. :func:`kill_block` ends every
-process of a block.
+this process by a lock file; as root without one, grading is refused (graded code never runs
+as root: :class:`SandboxRefused`); as another user (a student's laptop) the process split
+alone, which runs the code as that user. :func:`kill_block` ends every process of a block.
 
 - :func:`kill_uid`: with a user switch, each sandboxed process runs under a uid of its own,
   so ``kill(-1, SIGKILL)`` sent *as that uid* ends all of them at once, including a
@@ -204,6 +205,11 @@ class SandboxError(RuntimeError):
     """The sandbox could not be set up (not the graded code's fault)."""
 
 
+class SandboxRefused(SandboxError):
+    """Running as root, the user switch cannot be made here: the grader refuses to grade
+    rather than run the graded code as root (the message says why and what to do)."""
+
+
 @dataclass(frozen=True)
 class Mode:
     """How the graded code is isolated: ``uids`` is ``(first, stop)`` of a lab's block, or
@@ -211,6 +217,16 @@ class Mode:
 
     uids: tuple[int, int] | None
     reason: str = ""
+    refused: bool = False  # as root without a user switch: nothing may be graded
+
+    def refusal(self) -> str:
+        """Why grading is refused, and what to do (a refused mode only)."""
+        return (f"refusing to grade: the grader runs as root, and the user switch that runs "
+                f"the graded code as a sandbox uid cannot be made here ({self.reason}). "
+                "Graded code never runs as root. Fix what stops the switch (a checkout, and "
+                "its .venv, that other users can read; a free block of uids, "
+                f"{ENV_UIDS}=61000-61063; a container that allows setuid), or grade as a "
+                "user that is not root: the process split then runs the code as that user")
 
     def describe(self, blocks: list[tuple[int, int]] | None = None) -> str:
         """In words; ``blocks``: every lab's uid block of the run (else this mode's)."""
@@ -368,7 +384,9 @@ def parse_uids(spec: str) -> tuple[int, int]:
 def choose_mode(labs: int = 1, prepare: Callable[[], object] | None = None
                 ) -> tuple[Mode, list[tuple[int, int]]]:
     """The mode for this machine and, with a user switch, one uid block per lab
-    (``prepare``: see :func:`can_switch_user`)."""
+    (``prepare``: see :func:`can_switch_user`). As root without one, a mode whose
+    ``refused`` is set: the callers refuse to grade (:class:`SandboxRefused`);
+    ``COURSE_SANDBOX_UIDS=none`` asks for the process split explicitly."""
     spec = os.environ.get(ENV_UIDS, "").strip().lower()
     if spec in ("none", "off", "no", "0"):
         return Mode(None, f"{ENV_UIDS}={spec}"), []
@@ -380,11 +398,11 @@ def choose_mode(labs: int = 1, prepare: Callable[[], object] | None = None
     try:
         blocks = allocate_uid_blocks(labs)
     except SandboxError as exc:
-        return Mode(None, str(exc)), []
+        return Mode(None, str(exc), refused=True), []
     reason = can_switch_user(blocks[0][0], prepare)
     if reason is not None:
         release(blocks)
-        return Mode(None, reason), []
+        return Mode(None, reason, refused=True), []
     return Mode(blocks[0]), blocks
 
 

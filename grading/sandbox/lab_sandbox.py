@@ -54,6 +54,7 @@ from grading.sandbox.confine import Rehearsal
 from grading.sandbox.host import (
     Mode,
     SandboxError,
+    SandboxRefused,
     choose_mode,
     kill_block,
     release,
@@ -156,6 +157,8 @@ def grading_session(root: Path, labs: list[str], enabled: bool, results: Path | 
         return
     with Rehearsal() as prepare:  # the pre-flight sees what a sandboxed process will
         mode, blocks = choose_mode(len(labs), prepare)
+    if mode.refused:
+        raise SandboxRefused(mode.refusal())
     if top_level:
         host.set_subreaper()
     restore = lock_tree(root, results, impl) if mode.uids is not None else (lambda: None)
@@ -454,6 +457,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "check":
         with Rehearsal() as prepare:
             mode, _ = choose_mode(prepare=prepare)
+        if mode.refused:
+            print(mode.refusal(), file=sys.stderr)
+            return 1
         print(mode.describe())
         return 0
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
