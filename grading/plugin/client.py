@@ -44,6 +44,7 @@ from grading.plugin.remote import (
 )
 from grading.plugin.sandboxes import LIMITS, current_deadline, replace_sandbox
 from grading.sandbox import frames, wire
+from grading.sandbox.host import MemoryCgroup
 from grading.sandbox.lab_sandbox import LabSandbox
 
 # ---- call args ---------------------------------------------------------------------------
@@ -170,29 +171,36 @@ class ResidentPeak:
     """The peak memory of a fresh worker's import and call, measured from outside it
     (Linux): ``start(pid)`` is called before the worker imports the graded module (it waits
     for the grader there): it resets the mark (``/proc/<pid>/clear_refs`` <- "5") and notes
-    the resident size; ``peak()`` is ``VmHWM`` minus that, in bytes, plus the most private
-    memory the worker's other processes (its forks, however detached) held at once
-    meanwhile, sampled from their ``smaps_rollup`` every :data:`SAMPLE_SECONDS` by a thread
-    of this process: with the user switch every process of the worker's uid (a uid of its
-    own), else the worker's descendants. A fork that does the work cannot hide it, nor can an
-    arena touched at import (the import is measured) or in an earlier call (a fresh worker
-    holds none). The library code a fresh process faults in from files already in memory
-    (resident, but no memory the call allocated: ``RssFile``'s growth, a few MiB) is left
-    out, up to :data:`FILE_ALLOWANCE`. ``None`` where ``/proc`` does not allow it: the
-    memory tests then say they cannot measure here and carry no points."""
+    the resident size, and where a memory cgroup can be made (as root: v2 ``memory.peak``,
+    v1 ``memory.max_usage_in_bytes``, :class:`~grading.sandbox.host.MemoryCgroup`) puts the
+    worker in one of its own, so that every fork is born in it; ``peak()`` is ``VmHWM``
+    minus that, in bytes, or the cgroup's peak (the whole process tree's, however short a
+    fork lives) when larger. Without a cgroup: plus the most private memory the worker's
+    other processes (its forks, however detached) held at once meanwhile, sampled from
+    their ``smaps_rollup`` every :data:`SAMPLE_SECONDS` by a thread of this process (with
+    the user switch every process of the worker's uid, a uid of its own, else the worker's
+    descendants): a fork shorter than that can hide. A fork that does the work cannot hide
+    it, nor can an arena touched at import (the import is measured) or in an earlier call
+    (a fresh worker holds none). The library code a fresh process faults in from files
+    already in memory (resident, but no memory the call allocated: ``RssFile``'s growth, a
+    few MiB; with a cgroup, the file pages charged to it) is left out, up to
+    :data:`FILE_ALLOWANCE`. ``None`` where ``/proc`` does not allow it: the memory tests
+    then say they cannot measure here and carry no points."""
 
     SAMPLE_SECONDS = 0.01
     FILE_ALLOWANCE = 16 << 20  # bytes: well under the 32 MiB arrays the memory tests look for
 
-    def __init__(self, pid: int, base: int, uid: int | None) -> None:
-        self.pid, self.base = pid, base
+    def __init__(self, pid: int, base: int, uid: int | None,
+                 group: MemoryCgroup | None = None) -> None:
+        self.pid, self.base, self.group = pid, base, group
         self.base_file = self._status(pid, "RssFile")
         self.uid = uid if uid is not None and uid not in (0, os.getuid()) else None
         self.others = 0
         self.stop = threading.Event()
-        self.thread: threading.Thread | None = threading.Thread(target=self._sample,
-                                                                daemon=True)
-        self.thread.start()
+        self.thread: threading.Thread | None = None
+        if group is None:  # no cgroup: the forks are sampled
+            self.thread = threading.Thread(target=self._sample, daemon=True)
+            self.thread.start()
 
     @staticmethod
     def _status(pid: int, key: str) -> int:
@@ -251,13 +259,23 @@ class ResidentPeak:
 
     @classmethod
     def start(cls, pid: int) -> ResidentPeak | None:
+        group = None
         try:
             with open(f"/proc/{pid}/clear_refs", "w", encoding="ascii") as f:
                 f.write("5")
             uid = os.stat(f"/proc/{pid}").st_uid
-            return cls(pid, cls._status(pid, "VmRSS"), uid)
+            base = cls._status(pid, "VmRSS")
+            group = MemoryCgroup.create(pid)
+            return cls(pid, base, uid, group)
         except (OSError, ValueError):
+            if group is not None:
+                group.remove()
             return None
+
+    def remove(self) -> None:
+        """After the worker is gone: remove its memory cgroup (killing what is left in it)."""
+        if self.group is not None:
+            self.group.remove()
 
     def close(self) -> None:
         """Stop sampling (idempotent)."""
@@ -270,7 +288,11 @@ class ResidentPeak:
         self.close()
         code = min(max(self._status(self.pid, "RssFile") - self.base_file, 0),
                    self.FILE_ALLOWANCE)
-        return max(self._status(self.pid, "VmHWM") - self.base - code, 0) + self.others
+        own = max(self._status(self.pid, "VmHWM") - self.base - code, 0)
+        if self.group is not None:  # the whole tree's peak, every fork in it however short
+            cache = min(self.group.page_cache(), self.FILE_ALLOWANCE)
+            return max(own, self.group.peak() - cache)
+        return own + self.others
 
 
 NOT_MEASURED = ("not run: peak memory cannot be measured from outside the worker on this "
@@ -559,6 +581,8 @@ class Client:
             if measured is not None:
                 measured.close()
             self._discard(wait=False)
+            if measured is not None:
+                measured.remove()
             self.proc = main
 
     # -- handles --

@@ -162,7 +162,8 @@ def grading_session(root: Path, labs: list[str], enabled: bool, results: Path | 
     if top_level:
         host.set_subreaper()
     restore = lock_tree(root, results, impl) if mode.uids is not None else (lambda: None)
-    session = Session(mode.describe(blocks), True, dict(zip(labs, blocks)))
+    session = Session(f"{mode.describe(blocks)}; {host.memory_accounting()}", True,
+                      dict(zip(labs, blocks)))
     try:
         try:
             modules = sorted({m for lab in labs for m in lab_imports(root / "labs" / lab)})
