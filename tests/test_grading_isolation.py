@@ -290,7 +290,7 @@ def test_memory_a_short_fork_or_a_fork_s_dev_shm_file_is_counted(probed):
     assert peaks["short_fork"] - peaks["idle"] >= 48 << 20, f"a short fork hid 64 MiB: {peaks}"
     assert peaks["shm_fork"] - peaks["idle"] >= 48 << 20, f"/dev/shm hid 64 MiB: {peaks}"
     assert peaks["honest"] - peaks["idle"] < 96 << 20, f"64 MiB counted as much more: {peaks}"
-    leftover = [e.name for parent, _, _ in MemoryCgroup.parents()
+    leftover = [e.name for parent, _ in MemoryCgroup.parents()
                 for e in os.scandir(parent) if e.name.startswith("course-grade-")]
     assert not leftover, f"memory cgroups left behind: {leftover}"
 

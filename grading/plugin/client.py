@@ -174,21 +174,25 @@ class ResidentPeak:
     the resident size, and where a memory cgroup can be made (as root: v2 ``memory.peak``,
     v1 ``memory.max_usage_in_bytes``, :class:`~grading.sandbox.host.MemoryCgroup`) puts the
     worker in one of its own, so that every fork is born in it; ``peak()`` is ``VmHWM``
-    minus that, in bytes, or the cgroup's peak (the whole process tree's, however short a
-    fork lives) when larger. Without a cgroup: plus the most private memory the worker's
-    other processes (its forks, however detached) held at once meanwhile, sampled from
-    their ``smaps_rollup`` every :data:`SAMPLE_SECONDS` by a thread of this process (with
-    the user switch every process of the worker's uid, a uid of its own, else the worker's
-    descendants): a fork shorter than that can hide. A fork that does the work cannot hide
+    minus that, in bytes, plus the most private memory the worker's other processes (its
+    forks, however detached) held at once meanwhile, sampled from their ``smaps_rollup``
+    every :data:`SAMPLE_SECONDS` by a thread of this process (with the user switch every
+    process of the worker's uid, a uid of its own, else the worker's descendants); or, when
+    larger, the cgroup's peak (the whole process tree's, however short a fork lives, and
+    memory no process maps, such as a ``/dev/shm`` file) less :data:`CGROUP_ALLOWANCE`.
+    Without a cgroup a fork shorter than a sample can hide. A fork that does the work cannot hide
     it, nor can an arena touched at import (the import is measured) or in an earlier call
     (a fresh worker holds none). The library code a fresh process faults in from files
     already in memory (resident, but no memory the call allocated: ``RssFile``'s growth, a
-    few MiB; with a cgroup, the file pages charged to it) is left out, up to
+    few MiB) is left out, up to
     :data:`FILE_ALLOWANCE`. ``None`` where ``/proc`` does not allow it: the memory tests
     then say they cannot measure here and carry no points."""
 
     SAMPLE_SECONDS = 0.01
     FILE_ALLOWANCE = 16 << 20  # bytes: well under the 32 MiB arrays the memory tests look for
+    # bytes a fresh worker's cgroup is charged beyond what it allocates (pages of the zygote
+    # it copies on write, page tables, library files read): under the same 32 MiB
+    CGROUP_ALLOWANCE = 16 << 20
 
     def __init__(self, pid: int, base: int, uid: int | None,
                  group: MemoryCgroup | None = None) -> None:
@@ -197,10 +201,9 @@ class ResidentPeak:
         self.uid = uid if uid is not None and uid not in (0, os.getuid()) else None
         self.others = 0
         self.stop = threading.Event()
-        self.thread: threading.Thread | None = None
-        if group is None:  # no cgroup: the forks are sampled
-            self.thread = threading.Thread(target=self._sample, daemon=True)
-            self.thread.start()
+        self.thread: threading.Thread | None = threading.Thread(target=self._sample,
+                                                                daemon=True)
+        self.thread.start()
 
     @staticmethod
     def _status(pid: int, key: str) -> int:
@@ -288,11 +291,10 @@ class ResidentPeak:
         self.close()
         code = min(max(self._status(self.pid, "RssFile") - self.base_file, 0),
                    self.FILE_ALLOWANCE)
-        own = max(self._status(self.pid, "VmHWM") - self.base - code, 0)
+        sampled = max(self._status(self.pid, "VmHWM") - self.base - code, 0) + self.others
         if self.group is not None:  # the whole tree's peak, every fork in it however short
-            cache = min(self.group.page_cache(), self.FILE_ALLOWANCE)
-            return max(own, self.group.peak() - cache)
-        return own + self.others
+            return max(sampled, self.group.peak() - self.CGROUP_ALLOWANCE)
+        return sampled
 
 
 NOT_MEASURED = ("not run: peak memory cannot be measured from outside the worker on this "

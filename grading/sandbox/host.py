@@ -460,12 +460,12 @@ class MemoryCgroup:
     V2, V1 = "/sys/fs/cgroup", "/sys/fs/cgroup/memory"
     _count = 0
 
-    def __init__(self, path: str, peak_file: str, file_key: str) -> None:
-        self.path, self.peak_file, self.file_key = path, peak_file, file_key
+    def __init__(self, path: str, peak_file: str) -> None:
+        self.path, self.peak_file = path, peak_file
 
     @classmethod
-    def parents(cls) -> list[tuple[str, str, str]]:
-        """Where a memory cgroup could be made: ``(folder, peak file, page-cache key)``."""
+    def parents(cls) -> list[tuple[str, str]]:
+        """Where a memory cgroup could be made: ``(folder, peak file)``."""
         found = []
         try:
             with open(os.path.join(cls.V2, "cgroup.controllers"), encoding="ascii") as f:
@@ -479,9 +479,9 @@ class MemoryCgroup:
                                 if line.startswith("0::")), "/")
             except OSError:
                 own = "/"
-            found.append((os.path.join(cls.V2, own.lstrip("/")), "memory.peak", "file"))
+            found.append((os.path.join(cls.V2, own.lstrip("/")), "memory.peak"))
         if os.path.isfile(os.path.join(cls.V1, "memory.max_usage_in_bytes")):
-            found.append((cls.V1, "memory.max_usage_in_bytes", "cache"))
+            found.append((cls.V1, "memory.max_usage_in_bytes"))
         return found
 
     @classmethod
@@ -499,7 +499,7 @@ class MemoryCgroup:
         empty one)."""
         if not hasattr(os, "geteuid") or os.geteuid() != 0:
             return None
-        for parent, peak_file, file_key in cls.parents():
+        for parent, peak_file in cls.parents():
             cls._count += 1
             path = os.path.join(parent, f"{CGROUP_PREFIX}{os.getpid()}-{cls._count}")
             try:
@@ -507,7 +507,7 @@ class MemoryCgroup:
                 os.mkdir(path)
             except OSError:
                 continue
-            group = cls(path, peak_file, file_key)
+            group = cls(path, peak_file)
             try:
                 if not os.path.isfile(os.path.join(path, peak_file)):
                     raise OSError("no peak file")
@@ -527,14 +527,6 @@ class MemoryCgroup:
     def peak(self) -> int:
         """The most memory the processes in it held at once, in bytes."""
         return int(self._read(self.peak_file).split()[0])
-
-    def page_cache(self) -> int:
-        """The file pages charged to it now (library code read while it ran), in bytes."""
-        for line in self._read("memory.stat").splitlines():
-            key, _, value = line.partition(" ")
-            if key == self.file_key:
-                return int(value)
-        return 0
 
     def remove(self, wait: float = 5.0) -> bool:
         """Kill what is still in it, then remove it (True when it is gone)."""
