@@ -165,10 +165,15 @@ engine-check: $(DEPS)
 	LAB_IMPL=$(TEST_IMPL) bash tools/engine_check.sh
 
 # Every test but the `slow` ones (whole-pipeline runs: `make test-slow`) and the kernel
-# compiles of make gpu-report.
+# compiles of make gpu-report. In TEST_JOBS pytest processes (pytest-xdist), each given whole
+# test files, so a module's fixtures run once: TEST_JOBS=1 runs one process (e.g. for --pdb),
+# TEST_JOBS=auto one per core. A Python without xdist (`make test PY=...`) runs one process.
+TEST_JOBS ?= 2
+XDIST = $(if $(filter-out 1,$(TEST_JOBS)),$(shell $(PY) -c 'import xdist' 2>/dev/null && \
+  printf '%s' '-n $(TEST_JOBS) --dist loadfile'))
 test: $(DEPS) $(BOOK_DEPS)
 	@echo ">> running the CPU suite (LAB_IMPL=$(TEST_IMPL)); the slow tests: make test-slow"
-	LAB_IMPL=$(TEST_IMPL) $(PY) -m pytest -q -m "not slow and not gpu_report and not gpu_compile"
+	LAB_IMPL=$(TEST_IMPL) $(PY) -m pytest -q $(XDIST) -m "not slow and not gpu_report and not gpu_compile"
 
 # The `slow` tests, which `make test` leaves out (as plain pytest does: pyproject's addopts).
 test-slow: $(DEPS) $(BOOK_DEPS)
