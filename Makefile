@@ -39,7 +39,8 @@ TRACE_LABS = $(sort $(foreach f,$(shell grep -lE '^trace *= *"starter"' labs/*/l
 help::
 	@echo "make setup           create .venv with the pinned packages (first time: a few minutes)"
 	@echo "                     on Linux without a GPU: make setup TORCH_INDEX=https://download.pytorch.org/whl/cpu"
-	@echo "make test            run the CPU suite ($(TEST_IMPL).py of every lab), slow tests left out"
+	@echo "make test            run the CPU suite ($(TEST_IMPL).py of every lab), slow tests left out,"
+	@echo "                     in TEST_JOBS=2 pytest processes (TEST_JOBS=1: one)"
 	@echo "make test-slow       run only the slow tests (end-to-end grading, the book in a browser, every"
 	@echo "                     kernel compiled for sm_90); CI (.ci/run) runs make test, then this"
 	@echo "make grade LAB=00    grade your starter.py (LAB_IMPL=starter); omit LAB for all labs"
