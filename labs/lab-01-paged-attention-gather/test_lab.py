@@ -175,7 +175,7 @@ def head_mapping_mistakes(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> dict:
     if 1 < num_kv_heads < num_heads:
         answers[GQA_MISCONCEPTION] = reference_with_kv_heads(q, k, v, h % num_kv_heads)
     swapped = h // num_kv_heads
-    if num_kv_heads < num_heads and swapped.max() < num_kv_heads:
+    if num_heads > 1 and swapped.max() < num_kv_heads:  # in MHA: every head reads KV head 0
         if not np.array_equal(swapped, h // (num_heads // num_kv_heads)):
             answers[SWAPPED_MISCONCEPTION] = reference_with_kv_heads(q, k, v, swapped)
     return answers
@@ -246,14 +246,18 @@ def rounded(x: np.ndarray, dtype=np.float32) -> np.ndarray:
     return np.asarray(x, dtype=dtype).astype(np.float64)
 
 
-def finite_copy(paged, *, tails: bool, blocks: bool):
+def finite_copy(paged, *, tails: bool, blocks: bool, only: int | None = None):
     """``paged`` with finite garbage where it holds NaN: in the blocks some table names (the
-    last blocks' tails) if ``tails``, in the blocks no table names if ``blocks``."""
+    last blocks' tails) if ``tails``, in the blocks no table names if ``blocks`` (only in
+    physical block ``only``, if given)."""
     rng = np.random.default_rng(0)
     named = np.zeros(paged.num_blocks, dtype=bool)
     for b, n in enumerate(paged.seq_lens):
         named[paged.block_tables[b, : blocks_needed(int(n), paged.block_size)]] = True
-    region = np.where(named, tails, blocks)[:, None, None, None]
+    region = np.where(named, tails, blocks)
+    if only is not None:
+        region &= np.arange(paged.num_blocks) == only
+    region = region[:, None, None, None]
     k, v = (np.where(region & np.isnan(c), rounded(rng.standard_normal(c.shape)), c)
             for c in (paged.k_cache, paged.v_cache))
     return type(paged)(k, v, paged.block_tables, paged.seq_lens, paged.block_size,
@@ -296,10 +300,15 @@ def nan_cause(run, paged, q: np.ndarray, default: str = "", tile: int | None = N
                     return f"NaN, and with the NaN replaced: {TILE_FOR_BLOCK}"
     if np.isfinite(run(finite_copy(paged, tails=True, blocks=False))).all():
         return LAST_BLOCK_NAN
+    # a kernel's tile is not a cache block: reading the wrong blocks may be that mix-up too
+    tiled = f". Or {TILE_FOR_BLOCK}" if tile and tile != paged.block_size else ""
+    if np.isnan(paged.k_cache[0]).all() and np.isfinite(
+            run(finite_copy(paged, tails=False, blocks=True, only=0))).all():
+        return MASKED_LANES_NAN + tiled  # block 0: where a masked table load (other=0) points
     if np.isfinite(run(finite_copy(paged, tails=False, blocks=True))).all():
-        return UNOWNED_NAN
+        return UNOWNED_NAN + tiled
     if np.isfinite(out).all():
-        return MASKED_LANES_NAN
+        return MASKED_LANES_NAN + tiled
     return default or KERNEL_NAN
 
 
