@@ -39,7 +39,8 @@ TRACE_LABS = $(sort $(foreach f,$(shell grep -lE '^trace *= *"starter"' labs/*/l
 help::
 	@echo "make setup           create .venv with the pinned packages (first time: a few minutes)"
 	@echo "                     on Linux without a GPU: make setup TORCH_INDEX=https://download.pytorch.org/whl/cpu"
-	@echo "make test            run the CPU suite ($(TEST_IMPL).py of every lab), slow tests left out"
+	@echo "make test            run the CPU suite ($(TEST_IMPL).py of every lab), slow tests left out,"
+	@echo "                     in TEST_JOBS=2 pytest processes (TEST_JOBS=1: one)"
 	@echo "make test-slow       run only the slow tests (end-to-end grading, the book in a browser, every"
 	@echo "                     kernel compiled for sm_90); CI (.ci/run) runs make test, then this"
 	@echo "make grade LAB=00    grade your starter.py (LAB_IMPL=starter); omit LAB for all labs"
@@ -165,10 +166,15 @@ engine-check: $(DEPS)
 	LAB_IMPL=$(TEST_IMPL) bash tools/engine_check.sh
 
 # Every test but the `slow` ones (whole-pipeline runs: `make test-slow`) and the kernel
-# compiles of make gpu-report.
+# compiles of make gpu-report. In TEST_JOBS pytest processes (pytest-xdist), each given whole
+# test files, so a module's fixtures run once: TEST_JOBS=1 runs one process (e.g. for --pdb),
+# TEST_JOBS=auto one per core. A Python without xdist (`make test PY=...`) runs one process.
+TEST_JOBS ?= 2
+XDIST = $(if $(filter-out 1,$(TEST_JOBS)),$(shell $(PY) -c 'import xdist' 2>/dev/null && \
+  printf '%s' '-n $(TEST_JOBS) --dist loadfile'))
 test: $(DEPS) $(BOOK_DEPS)
 	@echo ">> running the CPU suite (LAB_IMPL=$(TEST_IMPL)); the slow tests: make test-slow"
-	LAB_IMPL=$(TEST_IMPL) $(PY) -m pytest -q -m "not slow and not gpu_report and not gpu_compile"
+	LAB_IMPL=$(TEST_IMPL) $(PY) -m pytest -q $(XDIST) -m "not slow and not gpu_report and not gpu_compile"
 
 # The `slow` tests, which `make test` leaves out (as plain pytest does: pyproject's addopts).
 test-slow: $(DEPS) $(BOOK_DEPS)

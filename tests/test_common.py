@@ -20,7 +20,7 @@ from common import (
     random_kv,
     reference_attention,
 )
-from common.testing import assert_close, called_on_copies, head_counts, peak_memory
+from common.testing import assert_close, called_on_copies, copied, head_counts, peak_memory
 
 
 def _sdpa(q, k, v, mask=None, scale=None):
@@ -182,6 +182,16 @@ def test_called_on_copies_keeps_the_tests_arrays_out_of_the_graded_codes_reach()
     assert cache.tolist() == [5.0, 6.0, 0.0, 0.0]
     assert impl.same(x, x), "an array named twice is copied once: aliasing is kept"
     assert impl.CONSTANT == 3 and impl.total is impl.total
+
+
+def test_a_copied_view_shows_the_same_elements_at_its_own_storage_offset():
+    base = torch.arange(12.0).reshape(3, 4)
+    for view in (base[1:, 1:3], base[2], base.t()[1:]):
+        copy = copied(view)
+        assert copy.data_ptr() != view.data_ptr(), "a copy, not the argument itself"
+        assert torch.equal(copy, view) and copy.stride() == view.stride(), (
+            "the harness copies a tensor argument with its storage offset and strides: a "
+            f"sliced view's copy shows other elements ({copy.tolist()} for {view.tolist()})")
 
 
 def test_called_on_copies_copies_before_peak_memory_measures():

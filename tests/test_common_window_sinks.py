@@ -16,6 +16,9 @@ from hypothesis import strategies as st
 from common.reference import kv_head_for, reference_attention, window_mask
 from common.testing import assert_close, head_counts
 
+WINDOW = ("a window of w keeps the last w keys, the query's own included (keys > pos - w): "
+          "one more is an off-by-one")
+
 
 def torch_attention(q, k, v, window=None, sinks=None, scale=None):
     """float64 PyTorch attention of the last ``Lq`` of ``Lk`` tokens: ``[Lq, H, d]``."""
@@ -56,7 +59,8 @@ def test_window_and_sinks_match_pytorch_in_float64(heads, lq, extra, window, wit
     sinks = 2 * rng.standard_normal(h) if with_sinks else None
     want_out, want_lse = torch_attention(q, k, v, window, sinks)
     out, lse = reference_attention(q, k, v, window=window, sinks=sinks)
-    assert_close(out, want_out, what="reference out with window/sinks vs PyTorch", rtol=1e-10)
+    assert_close(out, want_out, what="reference out with window/sinks vs PyTorch", rtol=1e-10,
+                 hint=WINDOW)
     assert_close(lse, want_lse, what="reference lse with window/sinks vs PyTorch", rtol=1e-10)
 
 
@@ -65,7 +69,7 @@ def test_window_mask_keeps_each_querys_window_most_recent_keys_itself_included()
     assert window_mask(2, 6, 3).astype(int).tolist() == [
         [0, 0, 1, 1, 1, 0],
         [0, 0, 0, 1, 1, 1],
-    ]
+    ], WINDOW
     # FlashAttention's window_size=(window - 1, 0) reaches window - 1 keys to the left
     assert window_mask(1, 10, 1).astype(int).tolist() == [[0] * 9 + [1]]
 

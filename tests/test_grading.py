@@ -365,7 +365,7 @@ def clean_project(root: Path) -> Path:
 def no_triton() -> Path:
     """A folder whose ``triton`` package refuses to import (put on PYTHONPATH). Every user
     may read it: the grader's pre-flight checks that the sandbox users can read the packages
-    on its path (else it falls back to the process split)."""
+    on its path (else, as root, it refuses to grade)."""
     folder = Path(tempfile.mkdtemp(prefix="no-triton-"))
     folder.chmod(0o755)
     atexit.register(shutil.rmtree, folder, True)

@@ -17,6 +17,10 @@ switch). The compile step imports the submission only inside the lab's sandbox
   real outputs, then overwrites them with torch's sums and maxes: every Triton test of both
   with data scores 0 (the output must hold what the kernel stored there), the rest full
   marks;
+- ``copy``: ``add_vectors`` and ``row_sum_max`` compute the answer with torch into buffers
+  of their own (one of them behind an output argument the launcher overwrote first) and
+  launch a kernel of the file that only copies it into the outputs: every Triton test of
+  both with data scores 0 ("copied an answer computed elsewhere"), the rest full marks;
 - ``tf32``: ``matmul``'s launcher passes ``input_precision="tf32"`` for float32 inputs: the
   compile of what the launcher launches catches it (the interpreter ignores precision);
 - ``starter``: the untouched starter: the grade exits 0, scores 0, and the compile tests
@@ -100,6 +104,30 @@ def row_sum_max(x, sums, maxes, m, n, *, block_n=None):  # planted: outputs over
             maxes[:m] = x[:m, :n].amax(1)
 '''
 
+COPY = '''
+
+@triton.jit
+def _copy_kernel(Src, Dst, n, BLOCK: tl.constexpr):  # planted: stores what it loads
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(Dst + offs, tl.load(Src + offs, mask=offs < n), mask=offs < n)
+
+
+def add_vectors(x, y, out, n, *, block=None):  # planted: torch's answer, copied by a kernel
+    """``out[:n] = x[:n] + y[:n]``."""
+    if n:
+        answer = (x[:n] + y[:n]).contiguous()
+        _copy_kernel[(cdiv(n, 16),)](answer, out, n, BLOCK=16)
+
+
+def row_sum_max(x, sums, maxes, m, n, *, block_n=None):  # planted: the outputs copied onto
+    """``sums[:m] = x[:m, :n].sum(1)`` and ``maxes[:m] = x[:m, :n].max(1)``."""
+    if m and n:
+        sums[:m] = x[:m, :n].sum(1)  # torch writes the argument itself, the kernel "stores" it
+        _copy_kernel[(cdiv(m, 16),)](sums, sums, m, BLOCK=16)
+        answer = x[:m, :n].amax(1).contiguous()
+        _copy_kernel[(cdiv(m, 16),)](answer, maxes, m, BLOCK=16)
+'''
+
 
 def _copy(tmp: Path, name: str, starter: str) -> Path:
     root = tmp / name
@@ -143,7 +171,7 @@ def graded(tmp_path_factory) -> dict:
                             'DOT_PRECISION="tf32")', 1)
     assert tf32 != solution
     cases = {"tail": tail, "torch": solution + TORCH_ADD, "scratch": solution + SCRATCH,
-             "tf32": tf32,
+             "copy": solution + COPY, "tf32": tf32,
              "starter": (ROOT / "labs" / LAB / "starter.py").read_text()}
     roots = {name: _copy(tmp, name, text) for name, text in cases.items()}
     before = {name: {rel: (root / rel).read_bytes()
@@ -209,6 +237,24 @@ def test_a_kernel_that_stores_elsewhere_or_is_overwritten_scores_zero(graded):
         n: (t["score"], t["output"][:200]) for n, t in cheats.items()}
     assert all("holds what" in t["output"] for n, t in cheats.items()
                if "loads_only" not in n), [t["output"][:300] for t in cheats.values()]
+    others = [t for n, t in tests.items() if "add_vectors" not in n and "row_sum" not in n]
+    assert all(t["score"] == t["max_score"] for t in others), [
+        (t["name"], t["output"][:300]) for t in others if t["score"] < t["max_score"]]
+
+
+@pytest.mark.slow
+def test_a_kernel_that_copies_an_answer_torch_computed_scores_zero(graded):
+    run = graded["copy"]
+    assert run["code"] == 0, run["text"]
+    tests = _tests(run)
+    # (n = 0 or m = 0 launch nothing; a row of n = 0 is what the kernel stored: no cheat)
+    cheats = {n: t for n, t in tests.items()
+              if ("add_vectors" in n and "n=0" not in n or "row_sum_and_max" in n
+                  and "-0-None" not in n) and "sm_90" not in n and "loads_only" not in n}
+    assert len(cheats) >= 6 and all(t["score"] == 0 for t in cheats.values()), {
+        n: (t["score"], t["output"][:200]) for n, t in cheats.items()}
+    assert all("copied an answer computed elsewhere" in t["output"]
+               for t in cheats.values()), [t["output"][:300] for t in cheats.values()]
     others = [t for n, t in tests.items() if "add_vectors" not in n and "row_sum" not in n]
     assert all(t["score"] == t["max_score"] for t in others), [
         (t["name"], t["output"][:300]) for t in others if t["score"] < t["max_score"]]

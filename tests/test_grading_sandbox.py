@@ -532,11 +532,12 @@ def test_a_loop_inside_given_and_five_exits_cost_only_their_tests(switched):
         assert "the worker exited with code 3 in leave" in tests[f"test_c_os_exit[{n}]"]["output"]
 
 
-def test_python_the_sandbox_users_cannot_read_falls_back_to_the_process_split(
-        tmp_path, monkeypatch):
+def test_python_the_sandbox_users_cannot_read_refuses_to_grade_as_root(
+        tmp_path, monkeypatch, capsys):
     """The pre-flight: a project (or its .venv) inside a folder only root may enter would
-    fail every Triton test in the sandbox; the run falls back to the process split and
-    says why, in the report and in results.json."""
+    fail every Triton test in the sandbox, and the process split would run the graded code
+    as root: the grader refuses, says why and what to do, exits non-zero and writes no
+    results.json."""
     monkeypatch.delenv("COURSE_SANDBOX_UIDS", raising=False)
     if _user_switch_reason() is not None:
         pytest.skip(f"the user switch needs root ({_user_switch_reason()})")
@@ -545,9 +546,25 @@ def test_python_the_sandbox_users_cannot_read_falls_back_to_the_process_split(
     (private / "package.py").write_text("")
     monkeypatch.setattr(host, "python_files", lambda: [str(private / "package.py")])
     mode, blocks = choose_mode(2)
-    assert mode.uids is None and blocks == []
-    assert "process split only (the sandbox users cannot read " in mode.describe()
-    assert str(private / "package.py") in mode.describe()
+    assert mode.uids is None and blocks == [] and mode.refused
+    assert "refusing to grade" in mode.refusal() and "never runs as root" in mode.refusal()
+    assert f"the sandbox users cannot read {private / 'package.py'}" in mode.refusal()
+    from grading.run import cli
+
+    results = tmp_path / "results.json"
+    code = cli.main(["--root", str(ROOT), "--lab", "09", "--results", str(results),
+                     "--quiet"])
+    assert code != 0 and not results.exists()
+    assert "refusing to grade" in capsys.readouterr().err
+
+
+def test_without_root_the_process_split_is_allowed_and_said(monkeypatch):
+    """A student's laptop: the code runs as the student, who owns everything anyway."""
+    monkeypatch.delenv("COURSE_SANDBOX_UIDS", raising=False)
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    mode, _ = choose_mode()
+    assert mode.uids is None and not mode.refused
+    assert "process split only (not running as root" in mode.describe()
 
 
 # ---- without it (a student's laptop): the process split alone --------------------------------

@@ -87,6 +87,10 @@ def test_mla_and_window_decode_at_batch_1_split_into_at_least_one_wave():
 # measurements). Each names the old rule's result, which the model prices worse. ----------
 
 WITHIN = 1.15  # the plan's modelled time within 15 % of the model's own bound (roof)
+PARTIALS = ("a split's partials (written by each split, then read by the merge) must be priced: "
+            "without them every split looks free")
+OCCUPANCY = ("occupancy is computed from the footprint's registers, warps and shared memory, "
+             "not assumed")
 
 
 def within(plan: lp.Plan, limit: float = WITHIN) -> float:
@@ -102,7 +106,8 @@ def test_mla_batch_64_with_128_heads_on_an_h100_does_not_split():
     three waves of thirds, the same time as one wave, plus 50 MB of partials and a merge."""
     plan = lp.mla_decode(64, 128, 512, 4096, SM90)
     assert plan.splits == 1, plan.why
-    assert plan.model["ctas_per_sm"] == 1 and plan.model["partial_bytes"] == 0
+    assert plan.model["ctas_per_sm"] == 1, f"{plan.model['ctas_per_sm']} CTAs per SM: {OCCUPANCY}"
+    assert plan.model["partial_bytes"] == 0, plan.model
     within(plan)
 
 
@@ -113,7 +118,8 @@ def test_mla_batch_1_at_64k_fills_one_wave_not_two():
     launch keep the call above 15 % of its 22.6 us roof: the model says so, not hides it."""
     plan = lp.mla_decode(1, 128, 512, 65536, SM90)
     assert SM90.sms <= plan.ctas <= SM90.sms + 4, plan.grid
-    assert plan.model["partial_bytes"] > 0 and plan.model["merge_us"] >= lp.LAUNCH_US
+    assert plan.model["partial_bytes"] > 0, f"{PARTIALS}: {plan.model}"
+    assert plan.model["merge_us"] >= lp.LAUNCH_US
     assert plan.model["plan_us"] <= 1.4 * plan.model["roof_us"]
 
 
@@ -156,10 +162,12 @@ def test_tp8_prefill_of_1024_tokens_after_32k_cached_splits_the_kv_to_fill_the_s
     SMs; 64-row tiles would too, at the same modelled time, reading K/V from L2 twice as
     often. The partials and the merge are priced: the call stays within 15 % of its bound."""
     plan = lp.varlen_prefill(1024, 1, 1, 8, 128, SM90, q_lens=[1024], kv_lens=[33792])
-    assert plan.tiles["block_m"] == 128 and plan.splits == 2, plan.why
+    assert plan.tiles["block_m"] == 128 and plan.splits == 2, (
+        f"{plan.why}: a grid under one wave (64 busy CTAs on 132 SMs) must refill the SMs by "
+        "splitting the KV")
     assert plan.grid == (65, 1, 2), plan.grid
     assert plan.model["busy_ctas"] == 128 and plan.model["ctas"] - plan.model["busy_ctas"] == 2
-    assert 0 < plan.model["partial_bytes"] < 0.3 * plan.model["bytes"], plan.model
+    assert 0 < plan.model["partial_bytes"] < 0.3 * plan.model["bytes"], f"{PARTIALS}: {plan.model}"
     assert plan.model["merge_us"] >= lp.LAUNCH_US
     within(plan)
     unsplit = lp._prefill_cost([1024], [33792], 1, 8, 128, 128, SM90)
@@ -184,8 +192,10 @@ def test_one_long_prefill_beside_511_decodes_gets_a_tile_per_sequence_class():
     q_lens, kv_lens = [4096] + [1] * 511, [4096] * 512
     assert lp.packed_rows_by_flops(q_lens, kv_lens, 1) > 1000
     plan = lp.varlen_prefill(4607, 512, 8, 1, 128, SM90, q_lens=q_lens, kv_lens=kv_lens)
-    assert [c.tiles["block_m"] for c in plan.classes] == [16, 128], plan.why
-    assert plan.tiles["block_m"] >= 64, "one launch for both: the FLOP-weighted tile, not 16"
+    assert [c.tiles["block_m"] for c in plan.classes] == [16, 128], (
+        f"{plan.why}: one tile per sequence class (the decodes 16 rows, the prefill 128)")
+    assert plan.tiles["block_m"] >= 64, ("one launch for both: the FLOP-weighted tile, not the "
+                                         "batch average's 16")
     assert [c.grid[0] for c in plan.classes] == [511 // 16 + 511, 4096 // 128 + 1]
     one = lp._prefill_cost(q_lens, kv_lens, 8, 1, 128, 128, SM90)
     assert plan.model["work_us"] < 0.85 * one["work_us"], (plan.model, one)
@@ -210,7 +220,7 @@ def test_a_split_is_taken_only_when_the_model_says_it_gains():
 
 @pytest.mark.points(1)
 def test_occupancy_from_registers_warps_and_shared_memory():
-    assert lp.ctas_per_sm(lp.FOOTPRINTS["split_partition"], SM90) == 7  # 71 regs: registers
+    assert lp.ctas_per_sm(lp.FOOTPRINTS["split_partition"], SM90) == 7, OCCUPANCY  # 71 regs
     assert lp.ctas_per_sm(lp.FOOTPRINTS["mla_h64"], SM90) == 1
     laptop = lp.target_for(89, 58)
     assert laptop.smem_per_block_kb == 99 and laptop.max_warps_per_sm == 48
@@ -246,9 +256,28 @@ def test_no_plan_exceeds_the_shared_memory_of_its_architecture(arch: int, d: int
              "decode": lp.paged_decode(64, 8, 4, d, t)}
     for family, plan in plans.items():
         kb = lp.smem_kb(family, plan.tiles, plan.num_stages, d)
-        assert kb <= t.smem_per_block_kb, f"{family} d{d} sm_{arch}: {kb:.0f} KB"
+        assert kb <= t.smem_per_block_kb, (f"{family} d{d} sm_{arch}: {kb:.0f} KB exceeds the "
+                                           f"{t.smem_per_block_kb} KB of shared memory per block")
     mla = lp.mla_decode(64, 128, 512, 4096, t)
-    assert lp.smem_kb("mla", mla.tiles, mla.num_stages, 512) <= t.smem_per_block_kb
+    kb = lp.smem_kb("mla", mla.tiles, mla.num_stages, 512)
+    assert kb <= t.smem_per_block_kb, (f"mla sm_{arch}: {kb:.0f} KB exceeds the "
+                                       f"{t.smem_per_block_kb} KB of shared memory per block")
+
+
+@pytest.mark.points(1)
+@pytest.mark.parametrize("arch", [80, 86, 89, 90, 100])
+def test_every_gpu_plan_gives_tl_dot_tiles_of_at_least_16(arch: int):
+    t = lp.target_for(arch)
+    plans = {"decode": lp.paged_decode(64, 8, 4, 128, t),
+             "split": lp.split_kv_decode(1, 8, 4, 128, 65536, t),
+             "window": lp.window_decode(1, 8, 4, 128, 65536, None, t),
+             "prefill": lp.varlen_prefill(16384, 8, 8, 4, 128, t),
+             "forward": lp.flash_forward(128, t), "backward": lp.flash_backward(128, t),
+             "mla": lp.mla_decode(64, 128, 512, 4096, t)}
+    for family, plan in plans.items():
+        small = {k: v for k, v in plan.tiles.items() if k.startswith("block_") and v < 16}
+        assert not small, (f"{family} sm_{arch}: tiles {small}: a tl.dot operand needs every "
+                           "dimension >= 16 on a GPU")
 
 
 @pytest.mark.points(1)

@@ -7,6 +7,8 @@ reinstall the pinned versions with `make clean test`.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -132,3 +134,16 @@ def test_kernel_memory_names_a_load_outside_the_view_even_when_it_is_never_store
     with pytest.raises(AssertionError, match=r"loads x_ptr\[10, 0\], (past the end of its "
                        r"memory|outside the view it was given)"):  # what lies past it varies
         assert_loads_in_bounds(reports)
+
+
+def test_the_shared_tile_and_exp2_helpers():
+    from common.triton_env import LOG2E, dot_tile, log2e_scale
+
+    assert [dot_tile(n) for n in (1, 8, 16, 24, 80, 128)] == [16, 16, 16, 32, 128, 128], (
+        "dot_tile pads to a power of two AND to at least 16: a tl.dot operand needs every "
+        "dimension >= 16 on a GPU")
+    s = 0.125
+    assert math.isclose(log2e_scale(s), s * LOG2E) and math.isclose(
+        2.0 ** (3.0 * log2e_scale(s)), math.exp(3.0 * s)), (
+        "log2e_scale must fold log2(e) into the softmax scale: exp2(x * scale * log2 e) = "
+        "exp(x * scale)")

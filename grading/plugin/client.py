@@ -44,6 +44,7 @@ from grading.plugin.remote import (
 )
 from grading.plugin.sandboxes import LIMITS, current_deadline, replace_sandbox
 from grading.sandbox import frames, wire
+from grading.sandbox.host import MemoryCgroup
 from grading.sandbox.lab_sandbox import LabSandbox
 
 # ---- call args ---------------------------------------------------------------------------
@@ -104,6 +105,8 @@ def _copy_into(dst: Any, src: Any) -> None:
 # ---- a Triton test needs the graded file's kernel ------------------------------------------
 
 WRITTEN = 0.99  # the share of each output tensor the file's own kernels must have made
+COPIED = 0.01  # at most this share of it may be values they only copied from a buffer the
+# call made (torch's answer): legitimate kernels copy only inputs (a gather) or their own
 
 
 def require_kernel(info: Any, what: str, impl: str) -> None:
@@ -119,7 +122,8 @@ def require_kernel(info: Any, what: str, impl: str) -> None:
         return
     try:
         kernels = [(str(k[0])[:100], k[1] is True) for k in info["kernels"][:64]]
-        written = [(str(w[0]), float(w[1]), int(w[2])) for w in info["written"][:32]]
+        written = [(str(w[0]), float(w[1]), int(w[2]), float(w[4]) if len(w) > 4 else 0.0)
+                   for w in info["written"][:32]]
         empty = info.get("empty") is True
     except (TypeError, KeyError, IndexError, ValueError, AttributeError):
         raise NoKernel(f"{what}: the worker's record of its kernel launches is malformed"
@@ -136,13 +140,23 @@ def require_kernel(info: Any, what: str, impl: str) -> None:
             "numpy) earns nothing here") from None
     short = [w for w in written if not w[1] >= WRITTEN]
     if short:
-        where, share, _ = short[0]
+        where, share, _, _ = short[0]
         raise NoKernel(
             f"{what}: only {share:.0%} of "
             + ("a tensor it returned" if where == "ret" else "what it wrote into an argument")
             + f" holds what {', '.join(own)} stored there: the result must come from the "
             "kernel's own tl.store (a kernel that stores elsewhere, or an output that torch "
             "computes or overwrites after the kernel, earns nothing)") from None
+    copied = [w for w in written if w[3] >= COPIED]
+    if copied:
+        where, _, _, share = copied[0]
+        raise NoKernel(
+            f"{what}: {share:.0%} of "
+            + ("a tensor it returned" if where == "ret" else "what it wrote into an argument")
+            + f" is what {', '.join(own)} loaded from a buffer the call made (neither an "
+            "input, nor an input converted, nor what the kernel itself wrote) and stored "
+            "unchanged: the kernel copied an answer computed elsewhere (torch), and a copy "
+            "earns nothing here") from None
 
 
 # ---- client ------------------------------------------------------------------------------
@@ -157,22 +171,32 @@ class ResidentPeak:
     """The peak memory of a fresh worker's import and call, measured from outside it
     (Linux): ``start(pid)`` is called before the worker imports the graded module (it waits
     for the grader there): it resets the mark (``/proc/<pid>/clear_refs`` <- "5") and notes
-    the resident size; ``peak()`` is ``VmHWM`` minus that, in bytes, plus the most private
-    memory the worker's other processes (its forks, however detached) held at once
-    meanwhile, sampled from their ``smaps_rollup`` every :data:`SAMPLE_SECONDS` by a thread
-    of this process: with the user switch every process of the worker's uid (a uid of its
-    own), else the worker's descendants. A fork that does the work cannot hide it, nor can an
-    arena touched at import (the import is measured) or in an earlier call (a fresh worker
-    holds none). The library code a fresh process faults in from files already in memory
-    (resident, but no memory the call allocated: ``RssFile``'s growth, a few MiB) is left
-    out, up to :data:`FILE_ALLOWANCE`. ``None`` where ``/proc`` does not allow it: the
-    memory tests then say they cannot measure here and carry no points."""
+    the resident size, and where a memory cgroup can be made (as root: v2 ``memory.peak``,
+    v1 ``memory.max_usage_in_bytes``, :class:`~grading.sandbox.host.MemoryCgroup`) puts the
+    worker in one of its own, so that every fork is born in it; ``peak()`` is ``VmHWM``
+    minus that, in bytes, plus the most private memory the worker's other processes (its
+    forks, however detached) held at once meanwhile, sampled from their ``smaps_rollup``
+    every :data:`SAMPLE_SECONDS` by a thread of this process (with the user switch every
+    process of the worker's uid, a uid of its own, else the worker's descendants); or, when
+    larger, the cgroup's peak (the whole process tree's, however short a fork lives, and
+    memory no process maps, such as a ``/dev/shm`` file) less :data:`CGROUP_ALLOWANCE`.
+    Without a cgroup a fork shorter than a sample can hide. A fork that does the work cannot hide
+    it, nor can an arena touched at import (the import is measured) or in an earlier call
+    (a fresh worker holds none). The library code a fresh process faults in from files
+    already in memory (resident, but no memory the call allocated: ``RssFile``'s growth, a
+    few MiB) is left out, up to
+    :data:`FILE_ALLOWANCE`. ``None`` where ``/proc`` does not allow it: the memory tests
+    then say they cannot measure here and carry no points."""
 
     SAMPLE_SECONDS = 0.01
     FILE_ALLOWANCE = 16 << 20  # bytes: well under the 32 MiB arrays the memory tests look for
+    # bytes a fresh worker's cgroup is charged beyond what it allocates (pages of the zygote
+    # it copies on write, page tables, library files read): under the same 32 MiB
+    CGROUP_ALLOWANCE = 16 << 20
 
-    def __init__(self, pid: int, base: int, uid: int | None) -> None:
-        self.pid, self.base = pid, base
+    def __init__(self, pid: int, base: int, uid: int | None,
+                 group: MemoryCgroup | None = None) -> None:
+        self.pid, self.base, self.group = pid, base, group
         self.base_file = self._status(pid, "RssFile")
         self.uid = uid if uid is not None and uid not in (0, os.getuid()) else None
         self.others = 0
@@ -238,13 +262,23 @@ class ResidentPeak:
 
     @classmethod
     def start(cls, pid: int) -> ResidentPeak | None:
+        group = None
         try:
             with open(f"/proc/{pid}/clear_refs", "w", encoding="ascii") as f:
                 f.write("5")
             uid = os.stat(f"/proc/{pid}").st_uid
-            return cls(pid, cls._status(pid, "VmRSS"), uid)
+            base = cls._status(pid, "VmRSS")
+            group = MemoryCgroup.create(pid)
+            return cls(pid, base, uid, group)
         except (OSError, ValueError):
+            if group is not None:
+                group.remove()
             return None
+
+    def remove(self) -> None:
+        """After the worker is gone: remove its memory cgroup (killing what is left in it)."""
+        if self.group is not None:
+            self.group.remove()
 
     def close(self) -> None:
         """Stop sampling (idempotent)."""
@@ -257,7 +291,10 @@ class ResidentPeak:
         self.close()
         code = min(max(self._status(self.pid, "RssFile") - self.base_file, 0),
                    self.FILE_ALLOWANCE)
-        return max(self._status(self.pid, "VmHWM") - self.base - code, 0) + self.others
+        sampled = max(self._status(self.pid, "VmHWM") - self.base - code, 0) + self.others
+        if self.group is not None:  # the whole tree's peak, every fork in it however short
+            return max(sampled, self.group.peak() - self.CGROUP_ALLOWANCE)
+        return sampled
 
 
 NOT_MEASURED = ("not run: peak memory cannot be measured from outside the worker on this "
@@ -546,6 +583,8 @@ class Client:
             if measured is not None:
                 measured.close()
             self._discard(wait=False)
+            if measured is not None:
+                measured.remove()
             self.proc = main
 
     # -- handles --

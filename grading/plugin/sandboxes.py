@@ -22,7 +22,7 @@ from typing import Any
 
 from grading.sandbox import host
 from grading.sandbox.confine import Rehearsal
-from grading.sandbox.host import Mode, SandboxError, choose_mode
+from grading.sandbox.host import Mode, SandboxError, SandboxRefused, choose_mode
 from grading.sandbox.lab_sandbox import ENV_ZYGOTE, LabSandbox
 from grading.sandbox.zygote_client import Registry
 
@@ -81,7 +81,10 @@ def active() -> bool:
 def mode() -> Mode:
     if STATE["mode"] is None:
         with Rehearsal() as prepare:
-            STATE["mode"], _ = choose_mode(prepare=prepare)
+            found, _ = choose_mode(prepare=prepare)
+        if found.refused:  # as root without the user switch: graded code never runs as root
+            raise SandboxRefused(found.refusal())
+        STATE["mode"] = found
     return STATE["mode"]
 
 

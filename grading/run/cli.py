@@ -67,6 +67,7 @@ from grading.run.runner import (
     DEFAULT_TEST_TIMEOUT,
     Options,
 )
+from grading.sandbox.host import SandboxRefused
 
 # ---- arguments ---------------------------------------------------------------------------
 
@@ -266,7 +267,11 @@ def _main(argv: list[str] | None, calibration: Pending | None) -> int:
     )
     results_path = (args.results or root / "results.json").resolve()
     show_details = args.details if args.details is not None else len(labs) == 1
-    report = _grade_and_show(args, opts, labs, weights, results_path, show_details)
+    try:
+        report = _grade_and_show(args, opts, labs, weights, results_path, show_details)
+    except SandboxRefused as exc:  # as root without the user switch: no grade at all
+        print(f"\n{exc}", file=sys.stderr)
+        return 3
     write_json(
         results_path,
         gradescope_results(report, plain_summary(report), hidden_visibility=args.hidden_visibility),

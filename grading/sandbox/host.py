@@ -4,8 +4,9 @@ process it started, however it tried to hide.
 :func:`choose_mode` says how the graded code is isolated on this machine (a :class:`Mode`):
 ``COURSE_SANDBOX_UIDS`` names a block, or ``none``; else, as root, a free block of
 :data:`UIDS_PER_LAB` uids in 61000-64999 that no account and no process uses, reserved for
-this process by a lock file; else the process split alone. :func:`kill_block` ends every
-process of a block.
+this process by a lock file; as root without one, grading is refused (graded code never runs
+as root: :class:`SandboxRefused`); as another user (a student's laptop) the process split
+alone, which runs the code as that user. :func:`kill_block` ends every process of a block.
 
 - :func:`kill_uid`: with a user switch, each sandboxed process runs under a uid of its own,
   so ``kill(-1, SIGKILL)`` sent *as that uid* ends all of them at once, including a
@@ -204,6 +205,11 @@ class SandboxError(RuntimeError):
     """The sandbox could not be set up (not the graded code's fault)."""
 
 
+class SandboxRefused(SandboxError):
+    """Running as root, the user switch cannot be made here: the grader refuses to grade
+    rather than run the graded code as root (the message says why and what to do)."""
+
+
 @dataclass(frozen=True)
 class Mode:
     """How the graded code is isolated: ``uids`` is ``(first, stop)`` of a lab's block, or
@@ -211,6 +217,16 @@ class Mode:
 
     uids: tuple[int, int] | None
     reason: str = ""
+    refused: bool = False  # as root without a user switch: nothing may be graded
+
+    def refusal(self) -> str:
+        """Why grading is refused, and what to do (a refused mode only)."""
+        return (f"refusing to grade: the grader runs as root, and the user switch that runs "
+                f"the graded code as a sandbox uid cannot be made here ({self.reason}). "
+                "Graded code never runs as root. Fix what stops the switch (a checkout, and "
+                "its .venv, that other users can read; a free block of uids, "
+                f"{ENV_UIDS}=61000-61063; a container that allows setuid), or grade as a "
+                "user that is not root: the process split then runs the code as that user")
 
     def describe(self, blocks: list[tuple[int, int]] | None = None) -> str:
         """In words; ``blocks``: every lab's uid block of the run (else this mode's)."""
@@ -368,7 +384,9 @@ def parse_uids(spec: str) -> tuple[int, int]:
 def choose_mode(labs: int = 1, prepare: Callable[[], object] | None = None
                 ) -> tuple[Mode, list[tuple[int, int]]]:
     """The mode for this machine and, with a user switch, one uid block per lab
-    (``prepare``: see :func:`can_switch_user`)."""
+    (``prepare``: see :func:`can_switch_user`). As root without one, a mode whose
+    ``refused`` is set: the callers refuse to grade (:class:`SandboxRefused`);
+    ``COURSE_SANDBOX_UIDS=none`` asks for the process split explicitly."""
     spec = os.environ.get(ENV_UIDS, "").strip().lower()
     if spec in ("none", "off", "no", "0"):
         return Mode(None, f"{ENV_UIDS}={spec}"), []
@@ -380,11 +398,11 @@ def choose_mode(labs: int = 1, prepare: Callable[[], object] | None = None
     try:
         blocks = allocate_uid_blocks(labs)
     except SandboxError as exc:
-        return Mode(None, str(exc)), []
+        return Mode(None, str(exc), refused=True), []
     reason = can_switch_user(blocks[0][0], prepare)
     if reason is not None:
         release(blocks)
-        return Mode(None, reason), []
+        return Mode(None, reason, refused=True), []
     return Mode(blocks[0]), blocks
 
 
@@ -424,3 +442,136 @@ def kill_block(block: tuple[int, int]) -> None:
     for uid in range(lo, hi):
         if uid in running:
             kill_uid(uid, lo)
+
+
+# ---- a memory cgroup per measured worker -----------------------------------------------------
+
+CGROUP_PREFIX = "course-grade-"
+
+
+class MemoryCgroup:
+    """A memory cgroup of its own for one measured worker (``create``), made before the
+    worker imports the graded code: every process the worker forks is born in it, so its
+    peak (v2 ``memory.peak``, v1 ``memory.max_usage_in_bytes``) is the whole tree's, however
+    short a fork lives. ``None`` from ``create`` where no memory cgroup can be made (not
+    root, no memory controller, a container without a writable cgroup file system): the
+    caller samples instead. ``remove`` kills what is left in it and removes it."""
+
+    V2, V1 = "/sys/fs/cgroup", "/sys/fs/cgroup/memory"
+    _count = 0
+
+    def __init__(self, path: str, peak_file: str) -> None:
+        self.path, self.peak_file = path, peak_file
+
+    @classmethod
+    def parents(cls) -> list[tuple[str, str]]:
+        """Where a memory cgroup could be made: ``(folder, peak file)``."""
+        found = []
+        try:
+            with open(os.path.join(cls.V2, "cgroup.controllers"), encoding="ascii") as f:
+                v2 = "memory" in f.read().split()
+        except OSError:
+            v2 = False
+        if v2:
+            try:
+                with open("/proc/self/cgroup", encoding="ascii") as f:
+                    own = next((line.split(":", 2)[2].strip() for line in f
+                                if line.startswith("0::")), "/")
+            except OSError:
+                own = "/"
+            found.append((os.path.join(cls.V2, own.lstrip("/")), "memory.peak"))
+        if os.path.isfile(os.path.join(cls.V1, "memory.max_usage_in_bytes")):
+            found.append((cls.V1, "memory.max_usage_in_bytes"))
+        return found
+
+    @classmethod
+    def available(cls) -> str | None:
+        """Which memory cgroup a measured worker gets here (``"v1"``, ``"v2"``), else None."""
+        group = cls.create(None)
+        if group is None:
+            return None
+        group.remove()
+        return "v1" if group.peak_file == "memory.max_usage_in_bytes" else "v2"
+
+    @classmethod
+    def create(cls, pid: int | None) -> MemoryCgroup | None:
+        """A new memory cgroup holding process ``pid`` (which has not forked yet; None: an
+        empty one)."""
+        if not hasattr(os, "geteuid") or os.geteuid() != 0:
+            return None
+        for parent, peak_file in cls.parents():
+            cls._count += 1
+            path = os.path.join(parent, f"{CGROUP_PREFIX}{os.getpid()}-{cls._count}")
+            try:
+                _sweep_cgroups(parent)
+                os.mkdir(path)
+            except OSError:
+                continue
+            group = cls(path, peak_file)
+            try:
+                if not os.path.isfile(os.path.join(path, peak_file)):
+                    raise OSError("no peak file")
+                if pid is not None:
+                    with open(os.path.join(path, "cgroup.procs"), "w", encoding="ascii") as f:
+                        f.write(str(pid))
+                group.peak()
+                return group
+            except (OSError, ValueError):
+                group.remove()
+        return None
+
+    def _read(self, name: str) -> str:
+        with open(os.path.join(self.path, name), encoding="ascii") as f:
+            return f.read()
+
+    def peak(self) -> int:
+        """The most memory the processes in it held at once, in bytes."""
+        return int(self._read(self.peak_file).split()[0])
+
+    def remove(self, wait: float = 5.0) -> bool:
+        """Kill what is still in it, then remove it (True when it is gone)."""
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                pids = [int(p) for p in self._read("cgroup.procs").split()]
+            except (OSError, ValueError):
+                pids = []
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            try:
+                os.rmdir(self.path)
+                return True
+            except FileNotFoundError:
+                return True
+            except OSError:
+                if time.monotonic() > deadline:
+                    return False
+                time.sleep(0.02)
+
+
+def memory_accounting() -> str:
+    """How the memory tests measure a call here, in words (for the report)."""
+    kind = MemoryCgroup.available()
+    if kind is not None:
+        return (f"peak memory: a memory cgroup ({kind}) per measured call, the whole process "
+                "tree's peak")
+    return ("peak memory: sampled every 10 ms (no memory cgroup can be made here), so a "
+            "fork that lives less than that can hide its memory")
+
+
+def _sweep_cgroups(parent: str) -> None:
+    """Remove the empty cgroups earlier grading runs left (their grader is gone)."""
+    try:
+        entries = [e for e in os.scandir(parent) if e.name.startswith(CGROUP_PREFIX)]
+    except OSError:
+        return
+    for entry in entries:
+        owner = entry.name[len(CGROUP_PREFIX):].split("-", 1)[0]
+        if owner.isdigit() and not os.path.exists(f"/proc/{owner}"):
+            try:
+                os.rmdir(entry.path)
+            except OSError:
+                continue

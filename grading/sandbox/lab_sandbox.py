@@ -54,6 +54,7 @@ from grading.sandbox.confine import Rehearsal
 from grading.sandbox.host import (
     Mode,
     SandboxError,
+    SandboxRefused,
     choose_mode,
     kill_block,
     release,
@@ -156,10 +157,13 @@ def grading_session(root: Path, labs: list[str], enabled: bool, results: Path | 
         return
     with Rehearsal() as prepare:  # the pre-flight sees what a sandboxed process will
         mode, blocks = choose_mode(len(labs), prepare)
+    if mode.refused:
+        raise SandboxRefused(mode.refusal())
     if top_level:
         host.set_subreaper()
     restore = lock_tree(root, results, impl) if mode.uids is not None else (lambda: None)
-    session = Session(mode.describe(blocks), True, dict(zip(labs, blocks)))
+    session = Session(f"{mode.describe(blocks)}; {host.memory_accounting()}", True,
+                      dict(zip(labs, blocks)))
     try:
         try:
             modules = sorted({m for lab in labs for m in lab_imports(root / "labs" / lab)})
@@ -454,6 +458,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "check":
         with Rehearsal() as prepare:
             mode, _ = choose_mode(prepare=prepare)
+        if mode.refused:
+            print(mode.refusal(), file=sys.stderr)
+            return 1
         print(mode.describe())
         return 0
     signal.signal(signal.SIGTERM, signal.SIG_DFL)

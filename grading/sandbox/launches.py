@@ -36,6 +36,18 @@ class _Record:
         self.writer = OTHER  # the running launch
         self.stored = 0  # elements the file's own kernels stored
         self.unknown = False  # Triton was imported during the call: launches went unseen
+        # what the graded file's kernels may load as the call's own inputs: the arguments'
+        # values when the call began (``originals``: tensor, its copy then), indexed by
+        # address at the first launch (``inputs``: sorted addresses, their bits, width), and
+        # the buffers an own launch was given that are an elementwise conversion of one
+        # (``prepared``: byte ranges)
+        self.originals: list[tuple[Any, Any]] = []
+        self.inputs: list[tuple[Any, Any, int]] | None = None
+        self.prepared: list[tuple[int, int]] = []
+        # values the graded file's kernels loaded from anywhere else (a buffer the call
+        # made: torch's answer?), by dtype: {(numpy dtype, Triton dtype): [unique values]}
+        self.foreign: dict[tuple[str, str], list[Any]] = {}
+        self.foreign_count = 0
 
 
 OWN, OTHER = -1, -2  # writers: a kernel of the graded file; any kernel but the lab's given ones
@@ -100,9 +112,13 @@ def _wrote(ptrs: Any, mask: Any) -> None:
 
 def _loaded(ptrs: Any, mask: Any, out: Any) -> None:
     """A given kernel's load: count how much of it reads what the graded file's kernels
-    wrote there (a merge of their partials reads only that)."""
+    wrote there (a merge of their partials reads only that). A graded kernel's load: keep
+    the values it read from anything but the call's inputs (:func:`_foreign`)."""
     record = _STATE["active"]
-    if record is None or record.writer < 0:
+    if record is None or record.writer == OTHER:
+        return
+    if record.writer == OWN:
+        _foreign(record, ptrs, mask, out)
         return
     import numpy as np
 
@@ -114,6 +130,107 @@ def _loaded(ptrs: Any, mask: Any, out: Any) -> None:
     counts = record.merges[record.writer]
     counts[0] += len(values)
     counts[1] += made
+
+
+FOREIGN_LARGEST = 1 << 22  # foreign values kept per call (interpreter tests are tiny)
+
+
+def _foreign(record: _Record, ptrs: Any, mask: Any, out: Any) -> None:
+    """Keep what a graded kernel loaded from memory that is none of the call's own inputs:
+    neither an argument's value when the call began (at its address, or anywhere in a buffer
+    that is an argument converted elementwise: ``.contiguous()``, ``.float()``,
+    ``.to(torch.int32)``), nor what a kernel of the graded file or the lab's given files
+    wrote there in this call. A result made of such values was computed elsewhere (torch)
+    and only copied by the kernel."""
+    import numpy as np
+
+    addresses = np.asarray(ptrs.data, dtype=np.uint64)
+    active = np.broadcast_to(np.asarray(mask.data, dtype=bool), addresses.shape)
+    addresses = addresses[active].ravel()
+    values = np.asarray(out.data)[active].ravel()
+    if not addresses.size:
+        return
+    bits = _bits(values)
+    ok = np.zeros(addresses.shape, dtype=bool)
+    for lo, hi in record.prepared:
+        ok |= (addresses >= lo) & (addresses < hi)
+    for where, was, width in _inputs(record):
+        if width != values.dtype.itemsize:  # read through another width: in its bytes
+            ok |= (addresses >= where[0]) & (addresses <= where[-1] + width - 1)
+            continue
+        pos = np.minimum(np.searchsorted(where, addresses), where.size - 1)
+        ok |= (where[pos] == addresses) & (was[pos] == bits)
+    if ok.all():
+        return
+    last = record.last
+    rest = np.flatnonzero(~ok)
+    made = [i for i, a, v in zip(rest.tolist(), addresses[rest].tolist(), bits[rest].tolist())
+            if (entry := last.get(a)) is not None and entry[0] == v and entry[1] != OTHER]
+    ok[made] = True
+    if ok.all() or record.foreign_count >= FOREIGN_LARGEST:
+        return
+    found = np.unique(values[~ok])
+    record.foreign_count += int(found.size)
+    key = (str(values.dtype), str(ptrs.get_element_ty()))
+    record.foreign.setdefault(key, []).append(found)
+
+
+def _inputs(record: _Record) -> list[tuple[Any, Any, int]]:
+    """The call's inputs indexed by address (once per call): their elements' addresses,
+    sorted, with their bits when the call began."""
+    import numpy as np
+
+    if record.inputs is None:
+        record.inputs = []
+        for leaf, was in record.originals:
+            try:
+                where, bits = _addresses(leaf), _now(was)
+            except Exception:  # noqa: BLE001 - an argument it cannot describe is no input
+                continue
+            if where.size:
+                order = np.argsort(where, kind="stable")
+                record.inputs.append((where[order], bits[order], int(leaf.element_size())))
+    return record.inputs
+
+
+def _prepare(record: _Record, args: tuple, kwargs: dict) -> None:
+    """Before a graded kernel runs: each tensor it is given that is not one of the call's
+    arguments but holds an argument's first values converted elementwise (the launcher's
+    ``.contiguous()``, ``.float()``, ``.to(torch.int32)``) counts as that input."""
+    import torch
+
+    inputs = [was for _, was in record.originals]
+    spans = []
+    for leaf, _ in record.originals:
+        storage = leaf.untyped_storage()
+        spans.append((storage.data_ptr(), storage.data_ptr() + storage.nbytes()))
+    for t in [*args, *kwargs.values()]:
+        if type(t) is not torch.Tensor or t.numel() == 0:
+            continue
+        storage = t.untyped_storage()
+        lo, hi = storage.data_ptr(), storage.data_ptr() + storage.nbytes()
+        if any(a <= lo < b for a, b in spans) or (lo, hi) in record.prepared:
+            continue
+        for was in inputs:
+            if was.numel() == t.numel() and _converted(t, was):
+                record.prepared.append((lo, hi))
+                break
+
+
+def _converted(t: Any, was: Any) -> bool:
+    """``t`` holds ``was`` converted to its dtype, element by element, bit for bit (compared
+    in numpy: no tensor is read as a Python value, which a host-sync test would count)."""
+    import numpy as np
+    import torch
+
+    try:
+        kind = getattr(torch, _INT_VIEW[t.element_size()])
+        with torch.no_grad():
+            now = t.detach().reshape(-1).view(kind).numpy()
+            then = was.reshape(-1).to(t.dtype).view(kind).numpy()
+        return bool(np.array_equal(now, then))
+    except Exception:  # noqa: BLE001 - a type it cannot compare is no conversion
+        return False
 
 
 def _writes(original: Any, ptr_arg: int, mask_arg: int | None) -> Any:
@@ -139,6 +256,8 @@ def _launches(original: Any) -> Any:
             return original(self, *args, **kwargs)
         writer = _writer_of(self.fn)
         record.kernels.append((str(getattr(self.fn, "__name__", "?")), writer == OWN))
+        if writer == OWN and record.originals:
+            _prepare(record, args, kwargs)
         outer, record.writer = record.writer, writer
         try:
             return original(self, *args, **kwargs)
@@ -173,9 +292,12 @@ def install(lab_file: str) -> bool:
 
 
 @contextlib.contextmanager
-def recording() -> Iterator[_Record | None]:
+def recording(before: dict[int, tuple[Any, Any]] | None = None, args: tuple = (),
+              kwargs: dict | None = None) -> Iterator[_Record | None]:
     """Record the launches of the block (None where nothing can be recorded: no
-    interpreter, or Triton first imported during the block)."""
+    interpreter, or Triton first imported during the block). ``before``
+    (:func:`tensors_before`), with the call's ``args`` and ``kwargs`` (for its numpy arrays):
+    the inputs as the call got them, which the graded kernels may load."""
     interpreted = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
     if not _STATE["installed"] and _STATE["file"] is not None:
         install(_STATE["file"])
@@ -189,6 +311,7 @@ def recording() -> Iterator[_Record | None]:
             record.unknown = True
         return
     record, outer = _Record(), _STATE["active"]
+    record.originals = list((before or {}).values()) + _numpy_inputs((args, kwargs or {}))
     _STATE["active"] = record
     try:
         yield record
@@ -232,6 +355,30 @@ def tensors_before(args: tuple, kwargs: dict) -> dict[int, tuple[Any, Any]]:
 LARGEST = 1 << 22  # elements: larger outputs are not checked (interpreter tests are tiny)
 
 
+def _numpy_inputs(value: Any, depth: int = 0) -> list[tuple[Any, Any]]:
+    """The numpy arrays among the arguments, as tensors over their memory with a copy of
+    their values now (a launcher may hand them to its kernel through ``torch.from_numpy``)."""
+    np, torch = sys.modules.get("numpy"), sys.modules.get("torch")
+    if np is None or torch is None or depth >= 4:
+        return []
+    if type(value) is np.ndarray:
+        if not 0 < value.size <= LARGEST or value.dtype.kind not in "biuf":
+            return []
+        try:
+            import warnings
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # a read-only array: only read here
+                return [(torch.from_numpy(value), torch.from_numpy(value.copy()))]
+        except (TypeError, ValueError, RuntimeError):
+            return []
+    if isinstance(value, tuple | list):
+        return [t for v in value[:64] for t in _numpy_inputs(v, depth + 1)]
+    if type(value) is dict:
+        return [t for v in list(value.values())[:64] for t in _numpy_inputs(v, depth + 1)]
+    return []
+
+
 def _leaves(value: Any, depth: int = 0) -> list[Any]:
     torch = sys.modules.get("torch")  # never imported here: no torch, no tensor
     if torch is None:
@@ -251,23 +398,76 @@ MERGE_LOADS = 0.99  # a given kernel is a merge of partials when this share of i
 # read what the graded file's kernels wrote there
 
 
-def _made(record: _Record, addresses: Any, bits: Any) -> tuple[float, float]:
-    """``(own, merged)``: the shares of these elements (their addresses, their bytes now)
-    that hold what a kernel of the graded file wrote there last, or what a given kernel
-    wrote there last from partials the graded file's kernels wrote (a merge)."""
+def _made(record: _Record, addresses: Any, bits: Any) -> tuple[float, float, Any]:
+    """``(own, merged, mine)``: the shares of these elements (their addresses, their bytes
+    now) that hold what a kernel of the graded file wrote there last, or what a given kernel
+    wrote there last from partials the graded file's kernels wrote (a merge); ``mine``
+    marks the first kind."""
+    import numpy as np
+
+    mine = np.zeros(addresses.shape, dtype=bool)
     if not addresses.size:
-        return 1.0, 0.0
+        return 1.0, 0.0, mine
     merges = [m[0] > 0 and m[1] >= MERGE_LOADS * m[0] for m in record.merges]
     last, own, merged = record.last, 0, 0
-    for address, value in zip(addresses.tolist(), bits.tolist()):
+    for i, (address, value) in enumerate(zip(addresses.tolist(), bits.tolist())):
         entry = last.get(address)
         if entry is None or entry[0] != value:
             continue  # never written by a kernel, or changed since (torch, numpy)
         if entry[1] == OWN:
             own += 1
+            mine[i] = True
         elif entry[1] >= 0 and merges[entry[1]]:
             merged += 1
-    return own / addresses.size, merged / addresses.size
+    return own / addresses.size, merged / addresses.size, mine
+
+
+_NP_FLOATS = {"torch.float16": "float16", "torch.float32": "float32",
+              "torch.float64": "float64"}
+
+
+def _copied(record: _Record, tensor: Any, bits: Any, mine: Any) -> float:
+    """The share of ``tensor``'s elements (``bits`` now) that a graded kernel stored
+    (``mine``) as a value it loaded from outside the call's inputs (:func:`_foreign`): its
+    bytes, or for floats of another width its value rounded to this dtype. Zeros, infinities
+    and NaN (fills, masks) are left out."""
+    import numpy as np
+
+    if not record.foreign or not mine.any():
+        return 0.0
+    width = tensor.element_size()
+    floats = _NP_FLOATS.get(str(tensor.dtype))
+    seen = []
+    for found in record.foreign.values():
+        values = np.concatenate(found)
+        if values.dtype.itemsize == width:
+            seen.append(_bits(values))
+        elif floats is not None and values.dtype.kind == "f":
+            seen.append(_bits(values.astype(floats)))
+    if not seen:
+        return 0.0
+    candidates = bits[mine]
+    if floats is not None:
+        real = candidates.astype(f"u{width}").view(floats)
+        candidates = candidates[np.isfinite(real) & (real != 0)]
+    elif tensor.dtype.is_floating_point:  # bfloat16, float8: by their bits only
+        real = _torch_float(tensor, candidates)
+        candidates = candidates[np.isfinite(real) & (real != 0)]
+    else:
+        candidates = candidates[candidates != 0]
+    copied = np.isin(candidates, np.unique(np.concatenate(seen)))
+    return float(copied.sum()) / max(int(bits.size), 1)
+
+
+def _torch_float(tensor: Any, bits: Any) -> Any:
+    """Bits of ``tensor``'s dtype (a float numpy has not) as float64 values."""
+    import numpy as np
+    import torch
+
+    kind = getattr(torch, _INT_VIEW[tensor.element_size()])
+    raw = torch.from_numpy(bits.astype(f"u{tensor.element_size()}").view(
+        f"i{tensor.element_size()}").copy()).view(kind)
+    return raw.view(tensor.dtype).to(torch.float64).numpy() if raw.numel() else np.zeros(0)
 
 
 def _now(tensor: Any) -> Any:
@@ -280,14 +480,17 @@ def _now(tensor: Any) -> Any:
 
 def report(record: _Record | None, result: Any, before: dict[int, tuple[Any, Any]],
            args: tuple, kwargs: dict) -> dict[str, Any] | None:
-    """``{"kernels": [[name, own], ...], "written": [["ret" | "arg", made, elements, own],
-    ...], "stored": elements the file's kernels wrote, "empty": any empty tensor argument}``:
+    """``{"kernels": [[name, own], ...], "written": [["ret" | "arg", made, elements, own,
+    copied], ...], "stored": elements the file's kernels wrote, "empty": any empty tensor
+    argument}``:
     per tensor the call returned (and per tensor argument it changed, over the changed
     elements), the share of its elements whose bytes are what a kernel of the graded file
     wrote there last (``own``), or that plus what the lab's given merge kernel wrote there
     from the graded kernels' partials (``made``). A kernel that stored elsewhere (a
-    scratch buffer) and a value torch computed or overwrote count as not made. None when
-    nothing was recorded."""
+    scratch buffer) and a value torch computed or overwrote count as not made. ``copied``:
+    the share the file's kernels stored as a value they loaded from outside the call's
+    inputs (:func:`_copied`: an answer computed elsewhere, only copied). None when nothing
+    was recorded."""
     if record is None or record.unknown:
         return None
     inputs = _leaves((args, kwargs))
@@ -301,14 +504,18 @@ def report(record: _Record | None, result: Any, before: dict[int, tuple[Any, Any
             if (any(t is i for i in inputs) or t.numel() == 0 or t.numel() > LARGEST
                     or t.element_size() not in _INT_VIEW):
                 continue
-            own, merged = _made(record, _addresses(t), _now(t))
-            written.append(["ret", round(own + merged, 4), int(t.numel()), round(own, 4)])
+            bits = _now(t)
+            own, merged, mine = _made(record, _addresses(t), bits)
+            written.append(["ret", round(own + merged, 4), int(t.numel()), round(own, 4),
+                            round(_copied(record, t, bits, mine), 4)])
         for leaf, old in before.values():
             mask = _changed_mask(leaf, old)
             if mask.any():
-                own, merged = _made(record, _addresses(leaf)[mask], _now(leaf)[mask])
-                written.append(["arg", round(own + merged, 4), int(mask.sum()), round(own, 4)])
+                bits = _now(leaf)[mask]
+                own, merged, mine = _made(record, _addresses(leaf)[mask], bits)
+                written.append(["arg", round(own + merged, 4), int(mask.sum()), round(own, 4),
+                                round(_copied(record, leaf, bits, mine), 4)])
     except Exception:  # noqa: BLE001 - a tensor it cannot describe counts as unwritten
-        written.append(["arg", 0.0, 0, 0.0])
+        written.append(["arg", 0.0, 0, 0.0, 0.0])
     return {"kernels": [list(k) for k in record.kernels[:64]], "written": written[:32],
             "stored": record.stored, "empty": any(i.numel() == 0 for i in inputs)}

@@ -272,7 +272,7 @@ class Worker:
         fn = obj if op == "call" else getattr(obj, name)
         snaps = snapshot(args, kwargs)
         before = launches.tensors_before(args, kwargs)
-        with launches.recording() as record:
+        with launches.recording(before, args, kwargs) as record:
             if instrument:
                 from common.testing import INSTRUMENTS
 

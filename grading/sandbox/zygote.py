@@ -23,6 +23,7 @@ The worker's side is :mod:`grading.sandbox.worker`; entering the sandbox,
 
 from __future__ import annotations
 
+import gc
 import importlib
 import json
 import os
@@ -150,6 +151,7 @@ class Zygote:
     def fork(self, request: dict[str, Any], fds: list[int], conn: socket.socket) -> int:
         uid = self.next_uid()
         gid = (self.gid if self.gid is not None else uid) if uid is not None else None
+        gc.freeze()  # what the zygote holds is never collected in a child, so never copied
         pid = os.fork()
         if pid == 0:  # pragma: no cover - in the child
             code = 70

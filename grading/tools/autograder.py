@@ -60,6 +60,7 @@ from grading.run.report import (
     write_json,
 )
 from grading.run.runner import Options
+from grading.sandbox.host import SandboxRefused
 from grading.tools.release import (
     HIDDEN_TESTS,
     PROJECT_ROOT,
@@ -288,6 +289,9 @@ def run(root: Path) -> int:
         write_json(results, gradescope_results(report, "\n".join(placed) + "\n\n" + summary,
                                                hidden_visibility=visibility))
         return 0
+    except SandboxRefused as exc:  # as root without the user switch: no score at all
+        print(f"autograder: {exc}", file=sys.stderr, flush=True)
+        return 3
     except Exception:  # noqa: BLE001 - always leave a results.json behind
         error = traceback.format_exc()
         print(error, file=sys.stderr)

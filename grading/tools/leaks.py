@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +36,7 @@ class Unit:
     code: str  # ast.dump of the node(s): names and constants kept, positions dropped
     label: str  # "merge() (line 42)" / "a statement of merge() (line 45)" / "line 45"
     body: bool = False  # a whole function body (not one statement)
+    size: int = 0  # its syntax-tree nodes: two units of equal code have equal sizes
 
 
 def _sizes(tree: ast.AST) -> dict[int, int]:
@@ -80,34 +82,43 @@ def function_units(source: str) -> list[Unit]:
     units: list[Unit] = []
     for fn in _functions(tree):
         body = _without_docstring(fn.body)
-        if sum(sizes[id(s)] for s in body) >= BODY_NODES:
-            units.append(Unit(_dump(body), f"{fn.name}() (line {fn.lineno})", body=True))
+        size = sum(sizes[id(s)] for s in body)
+        if size >= BODY_NODES:
+            units.append(Unit(_dump(body), f"{fn.name}() (line {fn.lineno})", True, size))
         for node in (n for s in body for n in ast.walk(s)):
             if isinstance(node, ast.stmt) and sizes[id(node)] >= STATEMENT_NODES:
                 label = f"a statement of {fn.name}() (line {node.lineno})"
-                units.append(Unit(_dump([node]), label))
+                units.append(Unit(_dump([node]), label, size=sizes[id(node)]))
     return units
 
 
-def all_units(source: str) -> list[Unit]:
-    """Every function body and every big statement of ``source`` (where a leak could sit)."""
+def all_units(source: str, only: Collection[int] | None = None) -> list[Unit]:
+    """Every function body and every big statement of ``source`` (where a leak could sit).
+
+    ``only``: just the units of these sizes (those that can equal a solution's), which
+    spares dumping the rest: most of the cost of scanning a big file.
+    """
     tree = _parse(source)
     if tree is None:
         return []
     sizes = _sizes(tree)
-    units = [
-        Unit(_dump(_without_docstring(fn.body)), f"{fn.name}() (line {fn.lineno})", body=True)
-        for fn in _functions(tree)
-    ]
+    units = []
+    for fn in _functions(tree):
+        body = _without_docstring(fn.body)
+        size = sum(sizes[id(s)] for s in body)
+        if only is None or size in only:
+            units.append(Unit(_dump(body), f"{fn.name}() (line {fn.lineno})", True, size))
     for node in ast.walk(tree):
-        if isinstance(node, ast.stmt) and sizes[id(node)] >= STATEMENT_NODES:
-            units.append(Unit(_dump([node]), f"line {node.lineno}"))
+        size = sizes[id(node)]
+        big = isinstance(node, ast.stmt) and size >= STATEMENT_NODES
+        if big and (only is None or size in only):
+            units.append(Unit(_dump([node]), f"line {node.lineno}", size=size))
     return units
 
 
-def markdown_units(text: str) -> list[Unit]:
-    """The units of the Python code blocks of a Markdown document."""
-    return [u for block in FENCED_PYTHON.findall(text) for u in all_units(block)]
+def markdown_units(text: str, only: Collection[int] | None = None) -> list[Unit]:
+    """The units of the Python code blocks of a Markdown document (``only``: as all_units)."""
+    return [u for block in FENCED_PYTHON.findall(text) for u in all_units(block, only)]
 
 
 def found_in(units: list[Unit], secret: dict[str, str]) -> list[tuple[str, str]]:
@@ -137,19 +148,22 @@ class LeakFinder:
     def __init__(self, root: Path, files: list[Path], solutions: list[Path]) -> None:
         self.root = root
         self._units: dict[Path, list[Unit]] = {}
+        theirs = {sol: function_units(_read(root / sol)) for sol in solutions}
+        # Only a unit of a solution unit's size can hold its code: the others are not dumped.
+        self._sizes = {u.size for units in theirs.values() for u in units}
         given = self._given([rel for rel in files if rel.name in GIVEN_FILES])
         self.secret: dict[Path, dict[str, str]] = {}
         self.of_lab: dict[Path, dict[str, str]] = {}  # minus only its own lab's given code
-        for sol in solutions:
+        for sol, mine in theirs.items():
             own = self._given([rel for rel in files if rel.parent == sol.parent])
-            mine = function_units(_read(root / sol))
             self.secret[sol] = {u.code: u.label for u in mine if u.code not in given}
             self.of_lab[sol] = {u.code: u.label for u in mine if u.code not in own}
 
     def units(self, rel: Path) -> list[Unit]:
         if rel not in self._units:
             text = _read(self.root / rel) if rel.suffix in (".py", ".md") else ""
-            self._units[rel] = markdown_units(text) if rel.suffix == ".md" else all_units(text)
+            scan = markdown_units if rel.suffix == ".md" else all_units
+            self._units[rel] = scan(text, self._sizes)
         return self._units[rel]
 
     def _given(self, files: list[Path]) -> set[str]:

@@ -30,8 +30,14 @@ tests cannot even import (a syntax error) is reported as broken, not as killed.
 
 Mutants of shared code live in ``tests/mutants/common/`` (``# file: common/testing.py``).
 Each runs against every lab that imports the mutated module (directly or through another
-module of ``common/``), on a scratch copy of the repository's code; it is killed when at
-least one of those labs fails (``--lab 03`` runs lab 03's share of them, reported only).
+module of ``common/``), on a scratch copy of the repository's code, and against the course's
+own tests that import it (``tests/test_*.py``; ``--lab 03`` runs lab 03's share, reported
+only). Its ``# expect:`` words hold per run: it is killed when at least one of those runs
+fails AND names it. A run that fails without the words is reported UNNAMED beside it (a lab
+that catches a shared mistake by accident need not name it); a mutant no run names is UNNAMED.
+The course's tests run first and the runs stop at the first that kills it (the status is the
+same; a planner's mistake is invisible to every lab on a CPU, so the lab runs are the slow
+part).
 
 Instructors add their own mutants the same way; ``make release`` drops ``tests/mutants``.
 """
@@ -237,6 +243,9 @@ def _run_course_test(root: Path, mutant: Mutant, test_file: str) -> Outcome:
         output = proc.stdout + proc.stderr
         if proc.returncode == 0:
             return Outcome(mutant, "SURVIVED", "every test passed")
+        if proc.returncode == 1 and mutant.expect and not names_it(output, mutant.expect):
+            return Outcome(mutant, "UNNAMED", f"{_first_failure(output)} failed without "
+                           f"naming the mistake (expected the words {mutant.expect!r})")
         if proc.returncode == 1:
             return Outcome(mutant, "killed", _first_failure(output))
         return Outcome(mutant, "BROKEN", f"pytest exit {proc.returncode}: {_first_failure(output)}")
@@ -363,30 +372,54 @@ def shared_mutants(root: Path, wanted: str | None) -> list[tuple[Mutant, list[st
     return out
 
 
+def shared_status(statuses: list[str]) -> str:
+    """A shared mutant's status from its runs' statuses: killed when one run fails naming it
+    (a run failing without the words does not count, and is reported beside it)."""
+    for status in ("killed", "UNNAMED", "BROKEN"):
+        if status in statuses:
+            return status
+    return "SURVIVED"
+
+
+def _first_kill(root: Path, mutant: Mutant, targets: list[str]) -> list[tuple[str, Outcome]]:
+    """``mutant`` run against ``targets`` one after another, the course's own tests first
+    (they are what is meant to catch a shared mistake on a CPU, and they are quick), until
+    one run kills it naming the mistake: the status is the same as running them all."""
+    ordered = sorted(targets, key=lambda t: not t.startswith("tests/"))
+    runs = []
+    for target in ordered:
+        outcome = run_one(root, mutant, target)
+        assert isinstance(outcome, Outcome)
+        runs.append((target, outcome))
+        if outcome.status == "killed":
+            break
+    return runs
+
+
 def run_shared(root: Path, wanted: str | None, jobs: int) -> tuple[int, int]:
-    """Run every shared mutant against each lab that uses it; ``(killed, total)``: killed
-    when at least one of those labs fails."""
+    """Run every shared mutant against the labs and course tests that use it until one run
+    kills it; ``(killed, total)``: killed when at least one run fails naming it (its
+    ``# expect:`` words). With ``wanted`` (one lab's share) every run of that lab is made."""
     found = shared_mutants(root, wanted)
     if not found:
         return 0, 0
     print(f">> {SHARED}: {len(found)} mutants of shared code, each against the labs using it",
           flush=True)
-    pairs = [(m, lab) for m, labs in found for lab in labs]
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        outcomes = list(pool.map(lambda p: run_one(root, *p), pairs))
+        results = list(pool.map(lambda f: _first_kill(root, *f), found))
     if wanted:
         print("   (one lab's share: a lab need not catch every mistake in shared code it uses; "
               "make mutants, over every lab, requires each to be killed by at least one)")
     killed = 0
-    for mutant, _ in found:
-        mine = [(lab, o) for (m, lab), o in zip(pairs, outcomes) if m is mutant]
-        status = ("killed" if any(o.status == "killed" for _, o in mine)  # type: ignore[union-attr]
-                  else "BROKEN" if any(o.status == "BROKEN" for _, o in mine)  # type: ignore[union-attr]
-                  else "SURVIVED")
+    for (mutant, targets), mine in zip(found, results):
+        status = shared_status([o.status for _, o in mine])
         killed += status == "killed"
+        skipped = len(targets) - len(mine)
         print(f"   {status:8s} {mutant.name}: {mutant.description}")
-        for lab, o in mine:
-            print(f"            {lab}: {o.status} {o.detail}")  # type: ignore[union-attr]
+        for target, o in mine:
+            print(f"            {target}: {o.status} {o.detail}")
+        if skipped:
+            print(f"            ({skipped} more runs not needed: a run above killed it)")
     print(f"   {SHARED}: {killed}/{len(found)} mutants killed", flush=True)
     return killed, len(found)
 

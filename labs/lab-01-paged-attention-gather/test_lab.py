@@ -34,6 +34,7 @@ from common.testing import (
     ACC_IN_FP16,
     HEAD_RATIOS,
     LAYOUTS,
+    LSE_WITHOUT_MAX,
     ODD_HEAD_DIMS,
     P_NOT_CAST,
     PADDED_SCALE,
@@ -54,7 +55,7 @@ from common.testing import (
     strided_view,
     tolerance,
 )
-from common.triton_env import DEVICE, dot_tile, on_interpreter
+from common.triton_env import DEVICE, LOG2E, dot_tile, on_interpreter
 
 # every call gets copies of its arrays: expected values come from the test's own
 impl = called_on_copies(load_impl(__file__), writes={"write_kv": (0, 1, "k_cache", "v_cache")})
@@ -97,6 +98,65 @@ RESCALE_HINT = (
     "multiplied by exp(m - m_new) before the new block is added"
 )
 LSE_HINT = "lse = m + log(l) in natural log, per query head (a base-2 kernel converts back)"
+APPROXIMATE = (
+    "it is close to dense attention but not equal to it in float64: PagedAttention "
+    "approximates nothing, the block table only changes where K and V are read from. "
+    "Something was rounded (a float32 copy of K or V?) or left out"
+)
+SLOT_ONE_LATE = (
+    "every slot is one late: a position is an index counted from 0 (token 0 is slot "
+    "block_table[0] * block_size + 0), not a length counted from 1"
+)
+SLOT_SPLIT = (
+    "write_kv indexed outside the cache: a slot splits into block = slot // block_size and "
+    "offset = slot % block_size (quotient and remainder swapped?)"
+)
+UNOWNED_NAN = (
+    "NaN reached the output from a block this sequence's table does not name (it is NaN, and "
+    "finite garbage there removes the NaN): logical block numbers used as physical ones? Token "
+    "t lives in block block_table[t // block_size]"
+)
+MASKED_LANES_NAN = (
+    "NaN reached the output from the lanes past seq_len: their K/V were loaded (from the last "
+    "block's poisoned tail, and from block 0, where a masked block-table load sends them) and "
+    "only their scores were masked. Masking the scores does not handle the partial last "
+    "block: mask the K/V loads with pos < seq_len too (other=0), because NaN * 0 = NaN"
+)
+EMPTY_CONTEXT = (
+    "an empty context (seq_len = 0) is not an error and not 0 / 0 = NaN: attention over "
+    "nothing has output 0 and lse -inf (guard l = 0 before dividing)"
+)
+M_STARTS_AT_ZERO = (
+    "the running max started at 0, not -inf: with no keys seen it must still be -inf, so an "
+    "empty context's lse is -inf (and scores far below 0 do not underflow against a max of 0)"
+)
+ACC_NOT_RESCALED = (
+    "the accumulator was not rescaled: it equals the answer with l rescaled by exp(m - m_new) "
+    "and acc not. " + "When a later block raises the running max from m to m_new, acc must be "
+    "multiplied by exp(m - m_new) before the new block is added"
+)
+EXP_ON_LOG2 = (
+    "tl.exp on scores scaled into log2 units: with log2(e) folded into the scale (qk_scale = "
+    "scale * log2 e) the exponentials must be tl.exp2, or every score weighs 1.44 times too much"
+)
+LSE_IN_LOG2 = (
+    "the lse was left in log2 units (m + log2(l), m in log2 units): multiply by ln 2 to get the "
+    "natural log"
+)
+ZERO_KEYS_SCORED = (
+    "the lanes past seq_len were loaded as 0 but their scores were not set to -inf: a zero key "
+    "still scores 0 and adds exp(0 - m) to l. Masking the loads alone does not handle the "
+    "partial last block; set the scores past seq_len to -inf as well"
+)
+TILE_FOR_BLOCK = (
+    "the tile size BLOCK_N was used where the cache's BLOCK_SIZE belongs: a position's block "
+    "is pos // BLOCK_SIZE and its slot pos % BLOCK_SIZE; BLOCK_N only sets how many positions "
+    "one iteration covers"
+)
+STRIDE_HINT = (
+    "the kernel stepped with a stride it assumed instead of the tensor's own: pass every "
+    ".stride() (a cache's slot stride is not its block stride / block_size in every layout)"
+)
 
 
 # ---- helpers: the reference and the wrong answers, all from common.reference ----------
@@ -115,7 +175,7 @@ def head_mapping_mistakes(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> dict:
     if 1 < num_kv_heads < num_heads:
         answers[GQA_MISCONCEPTION] = reference_with_kv_heads(q, k, v, h % num_kv_heads)
     swapped = h // num_kv_heads
-    if num_kv_heads < num_heads and swapped.max() < num_kv_heads:
+    if num_heads > 1 and swapped.max() < num_kv_heads:  # in MHA: every head reads KV head 0
         if not np.array_equal(swapped, h // (num_heads // num_kv_heads)):
             answers[SWAPPED_MISCONCEPTION] = reference_with_kv_heads(q, k, v, swapped)
     return answers
@@ -128,9 +188,50 @@ def read_identity_table(cache: np.ndarray, seq_len: int) -> np.ndarray:
     return cache[t // block_size, t % block_size]
 
 
-def wrong_answers(q: np.ndarray, k: np.ndarray, v: np.ndarray, paged, b: int) -> dict:
-    """Misconception -> the output it would produce, for sequence b of a paged cache."""
+def acc_not_rescaled(q: np.ndarray, k: np.ndarray, v: np.ndarray, tile: int,
+                     scale: float | None = None) -> np.ndarray:
+    """out when l is rescaled but acc is not, the keys read in tiles of ``tile`` tokens."""
+    num_heads, head_dim = q.shape
+    kv_heads = np.arange(num_heads) // (num_heads // k.shape[1])
+    k, v = k[:, kv_heads], v[:, kv_heads]  # [L, H, d]
+    scale = 1 / math.sqrt(head_dim) if scale is None else scale
+    s = np.einsum("hd,lhd->hl", q, k) * scale
+    m, l = np.full(num_heads, -np.inf), np.zeros(num_heads)
+    acc = np.zeros((num_heads, v.shape[2]))
+    for start in range(0, len(k), tile):
+        m_new = np.maximum(m, s[:, start:start + tile].max(axis=1))
+        p = np.exp(s[:, start:start + tile] - m_new[:, None])
+        l = np.exp(m - m_new) * l + p.sum(axis=1)
+        acc = acc + np.einsum("hn,nhd->hd", p, v[start:start + tile])
+        m = m_new
+    return acc / l[:, None] if len(k) else acc
+
+
+def lse_mistakes(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float | None = None) -> dict:
+    """Misconception -> the lse it would produce (a sequence with at least one token)."""
+    if not len(k):
+        return {M_STARTS_AT_ZERO: np.zeros(q.shape[0])}
+    lse = reference_decode(q, k, v, scale=scale)[1]
+    kv_heads = np.arange(q.shape[0]) // (q.shape[0] // k.shape[1])
+    scale = 1 / math.sqrt(q.shape[1]) if scale is None else scale
+    top = (np.einsum("hd,lhd->hl", q, k[:, kv_heads]) * scale).max(axis=1)
+    return {LSE_WITHOUT_MAX: lse - top, LSE_IN_LOG2: lse * LOG2E}
+
+
+def wrong_answers(q: np.ndarray, k: np.ndarray, v: np.ndarray, paged, b: int,
+                  tile: int | None = None, scale: float | None = None) -> dict:
+    """Misconception -> the output it would produce, for sequence b of a paged cache read in
+    tiles of ``tile`` tokens (default: one cache block)."""
     answers = head_mapping_mistakes(q, k, v)
+    answers[ACC_NOT_RESCALED] = acc_not_rescaled(q, k, v, tile or paged.block_size, scale)
+    tile = tile or paged.block_size
+    pad = -len(k) % tile  # lanes of the last tile past seq_len, loaded as zero keys
+    if pad:
+        zeros = np.zeros((pad, *k.shape[1:]))
+        answers[ZERO_KEYS_SCORED] = reference_decode(
+            q, np.concatenate([k, zeros]), np.concatenate([v, zeros]), scale=scale)[0]
+    answers[EXP_ON_LOG2] = reference_decode(
+        q, k, v, scale=LOG2E * (1 / math.sqrt(q.shape[1]) if scale is None else scale))[0]
     n = int(paged.seq_lens[b])
     if blocks_needed(n, paged.block_size) <= paged.num_blocks:
         k_id = read_identity_table(paged.k_cache, n)
@@ -143,6 +244,91 @@ def wrong_answers(q: np.ndarray, k: np.ndarray, v: np.ndarray, paged, b: int) ->
 def rounded(x: np.ndarray, dtype=np.float32) -> np.ndarray:
     """x rounded to dtype and back to float64 (what a float32 kernel actually sees)."""
     return np.asarray(x, dtype=dtype).astype(np.float64)
+
+
+def finite_copy(paged, *, tails: bool, blocks: bool, only: int | None = None):
+    """``paged`` with finite garbage where it holds NaN: in the blocks some table names (the
+    last blocks' tails) if ``tails``, in the blocks no table names if ``blocks`` (only in
+    physical block ``only``, if given)."""
+    rng = np.random.default_rng(0)
+    named = np.zeros(paged.num_blocks, dtype=bool)
+    for b, n in enumerate(paged.seq_lens):
+        named[paged.block_tables[b, : blocks_needed(int(n), paged.block_size)]] = True
+    region = np.where(named, tails, blocks)
+    if only is not None:
+        region &= np.arange(paged.num_blocks) == only
+    region = region[:, None, None, None]
+    k, v = (np.where(region & np.isnan(c), rounded(rng.standard_normal(c.shape)), c)
+            for c in (paged.k_cache, paged.v_cache))
+    return type(paged)(k, v, paged.block_tables, paged.seq_lens, paged.block_size,
+                       paged.unused_blocks)
+
+
+def read_with_tile_as_block(cache: np.ndarray, table: np.ndarray, n: int, tile: int):
+    """What a kernel reads for tokens 0..n-1 with BLOCK_N where BLOCK_SIZE belongs (None if
+    that runs off the cache or the table)."""
+    t = np.arange(n)
+    if (t // tile).max(initial=0) >= len(table):
+        return None
+    rows = table[t // tile].astype(np.int64) * cache.shape[1] + t % tile
+    flat = cache.reshape(-1, *cache.shape[2:])
+    return flat[rows] if (rows >= 0).all() and (rows < len(flat)).all() else None
+
+
+def nan_cause(run, paged, q: np.ndarray, default: str = "", tile: int | None = None) -> str:
+    """Which poisoned memory put NaN into ``run(paged)`` (``run``: a cache -> out ``[B, H,
+    d]``), found by running again with finite garbage in its place: the last blocks' tails,
+    blocks no table names (and whether the answer is then logical-as-physical's), or both."""
+    both = finite_copy(paged, tails=True, blocks=True)
+    out = np.asarray(run(both))
+    if any(np.isnan(out[b]).any() for b, n in enumerate(paged.seq_lens) if int(n) == 0):
+        return EMPTY_CONTEXT
+    if np.isfinite(out).all():
+        for b, n in enumerate(paged.seq_lens):
+            n = int(n)
+            if 0 < n and blocks_needed(n, paged.block_size) <= paged.num_blocks:
+                wrong = reference_decode(q[b], read_identity_table(both.k_cache, n),
+                                         read_identity_table(both.v_cache, n))[0]
+                if np.allclose(out[b], wrong, atol=1e-4, rtol=1e-4):
+                    return f"NaN, and with the NaN replaced: {LOGICAL_MISCONCEPTION}"
+            if 0 < n and tile and tile != paged.block_size:
+                table = both.block_tables[b]
+                k, v = (read_with_tile_as_block(c, table, n, tile)
+                        for c in (both.k_cache, both.v_cache))
+                if k is not None and v is not None and np.isfinite(k).all() and np.allclose(
+                        out[b], reference_decode(q[b], k, v)[0], atol=1e-4, rtol=1e-4):
+                    return f"NaN, and with the NaN replaced: {TILE_FOR_BLOCK}"
+    if np.isfinite(run(finite_copy(paged, tails=True, blocks=False))).all():
+        return LAST_BLOCK_NAN
+    # a kernel's tile is not a cache block: reading the wrong blocks may be that mix-up too
+    tiled = f". Or {TILE_FOR_BLOCK}" if tile and tile != paged.block_size else ""
+    if np.isnan(paged.k_cache[0]).all() and np.isfinite(
+            run(finite_copy(paged, tails=False, blocks=True, only=0))).all():
+        return MASKED_LANES_NAN + tiled  # block 0: where a masked table load (other=0) points
+    if np.isfinite(run(finite_copy(paged, tails=False, blocks=True))).all():
+        return UNOWNED_NAN + tiled
+    if np.isfinite(out).all():
+        return MASKED_LANES_NAN + tiled
+    return default or KERNEL_NAN
+
+
+def nan_hint_for(out, run, paged, q: np.ndarray, default: str = "",
+                 tile: int | None = None) -> str:
+    """``nan_cause`` when ``out`` holds NaN (else ``default``: nothing is run)."""
+    if out is not None and np.isnan(np.asarray(out, dtype=np.float64)).any():
+        return nan_cause(run, paged, q, default, tile)
+    return default or KERNEL_NAN
+
+
+def head_hint(out: np.ndarray, want: np.ndarray, atol: float, rtol: float) -> str:
+    """A hint when some query heads are right and others wrong: the head packing."""
+    right = [h for h in range(len(want)) if np.allclose(out[h], want[h], atol=atol, rtol=rtol)]
+    if not right or len(right) == len(want):
+        return ""
+    wrong = [h for h in range(len(want)) if h not in right]
+    return (f"query heads {wrong} are wrong while {right} are right: the head packing. A "
+            "program serves KV head kv_head and query heads kv_head * GROUP ... kv_head * GROUP "
+            "+ GROUP - 1, with GROUP = num_heads // num_kv_heads (not num_kv_heads). ")
 
 
 def float32_case(q, ks, vs, dtype=np.float32):
@@ -267,11 +453,15 @@ def test_slot_mapping_is_block_table_of_p_div_bs_times_bs_plus_p_mod_bs(
     rng = np.random.default_rng(seed)
     block_table = rng.permutation(num_blocks + 3)[:num_blocks].astype(np.int32)
     positions = rng.integers(0, num_blocks * block_size, size=10)
-    slots = impl.slot_mapping(block_table, positions, block_size)
+    with raised_as(SLOT_ONE_LATE, when="out of bounds"):
+        slots = impl.slot_mapping(block_table, positions, block_size)
     expected = [block_table[p // block_size] * block_size + p % block_size for p in positions]
+    late = [block_table[(p + 1) // block_size] * block_size + (p + 1) % block_size
+            if p + 1 < num_blocks * block_size else None for p in positions]
     slots = np.asarray(slots)
     assert slots.shape == positions.shape, f"slots has shape {slots.shape}, expected (10,)"
     assert np.issubdtype(slots.dtype, np.integer), f"slots must be integers, got {slots.dtype}"
+    assert slots.tolist() != late or slots.tolist() == expected, SLOT_ONE_LATE
     assert slots.tolist() == expected, (
         f"positions {positions.tolist()} with block_table {block_table.tolist()} and "
         f"block_size {block_size} map to slots {expected}, got {slots.tolist()}"
@@ -302,7 +492,8 @@ def test_write_kv_then_gather_kv_gives_back_the_tokens_in_order(block_size, seq_
     steps = [np.arange(prompt)] + [np.array([t]) for t in range(prompt, seq_len)]
     for positions in steps:  # slots from the formula, so this test does not need slot_mapping
         slots = block_table[positions // block_size] * block_size + positions % block_size
-        result = impl.write_kv(k_cache, v_cache, k[positions], v[positions], slots)
+        with raised_as(SLOT_SPLIT, when="out of bounds"):
+            result = impl.write_kv(k_cache, v_cache, k[positions], v[positions], slots)
         assert result is None, "write_kv writes into the caches in place and returns None"
 
     got_k = impl.gather_kv(k_cache, block_table, seq_len)
@@ -376,13 +567,24 @@ def test_gather_kv_returns_the_sequence_in_logical_order(case):
 @basic_value_test
 def test_paged_decode_equals_dense_attention_for_any_block_size_length_and_head_layout(case):
     q, ks, vs, paged = case
+    n = int(paged.seq_lens[0])
+
+    def run(cache):
+        return impl.paged_decode_attention(q[0], cache.k_cache, cache.v_cache,
+                                           cache.block_tables[0], n)[0][None]
+
     out, lse = impl.paged_decode_attention(
-        q[0], paged.k_cache, paged.v_cache, paged.block_tables[0], int(paged.seq_lens[0])
+        q[0], paged.k_cache, paged.v_cache, paged.block_tables[0], n
     )
     want_out, want_lse = reference_decode(q[0], ks[0], vs[0])
+    near = np.shape(out) == want_out.shape and np.allclose(
+        np.asarray(out, dtype=np.float64), want_out, atol=1e-5, rtol=1e-5)
     assert_close(out, want_out, what="out", wrong_answers=wrong_answers(q[0], ks[0], vs[0],
-                                                                          paged, 0), **F64)
-    assert_close(lse, want_lse, what="lse", hint="lse = m + log(l), natural log", **F64)
+                                                                          paged, 0),
+                 hint=APPROXIMATE if near else "", nan_hint=nan_hint_for(out, run, paged, q),
+                 **F64)
+    assert_close(lse, want_lse, what="lse", hint="lse = m + log(l), natural log",
+                 wrong_answers=lse_mistakes(q[0], ks[0], vs[0]), **F64)
 
 
 @pytest.mark.points(2)
@@ -393,22 +595,33 @@ def test_a_batch_mixing_lengths_equals_dense_attention_per_sequence(case):
         q, paged.k_cache, paged.v_cache, paged.block_tables, paged.seq_lens
     )
     assert np.asarray(out).shape == q.shape, f"out has shape {np.asarray(out).shape}"
+
+    def run(cache):
+        return impl.paged_decode_attention_batch(q, cache.k_cache, cache.v_cache,
+                                                 cache.block_tables, cache.seq_lens)[0]
+
+    nan_hint = nan_hint_for(out, run, paged, q)
     for b in range(len(ks)):
         want_out, want_lse = reference_decode(q[b], ks[b], vs[b])
         assert_close(out[b], want_out, what=f"out of sequence {b} (seq_len {paged.seq_lens[b]})",
-                     wrong_answers=wrong_answers(q[b], ks[b], vs[b], paged, b), **F64)
-        assert_close(lse[b], want_lse, what=f"lse of sequence {b}", **F64)
+                     wrong_answers=wrong_answers(q[b], ks[b], vs[b], paged, b),
+                     nan_hint=nan_hint, **F64)
+        assert_close(lse[b], want_lse, what=f"lse of sequence {b}",
+                     wrong_answers=lse_mistakes(q[b], ks[b], vs[b]), **F64)
 
 
 @pytest.mark.points(1)
 def test_an_empty_context_gives_output_zero_and_lse_minus_infinity():
     rng = np.random.default_rng(0)
     paged = build_paged_kv(*random_kv(rng, [0], 1, 4), 4, rng=rng)
-    out, lse = impl.paged_decode_attention(
-        rng.standard_normal((2, 4)), paged.k_cache, paged.v_cache, paged.block_tables[0], 0
-    )
-    assert_close(out, np.zeros((2, 4)), what="out for seq_len = 0", **F64)
-    assert_close(lse, np.full(2, -np.inf), what="lse for seq_len = 0", **F64)
+    with raised_as(EMPTY_CONTEXT):
+        out, lse = impl.paged_decode_attention(
+            rng.standard_normal((2, 4)), paged.k_cache, paged.v_cache, paged.block_tables[0], 0
+        )
+    assert_close(out, np.zeros((2, 4)), what="out for seq_len = 0", nan_hint=EMPTY_CONTEXT,
+                 hint=EMPTY_CONTEXT, **F64)
+    assert_close(lse, np.full(2, -np.inf), what="lse for seq_len = 0", nan_hint=EMPTY_CONTEXT,
+                 wrong_answers={M_STARTS_AT_ZERO: np.zeros(2)}, hint=EMPTY_CONTEXT, **F64)
 
 
 @pytest.mark.points(2)
@@ -456,6 +669,12 @@ def test_every_head_ratio_maps_query_head_h_to_kv_head_h_div_group(num_heads, nu
 IMPLS = ["numpy", pytest.param("triton", marks=pytest.mark.triton)]
 
 
+def tile_of(which: str, paged, block_n: int | None = None) -> int:
+    """Keys per step of the online softmax: a cache block (numpy), a K/V tile (the kernel:
+    ``block_n``, else the interpreter's 16)."""
+    return paged.block_size if which == "numpy" else block_n or 16
+
+
 def decode_with(which: str, q: np.ndarray, paged, scale: float | None = None, **kernel_kw):
     """Run one implementation on a batch; returns out, lse and the tolerance to use."""
     if which == "triton":
@@ -477,7 +696,11 @@ def test_query_head_h_reads_kv_head_h_div_group_size(which):
     paged = build_paged_kv(ks, vs, 4, rng=rng)
     out, _, tol = decode_with(which, q, paged)
     assert_close(out[0], reference_decode(q[0], ks[0], vs[0])[0], what="out",
-                 wrong_answers=head_mapping_mistakes(q[0], ks[0], vs[0]), **tol)
+                 wrong_answers=wrong_answers(q[0], ks[0], vs[0], paged, 0,
+                                             tile_of(which, paged)),
+                 nan_hint=nan_hint_for(out, lambda c: decode_with(which, q, c)[0], paged, q,
+                                       tile=tile_of(which, paged)),
+                 **tol)
 
 
 @pytest.mark.points(1)
@@ -497,7 +720,7 @@ def test_the_scale_keyword_reaches_every_decode_path(which, scale):
         assert_close(out[b], want_out, what=f"{which} out of sequence {b} (scale={scale})",
                      wrong_answers=wrong, **tol)
         assert_close(lse[b], want_lse, what=f"{which} lse of sequence {b} (scale={scale})",
-                     **tol)
+                     wrong_answers=lse_mistakes(q[b], ks[b], vs[b], scale), **tol)
         if which == "numpy":
             one = impl.paged_decode_attention(q[b], paged.k_cache, paged.v_cache,
                                               paged.block_tables[b], int(paged.seq_lens[b]),
@@ -542,6 +765,8 @@ def test_sequences_that_share_physical_blocks_each_get_their_own_answer(which):
         assert_close(out[b], want_out, what=f"out of sequence {b} (seq_len {lens[b]})",
                      hint="several tables may name one physical block: read through each "
                           "sequence's own table and length, never assume blocks are private",
+                     wrong_answers=wrong_answers(q[b], ks[b], vs[b], paged, b,
+                                                 tile_of(which, paged)),
                      nan_hint=KERNEL_NAN, **tol)
         assert_close(lse[b], want_lse, what=f"lse of sequence {b}", hint=LSE_HINT, **tol)
 
@@ -720,15 +945,18 @@ def test_triton_kernel_equals_dense_attention_at_every_tile_size(
     paged = build_paged_kv(ks, vs, block_size, rng=rng, padding=padding)
     scale = 0.7 / math.sqrt(head_dim)
     out, lse = run_triton(q, paged, scale, block_n=block_n)
+    nan_hint = nan_hint_for(out, lambda c: run_triton(q, c, scale, block_n=block_n)[0],
+                            paged, q, tile=block_n)
     hint = (f"with block_n={block_n} and block_size={block_size}: a position's block is "
             "pos // BLOCK_SIZE (the cache's block size), its slot pos % BLOCK_SIZE; the tile "
             "size BLOCK_N only sets how many positions one iteration covers")
     for b in range(len(lens)):
         want_out, want_lse = reference_decode(q[b], ks[b], vs[b], scale=scale)
         assert_close(out[b], want_out, what=f"out of sequence {b} (seq_len {lens[b]})",
-                     wrong_answers=wrong_answers(q[b], ks[b], vs[b], paged, b),
-                     nan_hint=KERNEL_NAN, hint=hint, **F32)
-        assert_close(lse[b], want_lse, what=f"lse of sequence {b}", hint=LSE_HINT, **F32)
+                     wrong_answers=wrong_answers(q[b], ks[b], vs[b], paged, b, block_n, scale),
+                     nan_hint=nan_hint, hint=head_hint(out[b], want_out, **F32) + hint, **F32)
+        assert_close(lse[b], want_lse, what=f"lse of sequence {b}", hint=LSE_HINT,
+                     wrong_answers=lse_mistakes(q[b], ks[b], vs[b], scale), **F32)
 
 
 @pytest.mark.triton
@@ -770,6 +998,7 @@ def test_triton_kernel_reads_transposed_and_sliced_views_through_their_strides(l
     for b in range(len(lens)):
         want_out, want_lse = reference_decode(q[b], ks[b], vs[b])
         assert_close(out[b], want_out, what=f"out of sequence {b} ({layout} views)",
+                     hint=STRIDE_HINT,
                      nan_hint=f"NaN with {layout} views: NaN sits between the rows of a sliced "
                      "view, so the kernel stepped with a stride it assumed instead of the "
                      "tensor's own (pass every .stride() and use one stride per dim)", **F32)

@@ -65,6 +65,8 @@ SATURATION = ("values beyond 448 * scale must saturate to ±448 (the largest e4m
               "clip x / scale to [-448, 448] before rounding")
 NAN_ON_OVERFLOW = ("a value beyond 448 * scale became the NaN byte 0x7F/0xFF: e4m3 has no "
                    "infinity, so an unclipped overflow rounds onto the NaN pattern. Clip first")
+GIVEN_SCALE = (" (the scale here is given, as a calibrated k_scale is: a given scale does "
+               "not bound the data, so clip whatever the scale's origin)")
 FLUSHED = ("it equals the values with every overflow set to 0: saturating means clamping to "
            "±448, not dropping the value")
 TRUNCATION = ("it equals rounding toward zero (truncating the mantissa): round to the NEAREST "
@@ -82,6 +84,9 @@ AS_INTEGERS = ("it equals attention over the byte values 0..255 as integers: bit
 NO_RESCALE = ("it equals the prefix and suffix outputs averaged without their weights: merge "
               "with w_x = exp(lse_x - lse), lse = log(exp(lse_p) + exp(lse_s)) (lab 04's rule)")
 PREFIX_TWICE = "it equals attention with the prefix counted twice (merged in once too many)"
+BY_KEY_COUNT = ("it equals each side weighted by its share of the keys, P / (P + n): then "
+                "where the prefix ends changes the answer. Weight by exp(lse_x - lse), the "
+                "share of the softmax mass, and the merge is exact at every split point")
 LSE_HINT = "lse = m + log(l) in natural log; merged: log(exp(lse_prefix) + exp(lse_suffix))"
 
 
@@ -219,14 +224,15 @@ def test_values_beyond_448_times_the_scale_saturate_and_never_become_nan():
     want = np.array([[448.0, 448.0, 448.0, 448.0, 448.0, 448.0, -448.0, -448.0]])
     nan_bytes = np.isin(bits, [0x7F, 0xFF])
     assert_close(values, want, what="quantize_kv of values past 448", atol=0, rtol=0,
-                 nan_hint=NAN_ON_OVERFLOW if nan_bytes.any() else SATURATION,
+                 nan_hint=(NAN_ON_OVERFLOW + GIVEN_SCALE) if nan_bytes.any() else SATURATION,
                  wrong_answers={FLUSHED: np.where(np.abs(x) > 464, 0.0, want)}, hint=SATURATION)
 
 
 @pytest.mark.points(1)
 def test_a_float32_scale_just_below_amax_over_448_still_never_overflows():
     """``scale = float32(amax / 448)`` may round down, putting ``amax / scale`` a hair above
-    448: the largest value must still come back as ±448, not NaN."""
+    448: the largest value must still come back as ±448, not NaN (round to nearest brings it
+    back: the next grid value, 480, lies past the midpoint 464)."""
     rng = np.random.default_rng(11)
     found = 0
     for _ in range(200):
@@ -769,6 +775,7 @@ def cascade_mistakes(q, pk, pv, sk, sv, lens, b, scale=None) -> dict:
         out_s = reference_attention(q[b][None], sk[b, : lens[b]], sv[b, : lens[b]],
                                     scale=scale)[0][0]
         answers[NO_RESCALE] = (out_p + out_s) / 2
+        answers[BY_KEY_COUNT] = (len(pk) * out_p + lens[b] * out_s) / (len(pk) + lens[b])
     return answers
 
 
