@@ -36,6 +36,9 @@ from grading.tools.release import ReleaseError, build_release, plan_release
 from grading.tools.student_copy import coherence_problems, make_targets, strip_instructor_blocks
 
 ROOT = Path(__file__).resolve().parents[1]
+# Its shared fixtures grade several fake labs at once (a hostile one among them): a minute or
+# more at load 15, so the limit only stops a hang, never a slow machine.
+pytestmark = pytest.mark.timeout(1800)
 
 # ---- the fake labs ----------------------------------------------------------------------------
 
