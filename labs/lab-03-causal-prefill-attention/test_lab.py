@@ -344,7 +344,10 @@ EMPTY_SPLIT = (
 )
 KERNEL_NAN_HINT = (
     f"{VARLEN_NAN_HINT} A kernel also reads poison when it assumes a layout: "
-    f"{STRIDES_HINT}; and {EMPTY_SPLIT}."
+    f"{STRIDES_HINT}; and {EMPTY_SPLIT}. Or rows no program wrote: a tile holds "
+    "BLOCK_Q = BLOCK_M // GROUP query tokens, and the grid needs T // BLOCK_Q + B programs "
+    "on axis 0, cdiv(T, BLOCK_Q) programs are too few (a sequence's last query block may be "
+    "partial)."
 )
 GRID_HINT = (
     "A tile's BLOCK_M rows hold BLOCK_Q = BLOCK_M // GROUP query tokens, and a sequence's "
@@ -891,36 +894,6 @@ def tiles_label(block_m, block_n):
     return "default tiles" if block_m is None else f"block_m={block_m}, block_n={block_n}"
 
 
-def blocks_without_a_program(batch, block_q, programs):
-    """``{sequence: [its query blocks]}`` that a grid of ``programs`` programs on axis 0
-    leaves out, sequence b's blocks being numbered from ``query_start_loc[b] // BLOCK_Q + b``
-    (the kernel's binary search)."""
-    missed = {}
-    for b, first in enumerate(batch.query_start_loc[:-1]):
-        blocks = range(-(-batch.new[b] // block_q))
-        missed[b] = [i for i in blocks if int(first) // block_q + b + i >= programs]
-    return {b: blocks for b, blocks in missed.items() if blocks}
-
-
-@pytest.mark.triton
-@pytest.mark.points(1)
-def test_triton_launch_gives_every_query_block_of_every_sequence_a_program():
-    # 16-row tiles of 2 query heads per KV head hold BLOCK_Q = 8 query tokens. The query
-    # counts are not multiples of 8: 35 tokens need 9 query blocks where cdiv(35, 8) = 5.
-    new = [1, 9, 1, 3, 17, 4]
-    batch = make_batch(np.random.default_rng(18), [4, 0, 12, 2, 5, 30], new, (2, 1), 8, 4)
-    out, lse = impl.varlen_prefill_triton(*triton_batch(batch), block_m=16, block_n=16,
-                                          max_seq_len=batch.max_seq_len)  # fmt: skip
-    wrong = wrong_tokens(out, batch)
-    short = blocks_without_a_program(batch, 8, -(-sum(new) // 8))
-    unwritten = bool(wrong.any() and (wrong <= tokens_of_blocks(batch, short, 8)).all())
-    assert not unwritten, (
-        f"the rows of query blocks {short} (sequence: blocks) were never written: they got no "
-        f"program. {GRID_HINT}"
-    )
-    check_prefill_kernel((out, lse), batch, "Triton, 6 sequences of 1-17 new tokens, 16 x 16")
-
-
 @pytest.mark.triton
 @pytest.mark.points(3)
 @tile_shapes((None, None), *TILE_SHAPES)  # None: the launcher's own choice
@@ -959,6 +932,36 @@ def test_triton_kernel_split_over_the_keys_merges_to_the_unsplit_answer(num_spli
     atol, rtol = tolerance("float32")
     check_varlen(result, batch, label, atol=atol, rtol=rtol, hint=f"{SPLIT_HINT}. {KERNEL_HINT}",
                  nan_hint=f"{KERNEL_NAN_HINT} With splits: {SPLIT_HINT}")
+
+
+def blocks_without_a_program(batch, block_q, programs):
+    """``{sequence: [its query blocks]}`` that a grid of ``programs`` programs on axis 0
+    leaves out, sequence b's blocks being numbered from ``query_start_loc[b] // BLOCK_Q + b``
+    (the kernel's binary search)."""
+    missed = {}
+    for b, first in enumerate(batch.query_start_loc[:-1]):
+        blocks = range(-(-batch.new[b] // block_q))
+        missed[b] = [i for i in blocks if int(first) // block_q + b + i >= programs]
+    return {b: blocks for b, blocks in missed.items() if blocks}
+
+
+@pytest.mark.triton
+@pytest.mark.points(1)
+def test_triton_launch_gives_every_query_block_of_every_sequence_a_program():
+    # 16-row tiles of 2 query heads per KV head hold BLOCK_Q = 8 query tokens. The query
+    # counts are not multiples of 8: 35 tokens need 9 query blocks where cdiv(35, 8) = 5.
+    new = [1, 9, 1, 3, 17, 4]
+    batch = make_batch(np.random.default_rng(18), [4, 0, 12, 2, 5, 30], new, (2, 1), 8, 4)
+    out, lse = impl.varlen_prefill_triton(*triton_batch(batch), block_m=16, block_n=16,
+                                          max_seq_len=batch.max_seq_len)  # fmt: skip
+    wrong = wrong_tokens(out, batch)
+    short = blocks_without_a_program(batch, 8, -(-sum(new) // 8))
+    unwritten = bool(wrong.any() and (wrong <= tokens_of_blocks(batch, short, 8)).all())
+    assert not unwritten, (
+        f"the rows of query blocks {short} (sequence: blocks) were never written: they got no "
+        f"program. {GRID_HINT}"
+    )
+    check_prefill_kernel((out, lse), batch, "Triton, 6 sequences of 1-17 new tokens, 16 x 16")
 
 
 @pytest.mark.triton
