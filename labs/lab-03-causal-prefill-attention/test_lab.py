@@ -308,6 +308,11 @@ def make_batch(
     return Batch(list(cached), list(new), qs, ks, vs, q, query_start_loc, paged)
 
 
+VARLEN_START_HINT = (
+    "the varlen path raised instead of answering: sequence b's queries start at start_pos = "
+    "seq_lens[b] - query_len_b, with query_len_b = query_start_loc[b + 1] - "
+    "query_start_loc[b] (not query_start_loc[b] itself, an offset into the packed q)"
+)
 VARLEN_NAN_HINT = (
     NAN_HINT + " Here a sequence's context ends at seq_lens[b]: reading position seq_lens[b] "
     "or later (e.g. placing the queries at seq_lens[b] instead of seq_lens[b] - query_len) "
@@ -316,17 +321,43 @@ VARLEN_NAN_HINT = (
 )
 
 
+STRIDES_HINT = (
+    "every tensor is read through its own strides (the head dim's stride_kd, a page slot's "
+    "stride_ks): none is assumed contiguous or packed"
+)
 KERNEL_HINT = (
     "Usual kernel causes: the K/V tiles that straddle the diagonal need the mask "
     "key_pos <= query_pos (a key loaded as 0 past the end still scores 0, not -inf, unless "
-    "masked); acc and l must be rescaled by exp(m_old - m_new) whenever the running max "
-    "grows; the lse must go back from log2 units to the natural log. Launcher causes: a tile "
+    "masked), and only the tiles below the block's FIRST query are mask-free; a row's "
+    "position is start_pos + token, with start_pos = seq_len - query_len (not seq_len - 1, "
+    "the decode formula); every K/V loop steps by BLOCK_N (keys per tile), not BLOCK_M; acc "
+    "and l must be rescaled by exp(m_old - m_new) whenever the running max grows; the lse "
+    "must go back from log2 units to the natural log; GQA packing: tile row r is token "
+    "r // GROUP of query head kv_head * GROUP + r % GROUP (not r // BLOCK_Q, and not "
+    f"without the kv_head * GROUP offset); {STRIDES_HINT}. Launcher causes: a tile "
     "holds BLOCK_Q = BLOCK_M // GROUP query tokens, and the grid needs T // BLOCK_Q + B "
     "programs on axis 0 (a sequence's last query block may be partial)"
 )
+EMPTY_SPLIT = (
+    "a KV split with no keys writes out 0 and lse -inf (the merge's identity), never "
+    "0 / 0 = NaN"
+)
+KERNEL_NAN_HINT = (
+    f"{VARLEN_NAN_HINT} A kernel also reads poison when it assumes a layout: "
+    f"{STRIDES_HINT}; and {EMPTY_SPLIT}. Or rows no program wrote: a tile holds "
+    "BLOCK_Q = BLOCK_M // GROUP query tokens, and the grid needs T // BLOCK_Q + B programs "
+    "on axis 0, cdiv(T, BLOCK_Q) programs are too few (a sequence's last query block may be "
+    "partial)."
+)
+GRID_HINT = (
+    "A tile's BLOCK_M rows hold BLOCK_Q = BLOCK_M // GROUP query tokens, and a sequence's "
+    "last block may be partial, so cdiv(T, BLOCK_Q) programs are too few: the grid is "
+    "(T // BLOCK_Q + B, KVH, num_splits) (provided.varlen_grid), the spare programs return"
+)
 
 
-def check_varlen(result, batch, label, atol=1e-12, rtol=1e-12, hint=""):
+def check_varlen(result, batch, label, atol=1e-12, rtol=1e-12, hint="",
+                 nan_hint=VARLEN_NAN_HINT):
     assert isinstance(result, tuple) and len(result) == 2, (
         "the varlen functions must return a tuple (out [T, H, d], lse [T, H])"
     )
@@ -342,7 +373,7 @@ def check_varlen(result, batch, label, atol=1e-12, rtol=1e-12, hint=""):
             what=f"{what} ({label})",
             atol=atol,
             rtol=rtol,
-            nan_hint=VARLEN_NAN_HINT,
+            nan_hint=nan_hint,
             hint=hint,
         )
 
@@ -587,7 +618,8 @@ MIXED_NEW = [6, 1, 8, 5, 1]
 @pytest.mark.points(3)
 def test_varlen_batch_of_prefill_chunks_and_decode_rows_equals_each_sequence_alone():
     batch = make_batch(np.random.default_rng(6), MIXED_CACHED, MIXED_NEW, block_size=8)
-    result = impl.varlen_prefill_attention(*batch.args())
+    with raised_as(VARLEN_START_HINT):
+        result = impl.varlen_prefill_attention(*batch.args())
     check_varlen(result, batch, "mixed batch vs the float64 reference")
     q, k_cache, v_cache, tables, qsl, seq_lens = batch.args()
     for b in range(len(MIXED_NEW)):
@@ -838,7 +870,24 @@ def check_prefill_kernel(result, batch, label, dtype_name="float32"):
     assert out.dtype == getattr(torch, dtype_name), f"out must be in q's dtype, got {out.dtype}"
     assert lse.dtype == torch.float32, f"lse must be float32, got {lse.dtype}"
     atol, rtol = tolerance(dtype_name)
-    check_varlen(result, batch, label, atol=atol, rtol=rtol, hint=KERNEL_HINT)
+    check_varlen(result, batch, label, atol=atol, rtol=rtol, hint=KERNEL_HINT,
+                 nan_hint=KERNEL_NAN_HINT)
+
+
+def wrong_tokens(out, batch, atol=1e-4, rtol=1e-4):
+    """``[T]`` bool: the query tokens whose output differs from the reference (NaN too)."""
+    got = np.asarray(out.float().cpu(), dtype=np.float64)
+    return ~np.isclose(got, batch.expected()[0], atol=atol, rtol=rtol).all(axis=(1, 2))
+
+
+def tokens_of_blocks(batch, blocks, block_q):
+    """``[T]`` bool: the query tokens of ``{sequence: [query blocks]}``."""
+    tokens = np.zeros(int(batch.query_start_loc[-1]), dtype=bool)
+    for b, indices in blocks.items():
+        for i in indices:
+            first = int(batch.query_start_loc[b]) + block_q * i
+            tokens[first : min(first + block_q, int(batch.query_start_loc[b + 1]))] = True
+    return tokens
 
 
 def tiles_label(block_m, block_n):
@@ -865,8 +914,7 @@ SPLIT_HINT = (
     "with num_splits > 1 each program of grid axis 2 must attend only its split's keys: a "
     "share of the whole key tiles below the block's first query (cdiv(full tiles, "
     "num_splits) tiles each), the diagonal tiles in split 0 after its full tiles, and write "
-    "its partial (out, lse) at its split row (stride_os, stride_ls); a split with no keys "
-    "writes out 0 and lse -inf (the merge's identity), never 0/0"
+    f"its partial (out, lse) at its split row (stride_os, stride_ls); {EMPTY_SPLIT}"
 )
 
 
@@ -882,7 +930,8 @@ def test_triton_kernel_split_over_the_keys_merges_to_the_unsplit_answer(num_spli
                                         max_seq_len=batch.max_seq_len, num_splits=num_splits)
     label = f"Triton, {num_splits} KV splits merged, 16 x 16 tiles"
     atol, rtol = tolerance("float32")
-    check_varlen(result, batch, label, atol=atol, rtol=rtol, hint=SPLIT_HINT)
+    check_varlen(result, batch, label, atol=atol, rtol=rtol, hint=f"{SPLIT_HINT}. {KERNEL_HINT}",
+                 nan_hint=f"{KERNEL_NAN_HINT} With splits: {SPLIT_HINT}")
 
 
 def blocks_without_a_program(batch, block_q, programs):
@@ -905,22 +954,12 @@ def test_triton_launch_gives_every_query_block_of_every_sequence_a_program():
     batch = make_batch(np.random.default_rng(18), [4, 0, 12, 2, 5, 30], new, (2, 1), 8, 4)
     out, lse = impl.varlen_prefill_triton(*triton_batch(batch), block_m=16, block_n=16,
                                           max_seq_len=batch.max_seq_len)  # fmt: skip
-    want = batch.expected()[0]
-    got = np.asarray(out.cpu(), dtype=np.float64)
-    wrong_tokens = ~np.isclose(got, want, atol=1e-4, rtol=1e-4).all(axis=(1, 2))
+    wrong = wrong_tokens(out, batch)
     short = blocks_without_a_program(batch, 8, -(-sum(new) // 8))
-    short_tokens = np.zeros_like(wrong_tokens)
-    for b, blocks in short.items():
-        for i in blocks:
-            first = int(batch.query_start_loc[b]) + 8 * i
-            short_tokens[first : min(first + 8, int(batch.query_start_loc[b + 1]))] = True
-    unwritten = bool(wrong_tokens.any() and (wrong_tokens <= short_tokens).all())
+    unwritten = bool(wrong.any() and (wrong <= tokens_of_blocks(batch, short, 8)).all())
     assert not unwritten, (
         f"the rows of query blocks {short} (sequence: blocks) were never written: they got no "
-        f"program. A tile's BLOCK_M rows hold BLOCK_Q = BLOCK_M // GROUP query tokens, and a "
-        "sequence's last block may be partial, so cdiv(T, BLOCK_Q) programs are too few: the "
-        "grid is (T // BLOCK_Q + B, KVH, num_splits) (provided.varlen_grid), the spare "
-        "programs return"
+        f"program. {GRID_HINT}"
     )
     check_prefill_kernel((out, lse), batch, "Triton, 6 sequences of 1-17 new tokens, 16 x 16")
 

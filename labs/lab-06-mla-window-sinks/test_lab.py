@@ -819,7 +819,9 @@ def test_triton_mla_kernel_equals_attention_over_the_latent_cache(
     out, lse = run_mla_triton(q_latent, q_pe, paged, block_n=block_n, block_h=block_h)
     check_mla_triton(out, lse, q_latent, q_pe, rows, F32, hint=(
         "scores = q_latent · c + q_pe · k_pe over the cache row [c (d_c) | k_pe (d_rope)]; "
-        "acc += p · c; the default scale is 1/sqrt(d_c + d_rope)"))
+        "acc += p · c; the default scale is 1/sqrt(d_c + d_rope); with more query heads than "
+        "BLOCK_H, program head_tile serves heads head_tile * BLOCK_H .. head_tile * BLOCK_H + "
+        "BLOCK_H - 1 (add its head tile's offset), not heads 0 .. BLOCK_H - 1"))
 
 
 @pytest.mark.triton

@@ -974,6 +974,12 @@ def test_simulate_preempts_the_newest_request_and_it_recomputes_later():
     workload = [(0, [1, 2, 3], 4), (0, [4, 5, 6], 3)]
     stats = impl.simulate(workload, num_blocks=4, block_size=2, max_num_seqs=8)
     assert stats.preemptions == 1
+    assert stats.finish_step[0] != 3 or stats.finish_step[1] <= 4, (
+        f"finish steps {stats.finish_step}, expected (3, 4): R1 finished late, as if it had to "
+        "sample its outputs again. A preempted request keeps them: recompute preemption loses "
+        "the compute, not the tokens; it prefills prompt + outputs so far again (often partly "
+        "from its own cached blocks) and goes on from there"
+    )
     assert stats.finish_step == (3, 4), (
         f"finish steps {stats.finish_step}, expected (3, 4): when the pool is full the NEWEST "
         "running request is preempted (vLLM: self.running.pop()), so the oldest keeps going"
