@@ -228,7 +228,8 @@ def test_online_softmax_steps_give_the_running_max_and_denominator_after_every_t
         expected_steps(x, tile_size),
         what=f"(m, l) after each tile of {tile_size}",
         hint="column 0 is the running max m, column 1 the running denominator l",
-        wrong_answers=steps_misconceptions(x, tile_size),
+        wrong_answers={**steps_misconceptions(x, tile_size),
+                       M_STARTS_AT_ZERO: steps_from_zero(x, tile_size)},
     )
 
 
