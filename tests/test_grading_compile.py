@@ -191,6 +191,21 @@ def _tests(run: dict) -> dict[str, dict]:
     return {t["name"].split(" › ", 1)[1]: t for t in run["results"]["tests"]}
 
 
+def _cheats(tests: dict[str, dict]) -> dict[str, dict]:
+    """The interpreter tests of the two cheating functions that launch something (n = 0 or
+    m = 0 launch nothing, and a row of n = 0 is what the kernel stored: no cheat)."""
+    return {n: t for n, t in tests.items()
+            if ("add_vectors" in n and "n=0" not in n or "row_sum_and_max" in n
+                and "-0-None" not in n) and "sm_90" not in n}
+
+
+def _others_full(tests: dict[str, dict]) -> None:
+    """Every test of the honest functions keeps its full score."""
+    others = [t for n, t in tests.items() if "add_vectors" not in n and "row_sum" not in n]
+    assert all(t["score"] == t["max_score"] for t in others), [
+        (t["name"], t["output"][:300]) for t in others if t["score"] < t["max_score"]]
+
+
 def _possible(run: dict) -> float:
     return sum(t["max_score"] for t in run["results"]["tests"])
 
@@ -229,17 +244,12 @@ def test_a_kernel_that_stores_elsewhere_or_is_overwritten_scores_zero(graded):
     run = graded["scratch"]
     assert run["code"] == 0, run["text"]
     tests = _tests(run)
-    # (n = 0 or m = 0 launch nothing, and a row of n = 0 is what the kernel stored: no cheat)
-    cheats = {n: t for n, t in tests.items()
-              if ("add_vectors" in n and "n=0" not in n or "row_sum_and_max" in n
-                  and "-0-None" not in n) and "sm_90" not in n}
+    cheats = _cheats(tests)
     assert len(cheats) >= 8 and all(t["score"] == 0 for t in cheats.values()), {
         n: (t["score"], t["output"][:200]) for n, t in cheats.items()}
     assert all("holds what" in t["output"] for n, t in cheats.items()
                if "loads_only" not in n), [t["output"][:300] for t in cheats.values()]
-    others = [t for n, t in tests.items() if "add_vectors" not in n and "row_sum" not in n]
-    assert all(t["score"] == t["max_score"] for t in others), [
-        (t["name"], t["output"][:300]) for t in others if t["score"] < t["max_score"]]
+    _others_full(tests)
 
 
 @pytest.mark.slow
@@ -247,17 +257,12 @@ def test_a_kernel_that_copies_an_answer_torch_computed_scores_zero(graded):
     run = graded["copy"]
     assert run["code"] == 0, run["text"]
     tests = _tests(run)
-    # (n = 0 or m = 0 launch nothing; a row of n = 0 is what the kernel stored: no cheat)
-    cheats = {n: t for n, t in tests.items()
-              if ("add_vectors" in n and "n=0" not in n or "row_sum_and_max" in n
-                  and "-0-None" not in n) and "sm_90" not in n and "loads_only" not in n}
+    cheats = {n: t for n, t in _cheats(tests).items() if "loads_only" not in n}
     assert len(cheats) >= 6 and all(t["score"] == 0 for t in cheats.values()), {
         n: (t["score"], t["output"][:200]) for n, t in cheats.items()}
     assert all("copied an answer computed elsewhere" in t["output"]
                for t in cheats.values()), [t["output"][:300] for t in cheats.values()]
-    others = [t for n, t in tests.items() if "add_vectors" not in n and "row_sum" not in n]
-    assert all(t["score"] == t["max_score"] for t in others), [
-        (t["name"], t["output"][:300]) for t in others if t["score"] < t["max_score"]]
+    _others_full(tests)
 
 
 @pytest.mark.slow

@@ -138,12 +138,15 @@ def require_kernel(info: Any, what: str, impl: str) -> None:
             + (f" (it launched only {', '.join(others)})" if others else "")
             + ": a Triton test grades the kernel, and a result computed another way (torch, "
             "numpy) earns nothing here") from None
+    def part(where: str, share: float) -> str:
+        return f"{share:.0%} of " + ("a tensor it returned" if where == "ret"
+                                     else "what it wrote into an argument")
+
     short = [w for w in written if not w[1] >= WRITTEN]
     if short:
         where, share, _, _ = short[0]
         raise NoKernel(
-            f"{what}: only {share:.0%} of "
-            + ("a tensor it returned" if where == "ret" else "what it wrote into an argument")
+            f"{what}: only {part(where, share)}"
             + f" holds what {', '.join(own)} stored there: the result must come from the "
             "kernel's own tl.store (a kernel that stores elsewhere, or an output that torch "
             "computes or overwrites after the kernel, earns nothing)") from None
@@ -151,8 +154,7 @@ def require_kernel(info: Any, what: str, impl: str) -> None:
     if copied:
         where, _, _, share = copied[0]
         raise NoKernel(
-            f"{what}: {share:.0%} of "
-            + ("a tensor it returned" if where == "ret" else "what it wrote into an argument")
+            f"{what}: {part(where, share)}"
             + f" is what {', '.join(own)} loaded from a buffer the call made (neither an "
             "input, nor an input converted, nor what the kernel itself wrote) and stored "
             "unchanged: the kernel copied an answer computed elsewhere (torch), and a copy "

@@ -39,7 +39,7 @@ from grading.sandbox.host import (
     signal_text,
 )
 from grading.sandbox.lab_sandbox import ENV_ENABLE, ENV_ZYGOTE, LabSandbox
-from grading.sandbox.zygote_client import ENV_DIR, ForkedChild, preloaded
+from grading.sandbox.zygote_client import ENV_DIR, ForkedChild, exit_child, preloaded
 
 # ---- lab run -----------------------------------------------------------------------------
 
@@ -310,7 +310,8 @@ def _start_tests(args: list[str], opts: Options, env: dict[str, str], sink: Any
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - in the child
-        os._exit(_forked_pytest(args[3:], str(opts.root), env, sink.fileno()))
+        exit_child(lambda: _forked_pytest(args[3:], str(opts.root), env, sink.fileno()),
+                   run_exit_handlers=True)
     return ForkedChild(pid)
 
 
@@ -327,50 +328,35 @@ def can_fork_tests(opts: Options) -> bool:
 def _forked_pytest(args: list[str], cwd: str, env: dict[str, str], out: int) -> int:
     """In the forked child: become what ``python -m pytest ARGS`` started in ``cwd`` with
     ``env`` would be (a new session, only stdin, stdout and stderr, the parent's objects
-    and exit handlers left alone), run pytest, its exit status."""
+    and exit handlers left alone), run pytest, its exit status (:func:`exit_child` leaves
+    with it)."""
     import atexit
     import gc
     import weakref
 
-    code = 70
-    try:
-        gc.freeze()  # the parent's objects: never collected here (their descriptors are gone)
-        os.setsid()
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.dup2(out, 1)
-        os.dup2(out, 2)
-        os.closerange(3, os.sysconf("SC_OPEN_MAX"))
-        atexit._clear()  # the parent's: its temp folders are not this process's to remove
-        for finalizer in list(weakref.finalize._registry):  # type: ignore[attr-defined]
-            finalizer.atexit = False
-        weakref.finalize._registered_with_atexit = False  # type: ignore[attr-defined]
-        given = set(filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep)))
-        os.chdir(cwd)
-        os.environ.clear()
-        os.environ.update(env)
-        tempfile.tempdir = None
-        sys.dont_write_bytecode = bool(env.get("PYTHONDONTWRITEBYTECODE"))
-        path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-        sys.path[:] = [cwd, *path, *(p for p in sys.path[1:] if p and p not in given)]
-        sys.argv = ["pytest", *args]
-        import pytest
+    gc.freeze()  # the parent's objects: never collected here (their descriptors are gone)
+    os.setsid()
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+    atexit._clear()  # the parent's: its temp folders are not this process's to remove
+    for finalizer in list(weakref.finalize._registry):  # type: ignore[attr-defined]
+        finalizer.atexit = False
+    weakref.finalize._registered_with_atexit = False  # type: ignore[attr-defined]
+    given = set(filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep)))
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    tempfile.tempdir = None
+    sys.dont_write_bytecode = bool(env.get("PYTHONDONTWRITEBYTECODE"))
+    path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[:] = [cwd, *path, *(p for p in sys.path[1:] if p and p not in given)]
+    sys.argv = ["pytest", *args]
+    import pytest
 
-        code = int(pytest.main(args))
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    except BaseException:  # noqa: BLE001
-        import traceback
-
-        traceback.print_exc()
-    finally:
-        try:
-            atexit._run_exitfuncs()
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code)
-    return code
+    return int(pytest.main(args))
 
 
 def sandbox_args(opts: Options, env: dict[str, str], block: tuple[int, int] | None

@@ -39,7 +39,7 @@ from typing import Any
 from grading.sandbox import frames, host
 from grading.sandbox.confine import preimport, readable_by
 from grading.sandbox.worker import run_program, run_script, run_worker
-from grading.sandbox.zygote_client import keep_seed, lab_imports
+from grading.sandbox.zygote_client import exit_child, keep_seed, lab_imports
 
 
 def _own_common(scratch: str) -> None:
@@ -154,21 +154,8 @@ class Zygote:
         gc.freeze()  # what the zygote holds is never collected in a child, so never copied
         pid = os.fork()
         if pid == 0:  # pragma: no cover - in the child
-            code = 70
-            try:
-                request = dict(request, uid=uid, gid=gid)
-                run = {"worker": run_worker, "script": run_script, "program": run_program}
-                code = run[request["op"]](request, fds)
-            except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else 1
-            except BaseException:  # noqa: BLE001
-                traceback.print_exc()
-            finally:
-                try:
-                    sys.stdout.flush()
-                    sys.stderr.flush()
-                finally:
-                    os._exit(code)
+            run = {"worker": run_worker, "script": run_script, "program": run_program}
+            exit_child(lambda: run[request["op"]](dict(request, uid=uid, gid=gid), fds))
         for fd in fds:
             os.close(fd)
         self.children[pid] = {"kind": request["op"], "uid": uid, "gid": gid, "conn": conn}

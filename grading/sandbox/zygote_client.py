@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import atexit
 import json
 import os
 import select
@@ -41,9 +42,11 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from grading.sandbox import frames, host
 
@@ -250,6 +253,28 @@ class WorkerProcess:
     sock: socket.socket
     log: Path
     stack: Path
+
+
+def exit_child(body: Callable[[], int], run_exit_handlers: bool = False) -> NoReturn:
+    """In a forked child: ``body()``, then leave with its status (a ``SystemExit``'s code; 70
+    and the traceback printed for any other exception) through ``os._exit``, so nothing of
+    the parent's clean-up runs here; output is flushed first, and the child's own exit
+    handlers run before it when ``run_exit_handlers``."""
+    code = 70
+    try:
+        code = body()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:  # noqa: BLE001
+        traceback.print_exc()
+    finally:
+        try:
+            if run_exit_handlers:
+                atexit._run_exitfuncs()
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
 
 
 class ForkedChild:
