@@ -88,8 +88,8 @@
     side.appendChild(V.h("p", { class: "viz-caption" }, digit
       ? "The decoder state asks where its digit is, and the additive score answers with a position the model learned: day first, from the end of the source."
       : "A separator or the end: the answer is the same for every date, so nothing in the source is worth looking at and the weights spread out."));
-    side.appendChild(V.h("p", { class: "viz-caption" }, "Weights: lab 08's additive_scores and softmax on the model's own decoder and encoder states; they match the weights the model used within " +
-      ref.max_abs_diff + "."));
+    side.appendChild(V.h("p", { class: "viz-caption" }, "Weights: lab 08's additive_scores and softmax on the model's own decoder and encoder states; they match the weights the model used to within " +
+      ref.max_abs_diff_below + "."));
   }
   player.go(0);
 })();
