@@ -7,8 +7,14 @@ code on tiny shapes through the Triton interpreter and says the numbers are not 
 Kernels are listed in ``bench/kernels.py`` (one entry each).
 """
 
+import os
+
 from common.device import configure_triton
 
+# The environment this process was given, before configure_triton() decides for it: the
+# commands bench.grade_time times run in it, as from the user's shell (where a test run
+# without TRITON_INTERPRET imports torch to look for a GPU).
+GIVEN_ENV = dict(os.environ)
 configure_triton()  # TRITON_INTERPRET=1 before anything imports triton, where there is no GPU
 
 SCHEMA = "attention-labs-bench/1"

@@ -19,8 +19,10 @@ the others: the table then has the ratio before and after a change, measured und
 same load. ``--cold`` empties the compile caches before every timed run instead, so every
 run pays the sm_90 compile (a student's loop after an edit; a minute per lab on two cores).
 
-Both run as from a student's shell: ``PYTHONDONTWRITEBYTECODE`` is removed from their
-environment (the grader sets it again for its test process, whose bytecode it never writes).
+Both run as from a student's shell: in the environment ``make`` was given (not with the
+``TRITON_INTERPRET=1`` this process sets for itself: without it, pytest imports torch to look
+for a GPU, as in the student's shell), and with ``PYTHONDONTWRITEBYTECODE`` removed (the
+grader sets it again for its test process, whose bytecode it never writes).
 
 A benchmark, not a test: nothing here asserts a time (``captured_outputs/cpu/grade-time.txt``
 and ``grade-time-labs-09-12.txt`` are its output on the course's 2-core machine).
@@ -111,7 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     folders = [e.folder for e in manifest.labs()
                if not args.lab or e.folder.split("-")[1] in {n.zfill(2) for n in args.lab}]
     folders.sort()
-    env = dict(os.environ, LAB_IMPL=args.impl)
+    from bench import GIVEN_ENV
+
+    env = dict(GIVEN_ENV, LAB_IMPL=args.impl)  # not this process's TRITON_INTERPRET=1
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     kinds = ("before", "grade", "pytest") if before_root else ("grade", "pytest")
     print(f"LAB_IMPL={args.impl}, {args.rounds} interleaved ({', '.join(kinds)}) rounds per lab, "

@@ -349,6 +349,10 @@ def _on_copies(fn: Callable[..., Any], writes: tuple[int | str, ...]) -> Callabl
         return INSTRUMENTS[instrument](fn, *args, **kwargs)
 
     call.__instrumented_call__ = instrumented  # type: ignore[attr-defined]
+    batch = getattr(fn, "__batch_entry__", None)
+    if batch is not None:  # a sandboxed worker's function: call_all sends it copies too
+        call.__batch_entry__ = batch  # type: ignore[attr-defined]
+        call.__batch_arguments__ = lambda args: arguments(args, {})[0]  # type: ignore[attr-defined]
     return call
 
 
@@ -668,6 +672,7 @@ def call_all(calls: Iterable[tuple[Callable[..., Any], tuple]]) -> list[Any]:
     entries = [e() for e in (getattr(fn, "__batch_entry__", None) for fn, _ in calls) if e]
     if not calls or len(entries) < len(calls) or len({id(e[0]) for e in entries}) > 1:
         return [fn(*args) for fn, args in calls]
+    calls = [(fn, getattr(fn, "__batch_arguments__", tuple)(args)) for fn, args in calls]
     return entries[0][0].request_batch([(op, target, name, tuple(args), {}, what) for (
         _, op, target, name, what), (_, args) in zip(entries, calls)])
 

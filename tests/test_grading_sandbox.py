@@ -790,7 +790,7 @@ from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from common import load_impl
-from common.testing import LabScript, call_all, host_syncs, peak_memory
+from common.testing import LabScript, call_all, called_on_copies, host_syncs, peak_memory
 
 impl = load_impl(__file__)
 SWITCHED = os.environ["EXPECT_SWITCH"] == "1"
@@ -887,6 +887,11 @@ def test_batched_calls_are_the_calls_one_by_one_in_one_request():
     with pytest.raises(BaseException, match="an object of the class Liar"):
         call_all([(impl.big, (2,)), (impl.liars, ())])  # still plain data only
     assert call_all([]) == [] and call_all([(len, ([1, 2],))]) == [2]
+    kept, written, one = np.zeros((3, 1)), np.zeros((3, 1)), np.ones((1, 1))
+    call_all([(called_on_copies(impl).write_kv, (kept, np.array([1]), one)),  # in one batch,
+              (called_on_copies(impl, {"write_kv": (0,)}).write_kv,  # each on its copies
+               (written, np.array([2]), one))])
+    assert not kept.any() and written[2, 0] == 1 and not written[:2].any()
 
 
 def test_measurements_are_taken_in_the_worker():

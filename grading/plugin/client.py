@@ -161,6 +161,12 @@ def require_kernel(info: Any, what: str, impl: str) -> None:
             "earns nothing here") from None
 
 
+def _record_launches() -> bool:
+    """Whether the worker records the call's kernel launches: only a Triton test's report is
+    read (:func:`require_kernel`), and recording costs a call tens of microseconds."""
+    return bool(LIMITS.get("needs_kernel"))
+
+
 # ---- client ------------------------------------------------------------------------------
 
 
@@ -420,9 +426,10 @@ class Client:
         return results
 
     def _send(self, request: tuple, what: str) -> None:
-        """Send one request (with the handles released since the last one) to the worker."""
+        """Send one request (with the handles released since the last one) to the worker;
+        its launches are recorded only where they are checked (a Triton test's calls)."""
         try:
-            payload = dumps_args((*request, list(self.released)))
+            payload = dumps_args((*request, list(self.released), _record_launches()))
         except GradingError:
             raise
         except Exception as exc:  # noqa: BLE001 - a test passed something that cannot travel
@@ -553,7 +560,8 @@ class Client:
             raise WorkerError(f"{what}: peak_memory measures a function of the graded module "
                               "(in a fresh worker), not a method of an object") from None
         try:
-            payload = dumps_args((op, target, name, args, kwargs, None, []))
+            payload = dumps_args((op, target, name, args, kwargs, None, [],
+                                  _record_launches()))
         except GradingError:
             raise
         except Exception as exc:  # noqa: BLE001 - a test passed something that cannot travel

@@ -3,7 +3,8 @@ hold what their stores wrote (the interpreter's launch, load, store and atomics,
 the worker).
 
 The worker installs :func:`install` once, before it imports the graded module. Around each
-call, :func:`recording` collects the kernels the interpreter ran (name, and whether it is a
+call of a Triton test (the only calls whose record the trusted side reads; the others are not
+recorded), :func:`recording` collects the kernels the interpreter ran (name, and whether it is a
 kernel of the graded file) and, per address written, the bytes last written there and by
 whom (a kernel of the graded file, one of the lab's given kernels, another). After the call,
 :func:`report` says, for each tensor the call returned or wrote into, the share of its
