@@ -82,6 +82,10 @@ class Lab:
     # small_tensors = true where every tensor stays below 2^31 elements (no rule)
     big_pointers: str = ""
     small_tensors: bool = False
+    # the grade (grading/sandbox/zygote.py's seed): libraries both the tests and the graded
+    # code import (lab 11: transformers' Llama), imported once in the process the test
+    # process and the sandbox are forked from, instead of once in each
+    preload: tuple[str, ...] = ()
 
     @property
     def number(self) -> str:
@@ -94,10 +98,11 @@ class Lab:
 
 
 _KEYS = {
-    "": {"title", "track", "book", "kernels", "compile"},
+    "": {"title", "track", "book", "kernels", "compile", "grade"},
     "book": {"trace", "pages", "trace_pages", "extra_traces"},
     "kernels": {"bench", "triton"},
     "compile": {"big_pointers", "small_tensors"},
+    "grade": {"preload"},
 }
 
 
@@ -154,7 +159,8 @@ def parse(folder: str, text: str, step: int) -> Lab:
                trace_pages=_names(where, book, "trace_pages"),
                extra_traces=_names(where, book, "extra_traces"),
                bench=_names(where, kernels, "bench"), triton=_names(where, kernels, "triton"),
-               big_pointers=big, small_tensors=bool(comp.get("small_tensors", False)))
+               big_pointers=big, small_tensors=bool(comp.get("small_tensors", False)),
+               preload=_names(where, data.get("grade", {}), "preload"))
 
 
 @functools.cache

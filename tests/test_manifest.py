@@ -40,6 +40,7 @@ def test_a_bad_declaration_is_refused_with_the_key_named():
                        ('title = "x"\n[book]\ntrace = "yes"\n', "trace"),
                        ('title = "x"\n[kernels]\nbench = "flash"\n', "bench"),
                        ('title = "x"\n[compile]\nbig_pointers = "("\n', "big_pointers"),
+                       ('title = "x"\n[grade]\npreload = "torch"\n', "preload"),
                        ('title = "x"\n[book]\npages = [{ name = "a" }]\n', "page"),
                        ('title = = "x"\n', "TOML")]:
         with pytest.raises(ValueError, match=word):
@@ -151,3 +152,19 @@ def test_the_makefile_offers_make_trace_for_the_manifests_labs():
     line = next(x for x in out.splitlines() if x.startswith("make trace"))
     labs = " ".join(sorted(e.number for e in manifest.traced("starter")))
     assert f"(labs {labs})" in line, line
+
+
+def test_what_a_lab_preloads_for_the_grade_is_a_module_its_files_import():
+    """``[grade] preload`` names modules the lab's code imports (the seed imports them once)."""
+    import importlib.util
+
+    for entry in LABS:
+        text = "\n".join(p.read_text(encoding="utf-8") for p in sorted(entry.dir.glob("*.py")))
+        for name in entry.preload:
+            top = name.split(".")[0]
+            assert re.search(rf"\b(import|from) {re.escape(top)}\b", text), (
+                f"labs/{entry.folder}/lab.toml preloads {name}, which no file of the lab "
+                "imports")
+            if importlib.util.find_spec(top) is not None:
+                assert importlib.util.find_spec(name) is not None, (
+                    f"labs/{entry.folder}/lab.toml preloads {name}: no such module")

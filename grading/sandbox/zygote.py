@@ -235,10 +235,30 @@ class Zygote:
         os._exit(0)
 
 
+def graded_preloads(argv: list[str]) -> list[str]:
+    """The modules the labs ``python -m grading argv`` grades declare for the seed (their
+    ``lab.toml``'s ``[grade] preload``; every lab's without ``--lab``): a public list,
+    nothing of a test or a solution."""
+    keys: list[str] = []
+    for i, arg in enumerate(argv):
+        if arg == "--lab" and i + 1 < len(argv):
+            keys += argv[i + 1].split(",")
+        elif arg.startswith("--lab="):
+            keys += arg.removeprefix("--lab=").split(",")
+    try:
+        from labs import manifest
+
+        entries = [manifest.lab(k.strip()) for k in keys if k.strip()] or manifest.labs()
+    except (ImportError, KeyError, ValueError, OSError):
+        return []
+    return list(dict.fromkeys(name for entry in entries for name in entry.preload))
+
+
 def start_seed() -> bool:
     """In ``python -m grading``, before the grader imports itself or reads a file of the
-    course (tests, solutions: nothing of them may be in a forked image): numpy, torch and
-    Triton imported once (``TRITON_INTERPRET`` chosen first), then a child forked that waits
+    course (tests, solutions: nothing of them may be in a forked image): numpy, torch,
+    Triton and the graded labs' declared preloads (:func:`graded_preloads`) imported once
+    (``TRITON_INTERPRET`` chosen first), then a child forked that waits
     to become the run's warm zygote (``zygote_client.Mother``). True when this process is
     warm (its lab test processes may be forked from it too: ``zygote_client.preloaded``).
     Nothing happens where
@@ -259,6 +279,11 @@ def start_seed() -> bool:
         import triton.language  # noqa: F401
     except ImportError:  # not installed here: its tests are "not run"
         pass
+    for name in graded_preloads(sys.argv[1:]):
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - then each fork imports it itself, as before
+            pass
     import threading
 
     if torch.cuda.is_initialized() or threading.active_count() > 1:
