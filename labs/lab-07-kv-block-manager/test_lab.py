@@ -99,19 +99,33 @@ def free_queue_message(pool, partial_blocks, expected=None) -> str:
     return f"free queue {got}{want}: {EVICTION_ORDER}"
 
 
+def snapshot_calls(pool, manager, n: int, ids) -> list:
+    """The calls that read everything observable about the pool of ``n`` blocks (and the
+    manager's requests ``ids``), for one ``call_all``; :func:`snapshot_of` reads the answers."""
+    calls = [(pool.free_block_ids, ()), *((pool.ref_count, (b,)) for b in range(n)),
+             *((pool.block_hash, (b,)) for b in range(n))]
+    if manager is not None:
+        calls += [*((manager.block_table, (r,)) for r in ids),
+                  *((manager.num_tokens, (r,)) for r in ids)]
+    return calls
+
+
+def snapshot_of(got: list, n: int, ids) -> tuple:
+    """``(free queue, ref counts, hashes[, ids, block tables, token counts])`` from the
+    answers of :func:`snapshot_calls`."""
+    state = (got[0], got[1:n + 1], got[n + 1:2 * n + 1])
+    if ids is not None:
+        r = len(ids)
+        state += (ids, got[2 * n + 1:2 * n + 1 + r], got[2 * n + 1 + r:2 * n + 1 + 2 * r])
+    return state
+
+
 def snapshot(pool, manager=None, num_blocks=None) -> tuple:
     """Everything observable about the pool (and manager): to check that nothing changed.
     ``num_blocks``: the pool's size, when the caller knows it (one attribute read less)."""
     n = pool.num_blocks if num_blocks is None else num_blocks
-    got = call_all([(pool.free_block_ids, ()), *((pool.ref_count, (b,)) for b in range(n)),
-                    *((pool.block_hash, (b,)) for b in range(n))])
-    state = (got[0], got[1:n + 1], got[n + 1:])
-    if manager is not None:
-        ids = manager.request_ids
-        got = call_all([*((manager.block_table, (r,)) for r in ids),
-                        *((manager.num_tokens, (r,)) for r in ids)])
-        state += (ids, got[:len(ids)], got[len(ids):])
-    return state
+    ids = manager.request_ids if manager is not None else None
+    return snapshot_of(call_all(snapshot_calls(pool, manager, n, ids)), n, ids)
 
 
 def admit(manager, request):
@@ -642,22 +656,57 @@ class KVCacheMachine(RuleBasedStateMachine):
         self.paused: list[list[int]] = []
         self.count = 0
         self.hashes: dict = {}  # chain's memo: hash_block is deterministic (tested above)
+        self.seen = None  # the invariants' reads of this step (_view)
 
     # -- helpers --
+    #
+    # Under the grader each call of your code is a round trip to its sandbox: a step reads
+    # what it needs in one batch before its operation and one after (call_all: the calls
+    # run in order, as one by one), and the invariants share one batch per step (_view).
 
-    def _refs(self):
-        return call_all((self.pool.ref_count, (b,)) for b in range(self.nb))
+    def _refs_calls(self):
+        return [(self.pool.ref_count, (b,)) for b in range(self.nb)]
 
-    def _write(self, rid, tokens, start):
-        slots = np.asarray(self.manager.slot_mapping(rid, np.arange(start, len(tokens))))
-        blocks = list(set((slots // self.bs).tolist()))
-        for block, refs in zip(blocks, call_all((self.pool.ref_count, (b,)) for b in blocks)):
-            assert refs == 1, (
-                f"{rid!r} writes into block {block} (reference count {refs}): {SHARED_WRITE}"
+    def _snapshot_calls(self):
+        """The reads of :func:`snapshot`, for the requests this machine runs (the invariants
+        hold the manager's request ids to them after every step)."""
+        return snapshot_calls(self.pool, self.manager, self.nb, list(self.tokens))
+
+    def _snapshot(self, got):
+        return snapshot_of(got, self.nb, list(self.tokens))
+
+    def _unchanged(self, before):
+        """allocate_slots returned None: nothing observable changed."""
+        assert sorted(self.manager.request_ids) == sorted(before[3]), NONE_CHANGED
+        assert self._snapshot(call_all(self._snapshot_calls())) == before, NONE_CHANGED
+
+    def _before(self):
+        """The state before this step's operation: what the invariants read after the last
+        step (nothing has run since), as :func:`snapshot` has it; the step will change it."""
+        view, self.seen = self._view(), None
+        return view, (view["free"], view["refs"], view["hashes"], list(self.tokens),
+                      view["tables"], view["num_tokens"])
+
+    def _written(self, rid, start, end, *first):
+        """``first``'s answers, then ``(slots of rid's positions start..end, every block's
+        reference count)``, in one batch."""
+        got = call_all([*first, (self.manager.slot_mapping, (rid, np.arange(start, end))),
+                        *self._refs_calls()])
+        return got[:len(first)], np.asarray(got[len(first)]), got[len(first) + 1:]
+
+    def _table(self, view, rid):
+        return view["tables"][list(self.tokens).index(rid)]
+
+    def _write(self, rid, tokens, start, slots, refs):
+        blocks = sorted(set((slots // self.bs).tolist()))
+        for block in blocks:
+            assert refs[block] == 1, (
+                f"{rid!r} writes into block {block} (reference count {refs[block]}): "
+                f"{SHARED_WRITE}"
             )
         self.store[slots] = tokens[start:]
 
-    def _check_hit(self, tokens, hit_blocks, num_hit):
+    def _check_hit(self, tokens, hit_blocks, num_hit, cached_blocks):
         bs = self.bs
         assert num_hit == len(hit_blocks) * bs, "num_computed_tokens = len(block_ids) * block_size"
         assert num_hit <= len(tokens) - 1, f"hit of {num_hit} of {len(tokens)} tokens: {LAST_TOKEN}"
@@ -668,9 +717,7 @@ class KVCacheMachine(RuleBasedStateMachine):
                 f"{i}, which needs {tokens[i * bs:(i + 1) * bs]}"
             )
         cached = 0
-        full = tokens[:(len(tokens) - 1) // bs * bs]
-        for block in call_all((self.pool.get_cached_block, (h,))
-                              for h in chain(full, bs, memo=self.hashes)):
+        for block in cached_blocks:
             if block is None:
                 break
             cached += 1
@@ -684,22 +731,31 @@ class KVCacheMachine(RuleBasedStateMachine):
         rid = f"r{self.count}"
         self.count += 1
         request = Request(rid, tokens)
-        hit_blocks, num_hit = self.manager.get_computed_blocks(request)
-        self._check_hit(tokens, hit_blocks, num_hit)
-        free_before, before = self.pool.free_block_ids(), snapshot(self.pool, self.manager, self.nb)
+        full = tokens[:(len(tokens) - 1) // self.bs * self.bs]
+        hashes = chain(full, self.bs, memo=self.hashes)
+        got = call_all([(self.manager.get_computed_blocks, (request,)),
+                        *((self.pool.get_cached_block, (h,)) for h in hashes),
+                        *self._snapshot_calls()])
+        (hit_blocks, num_hit), k = got[0], len(hashes) + 1
+        self._check_hit(tokens, hit_blocks, num_hit, got[1:k])
+        before = self._snapshot(got[k:])
+        free_before = before[0]
         new = self.manager.allocate_slots(request, len(tokens) - num_hit)
         if new is None:
-            assert snapshot(self.pool, self.manager, self.nb) == before, NONE_CHANGED
+            self._unchanged(before)
             return False
         queue = [b for b in free_before if b not in hit_blocks]
         assert new == queue[:len(new)], (
             f"new blocks {new}: they come from the head of the free queue {queue} (after the "
             "hit blocks left it)"
         )
-        assert self.pool.free_block_ids() == queue[len(new):], EVICT_IN_USE
-        assert self.manager.block_table(rid) == hit_blocks + new
-        assert self.manager.take_copies() == [], "a new request copies nothing"
-        self._write(rid, tokens, num_hit)
+        (free, table, copies), slots, refs = self._written(
+            rid, num_hit, len(tokens), (self.pool.free_block_ids, ()),
+            (self.manager.block_table, (rid,)), (self.manager.take_copies, ()))
+        assert free == queue[len(new):], EVICT_IN_USE
+        assert table == hit_blocks + new
+        assert copies == [], "a new request copies nothing"
+        self._write(rid, tokens, num_hit, slots, refs)
         self.tokens[rid] = tokens
         return True
 
@@ -711,11 +767,13 @@ class KVCacheMachine(RuleBasedStateMachine):
     @rule(system=st.integers(0, 2), cut=st.integers(0, 10),
           suffix=st.lists(st.integers(0, 9), max_size=4))
     def admit_a_request(self, system, cut, suffix):
+        self.seen = None
         self._admit(list(SYSTEM_PROMPTS[system][:cut]) + suffix or [0])
 
     @precondition(lambda self: self.paused)
     @rule(data=st.data())
     def resume_a_preempted_request(self, data):
+        self.seen = None
         i = data.draw(st.integers(0, len(self.paused) - 1), label="paused")
         if self._admit(self.paused[i]):
             self.paused.pop(i)
@@ -726,13 +784,15 @@ class KVCacheMachine(RuleBasedStateMachine):
         rid = self._pick(data)
         old = self.tokens[rid]
         tokens, n0 = old + new, len(old)
-        table0, refs0 = self.manager.block_table(rid), self._refs()
-        free0, before = self.pool.free_block_ids(), snapshot(self.pool, self.manager, self.nb)
+        view, before = self._before()
+        free0, refs0, table0 = view["free"], view["refs"], self._table(view, rid)
         result = self.manager.allocate_slots(Request(rid, tokens), len(new))
         if result is None:
-            assert snapshot(self.pool, self.manager, self.nb) == before, NONE_CHANGED
+            self._unchanged(before)
             return
-        copies = self.manager.take_copies()
+        (copies, table), slots, refs = self._written(
+            rid, n0, len(tokens), (self.manager.take_copies, ()),
+            (self.manager.block_table, (rid,)))
         must_copy = n0 % self.bs != 0 and refs0[table0[-1]] > 1
         if must_copy:
             assert copies and result, (
@@ -748,12 +808,11 @@ class KVCacheMachine(RuleBasedStateMachine):
             assert copies == [], f"copies {copies}, but nothing shared is written: copy only " \
                 "a partial last block with reference count > 1"
         assert result == free0[:len(result)], "new blocks come from the head of the free queue"
-        table = self.manager.block_table(rid)
         assert table[:len(table0) - 1] == table0[:-1], "appending never moves the earlier blocks"
         for copy in copies:
             src, dst = copy.src_block_id * self.bs, copy.dst_block_id * self.bs
             self.store[dst:dst + self.bs] = self.store[src:src + self.bs]
-        self._write(rid, tokens, n0)
+        self._write(rid, tokens, n0, slots, refs)
         self.tokens[rid] = tokens
 
     @precondition(lambda self: self.tokens and len(self.tokens) < 6)
@@ -762,23 +821,26 @@ class KVCacheMachine(RuleBasedStateMachine):
         rid = self._pick(data)
         child_id = f"r{self.count}"
         self.count += 1
-        refs0, free0 = self._refs(), self.pool.free_block_ids()
+        view, _ = self._before()
+        free0, refs0 = view["free"], view["refs"]
         child = self.manager.fork(Request(rid, self.tokens[rid]), child_id)
         assert child.request_id == child_id and list(child.token_ids) == self.tokens[rid]
-        table = self.manager.block_table(rid)
-        assert self.manager.block_table(child_id) == table, "a fork shares every block"
-        for block, refs in zip(table, call_all((self.pool.ref_count, (b,)) for b in table)):
-            assert refs == refs0[block] + 1, "fork adds one reference"
-        assert self.pool.free_block_ids() == free0
+        table, child_table, free, *refs = call_all([
+            (self.manager.block_table, (rid,)), (self.manager.block_table, (child_id,)),
+            (self.pool.free_block_ids, ()), *self._refs_calls()])
+        assert child_table == table, "a fork shares every block"
+        for block in table:
+            assert refs[block] == refs0[block] + 1, "fork adds one reference"
+        assert free == free0
         self.tokens[child_id] = list(self.tokens[rid])
 
     @precondition(lambda self: self.tokens)
     @rule(data=st.data(), preempt=st.booleans())
     def finish_or_preempt_a_request(self, data, preempt):
         rid = self._pick(data)
-        table, refs0 = self.manager.block_table(rid), self._refs()
-        free0 = self.pool.free_block_ids()
-        hashes0 = call_all((self.pool.block_hash, (b,)) for b in range(self.nb))
+        view, _ = self._before()
+        table = self._table(view, rid)
+        free0, refs0, hashes0 = view["free"], view["refs"], view["hashes"]
         self.manager.free(rid)
         released = [b for b in reversed(table) if refs0[b] == 1]
         expected = ([b for b in released if hashes0[b] is None] + free0
@@ -792,13 +854,34 @@ class KVCacheMachine(RuleBasedStateMachine):
 
     # -- invariants --
 
+    def _view(self) -> dict:
+        """What the invariants read after a step, in one batch (each rule clears it)."""
+        if self.seen is None:
+            rids, nb = list(self.tokens), self.nb
+            ids = self.manager.request_ids
+            assert sorted(ids) == sorted(self.tokens)  # before asking about each of them
+            got = call_all([
+                (self.pool.free_block_ids, ()), *self._refs_calls(),
+                *((self.pool.block_hash, (b,)) for b in range(nb)),
+                *((self.manager.block_table, (r,)) for r in rids),
+                *((self.manager.num_tokens, (r,)) for r in rids),
+                *((self.manager.slot_mapping, (r, np.arange(len(self.tokens[r]))))
+                  for r in rids)])
+            r = len(rids)
+            tables = got[2 * nb + 1:2 * nb + 1 + r]
+            self.seen = {
+                "free": got[0], "refs": got[1:nb + 1],
+                "hashes": got[nb + 1:2 * nb + 1], "tables": tables,
+                "num_tokens": got[2 * nb + 1 + r:2 * nb + 1 + 2 * r],
+                "mappings": got[2 * nb + 1 + 2 * r:], "num_free": self.pool.num_free_blocks}
+        return self.seen
+
     @invariant()
     def every_block_is_free_or_owned_and_counted(self):
-        assert sorted(self.manager.request_ids) == sorted(self.tokens)
+        view = self._view()
         owners: Counter = Counter()
-        got = call_all(step for rid in self.tokens for step in (
-            (self.manager.block_table, (rid,)), (self.manager.num_tokens, (rid,))))
-        for (rid, tokens), table, num_tokens in zip(self.tokens.items(), got[::2], got[1::2]):
+        for (rid, tokens), table, num_tokens in zip(self.tokens.items(), view["tables"],
+                                                    view["num_tokens"]):
             assert num_tokens == len(tokens)
             repeated = len(set(table)) < len(table)
             assert len(table) == math.ceil(len(tokens) / self.bs) == len(set(table)), (
@@ -808,14 +891,14 @@ class KVCacheMachine(RuleBasedStateMachine):
                     f"after different prefixes got one hash, {PREFIX_HASH}" if repeated else "")
             )
             owners.update(table)
-        free = self.pool.free_block_ids()
-        assert len(free) == len(set(free)) == self.pool.num_free_blocks
+        free = view["free"]
+        assert len(free) == len(set(free)) == view["num_free"]
         both = sorted(set(free) & set(owners))
         assert not both, f"blocks {both} are in the free queue and in a block table: {EVICT_IN_USE}"
         assert len(free) + len(owners) == self.nb, (
             f"{len(free)} free + {len(owners)} owned blocks != {self.nb}: a block leaked"
         )
-        refs = self._refs()
+        refs = view["refs"]
         for block in range(self.nb):
             assert refs[block] == owners[block], (
                 f"block {block} has reference count {refs[block]} but {owners[block]} block "
@@ -824,9 +907,7 @@ class KVCacheMachine(RuleBasedStateMachine):
 
     @invariant()
     def every_request_reads_back_its_own_tokens(self):
-        mappings = call_all((self.manager.slot_mapping, (rid, np.arange(len(tokens))))
-                            for rid, tokens in self.tokens.items())
-        for (rid, tokens), mapping in zip(self.tokens.items(), mappings):
+        for (rid, tokens), mapping in zip(self.tokens.items(), self._view()["mappings"]):
             slots = np.asarray(mapping)
             held = self.store[slots].tolist()
             assert held == tokens, (
@@ -836,9 +917,9 @@ class KVCacheMachine(RuleBasedStateMachine):
 
     @invariant()
     def only_full_blocks_are_cached_under_the_hash_of_their_tokens(self):
-        bs = self.bs
-        tables = call_all((self.manager.block_table, (rid,)) for rid in self.tokens)
-        held = call_all((self.pool.block_hash, (b,)) for table in tables for b in table)
+        bs, view = self.bs, self._view()
+        tables = view["tables"]
+        held = [view["hashes"][b] for table in tables for b in table]
         cached = iter(call_all((self.pool.get_cached_block, (h,)) for h in held if h is not None))
         held = iter(held)
         for (rid, tokens), table in zip(self.tokens.items(), tables):
