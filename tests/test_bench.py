@@ -77,6 +77,7 @@ def fake_labs(tmp_path):
     return tmp_path / "labs"
 
 
+@pytest.mark.slow  # whole-tree (runs the whole harness): make test-slow, which CI runs
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU (interpreter) path")
 def test_the_harness_prints_the_table_writes_json_and_plot_and_says_not_timings(
     fake_labs, tmp_path, capsys

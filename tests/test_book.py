@@ -812,7 +812,8 @@ def expected_step(lab: str) -> int:
     return next(n for n, ev in enumerate(reference("07")["events"]) if ev.get("copies"))
 
 
-@pytest.mark.parametrize("lab", sorted(PLANTED))
+@pytest.mark.parametrize("lab", [  # lab 11's trace runs the engine (3 s): make test-slow
+    pytest.param(lab, marks=pytest.mark.slow) if lab == "11" else lab for lab in sorted(PLANTED)])
 def test_make_trace_finds_the_first_step_a_planted_mistake_changes(tmp_path, lab):
     """`make trace LAB=nn` for labs 01, 04, 07, 08, 10, 11 (lab 00: in the browser test
     above)."""

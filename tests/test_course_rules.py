@@ -58,6 +58,7 @@ def test_starter_never_mentions_the_solution(lab):
         assert word not in source, f"{lab.name}/starter.py refers to the solution ({word!r})"
 
 
+@pytest.mark.slow  # whole-tree (grades every lab's starter): make test-slow, which CI runs
 def test_grading_starters_never_imports_a_solution_module():
     """Import every lab's tests with LAB_IMPL=starter in a fresh interpreter and list the
     files it loaded: no solution.py may be among them."""

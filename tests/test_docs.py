@@ -31,6 +31,7 @@ from tools.glossary import (
     glossary_terms,
     term_uses,
 )
+from tools.tree import course_files
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 LAB_READMES = sorted((ROOT / "labs").glob("lab-*/README.md"))
@@ -77,8 +78,7 @@ def test_every_glossary_link_names_an_existing_heading():
         github_slug(line.lstrip("#")) for line in GLOSSARY.read_text().splitlines()
         if line.startswith("#")
     }
-    skipped = {".venv", "build", "node_modules", ".mutants-scratch"}  # not the course's pages
-    documents = [p for p in ROOT.rglob("*.md") if not skipped & set(p.relative_to(ROOT).parts)]
+    documents = course_files(ROOT, ".md")
     broken = []
     for doc in documents:
         for target, slug in glossary_links(doc):

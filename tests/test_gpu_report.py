@@ -288,6 +288,7 @@ def test_every_kernel_compiles_for_sm_90_without_spills_and_with_tensor_core_mma
 CAPTURED = ROOT / "captured_outputs" / "gpu-report.json"
 
 
+@pytest.mark.slow  # whole-tree (recompiles to compare): make test-slow, which CI runs
 @needs_compiler
 def test_the_captured_report_was_compiled_from_this_tree_and_every_sm_90_config_passes():
     """The committed report is the evidence: every config `make gpu-report` would compile

@@ -691,6 +691,7 @@ def test_the_grader_runs_the_tests_in_the_release_and_untouched_starters_get_zer
         assert "(raised at starter.py:" in t["output"]
 
 
+@pytest.mark.slow  # whole-tree (builds a release): make test-slow, which CI runs
 def test_the_release_refuses_a_non_empty_folder_unless_forced(tmp_path):
     clean = clean_project(tmp_path / "course")
     release = tmp_path / "student"
@@ -712,6 +713,7 @@ def test_the_release_refuses_a_non_empty_folder_unless_forced(tmp_path):
         build_release(clean, clean, force=True, quiet=True)
 
 
+@pytest.mark.slow  # whole-tree (builds a release): make test-slow, which CI runs
 def test_the_release_stops_when_solution_code_leaks_outside_the_solution(tmp_path):
     root = clean_project(tmp_path / "course")
     (root / "common" / "helpers.py").write_text(ADD_SOLUTION)  # someone pasted the solution

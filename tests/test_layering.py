@@ -14,6 +14,7 @@ imported).
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -21,6 +22,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("grading", "common")
+
+
+@functools.cache
+def parsed(path: Path) -> ast.Module:
+    """The syntax tree of ``path``, parsed once for all these checks (read, never changed)."""
+    return ast.parse(path.read_text(encoding="utf-8"))
 
 
 def module_name(path: Path) -> str:
@@ -53,7 +60,7 @@ def _resolve(importer: str, path: Path, node: ast.ImportFrom) -> str:
 def imports_of(name: str, path: Path) -> tuple[set[str], list[str]]:
     """The project modules ``name`` imports (anywhere in the file), and the private names it
     takes from other modules (``from m import _x`` or ``m._x`` on an imported module)."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+    tree = parsed(path)
     deps: set[str] = set()
     private: list[str] = []
     aliases: dict[str, str] = {}  # local name -> project module
@@ -132,7 +139,7 @@ GRADER_MODULE = re.compile(r"grading(\.\w+)*")  # a string naming a module of th
 
 
 def _imports_grading(path: Path) -> list[str]:
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+    tree = parsed(path)
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -167,7 +174,7 @@ def test_a_lab_never_imports_another_lab(lab):
     other_modules = {name.replace("-", "_") for name in others}
     found = []
     for path in sorted(lab.rglob("*.py")):
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+        tree = parsed(path)
         for node in ast.walk(tree):
             names = []
             if isinstance(node, ast.Import):
@@ -209,7 +216,7 @@ MAY_IMPORT = {
 def _top_level_imports(path: Path) -> set[tuple[str, int]]:
     """``(room, line)`` for every absolute import of another room of MAY_IMPORT in ``path``."""
     found = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(parsed(path)):
         names = []
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]

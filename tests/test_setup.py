@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from tools.tree import course_files
+
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10: pytest brings tomli there
@@ -272,12 +274,7 @@ NEWER_BUILTINS = {"ExceptionGroup", "BaseExceptionGroup"}
 
 
 def python_files() -> list[Path]:
-    skip = {"__pycache__", "build", "dist"}
-    return sorted(
-        p
-        for p in ROOT.rglob("*.py")
-        if not any(part.startswith(".") or part in skip for part in p.relative_to(ROOT).parts)
-    )
+    return course_files(ROOT, ".py")
 
 
 def guarded_imports(tree: ast.AST) -> set[ast.AST]:
@@ -321,6 +318,7 @@ def newer_than_310(tree: ast.AST) -> list[str]:
     return found
 
 
+@pytest.mark.slow  # whole-tree (parses every .py, 3 s): make test-slow, which CI runs
 def test_no_code_needs_more_than_python_3_10():
     """Syntax (except*, type statements, generic classes...) and standard-library names
     added in 3.11+ (tomllib, typing.Self, math.exp2, ExceptionGroup...)."""
