@@ -44,12 +44,18 @@ REPRESENTATIVE = [
     "labs/lab-04-flash-decoding-partitions",
 ]
 # What skips in a copy, and why: each reason must be shown (pytest -rs).
-COPY_SKIPS = [
+COPY_SKIPS = ["a student copy: no solution.py to read the launchers from"]
+# ... and in its `make test-slow` (the untouched-starter rule and the captured report's
+# recompile are slow tests), run on these files of the copy.
+SLOW_COPY_SKIPS = [
+    "a student copy: its starters are the student's, not untouched ones",
     "a student copy: the committed report was compiled from the instructor's",
-    "a student copy: no solution.py to read the launchers from",
 ]
-# ... and in its `make test-slow` (the untouched-starter rule is a slow test).
-SLOW_COPY_SKIPS = ["a student copy: its starters are the student's, not untouched ones"]
+SLOW_REPRESENTATIVE = [
+    "tests/test_course_rules.py",
+    "tests/test_gpu_report.py::"
+    "test_the_captured_report_was_compiled_from_this_tree_and_every_sm_90_config_passes",
+]
 
 
 def copy_env(**extra: str) -> dict[str, str]:
@@ -86,7 +92,8 @@ def test_make_test_passes_in_a_student_copy_whose_labs_are_solved(solved_copy: P
         f"a test of the copy skipped for want of a solution:\n{output[-4000:]}")
     slow = subprocess.run(
         ["make", "test-slow", f"PY={sys.executable}"], cwd=solved_copy,
-        env=copy_env(PYTEST_ADDOPTS="-rs -p no:cacheprovider tests/test_course_rules.py"),
+        env=copy_env(PYTEST_ADDOPTS=" ".join(["-rs", "-p", "no:cacheprovider",
+                                               *SLOW_REPRESENTATIVE])),
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     output = slow.stdout + slow.stderr
