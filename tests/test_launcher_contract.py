@@ -15,6 +15,7 @@ Read from the source (no import). A *launcher* is a public function of a lab's
 from __future__ import annotations
 
 import ast
+import functools
 import pathlib
 
 import pytest
@@ -25,6 +26,7 @@ pytestmark = pytest.mark.skipif(
     not LABS, reason="a student copy: no solution.py to read the launchers from")
 
 
+@functools.cache  # parsed once: collection (CASES) and the tests read the same files
 def _tree(path: pathlib.Path) -> ast.Module:
     return ast.parse(path.read_text(encoding="utf-8"))
 
@@ -46,6 +48,7 @@ def _launched(fn: ast.FunctionDef) -> set[str]:
     }
 
 
+@functools.cache
 def launchers(lab: pathlib.Path) -> dict[str, ast.FunctionDef]:
     tree = _tree(lab / "solution.py")
     kernels = _kernels(tree)
@@ -108,6 +111,7 @@ def test_launcher_types_its_tensors_and_takes_scale_by_keyword(lab, name):
             f"{lab.name}: scale must be {name}'s first keyword-only parameter")
 
 
+@functools.cache
 def _tile_config_calls(lab: pathlib.Path) -> list[ast.Call]:
     calls = []
     for file in ("solution.py", "provided.py"):

@@ -94,7 +94,11 @@ def private_attributes(tree: ast.AST, aliases: dict[str, str], name: str) -> lis
             and not node.attr.startswith("__") and aliases[node.value.id] != name]
 
 
-GRAPH = {name: imports_of(name, path) for name, path in MODULES.items()}
+@functools.cache
+def import_graph() -> dict[str, tuple[set[str], list[str]]]:
+    """``{module: (its project imports, the private names it takes)}``, built once, when a
+    test first asks (not while pytest collects, which every worker of ``-n 2`` does)."""
+    return {name: imports_of(name, path) for name, path in MODULES.items()}
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -121,7 +125,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_grader_has_no_import_cycle():
     graph = {name: {d for d in deps if d.startswith("grading")}
-             for name, (deps, _) in GRAPH.items() if name.startswith("grading")}
+             for name, (deps, _) in import_graph().items() if name.startswith("grading")}
     # a package's __init__ imported on the way to its modules is no edge of the cycle check
     graph = {name: {d for d in deps if not name.startswith(d + ".")}
              for name, deps in graph.items()}
@@ -130,7 +134,7 @@ def test_the_grader_has_no_import_cycle():
 
 
 def test_no_module_imports_another_modules_private_names():
-    found = [f"{name}: {what}" for name, (_, private) in GRAPH.items() for what in private]
+    found = [f"{name}: {what}" for name, (_, private) in import_graph().items() for what in private]
     assert not found, "private names imported across modules (give them public names):\n" + (
         "\n".join(found))
 
