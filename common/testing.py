@@ -665,16 +665,28 @@ def assert_loads_in_bounds(reports: list[dict], what: str = "the kernel") -> Non
         )
 
 
+def _batch_step(fn: Callable[..., Any], args: tuple) -> tuple | None:
+    """``(client, op, target, name, what, args)`` of one step of ``call_all`` under the grader
+    (``(getattr, (obj, name))`` reads an attribute), or None: not the sandbox's."""
+    if fn is getattr and len(args) == 2 and isinstance(args[1], str):
+        read = getattr(type(args[0]), "__batch_attribute__", None)
+        return (*read(args[0], args[1]), ()) if read is not None else None
+    entry = getattr(fn, "__batch_entry__", None)
+    if entry is None:
+        return None
+    return (*entry(), tuple(getattr(fn, "__batch_arguments__", tuple)(args)))
+
+
 def call_all(calls: Iterable[tuple[Callable[..., Any], tuple]]) -> list[Any]:
-    """``[fn(*args) for fn, args in calls]``; under the grader, calls of one sandboxed worker
-    go there in one round trip (each result checked as one call's, the first error raised)."""
+    """``[fn(*args) for fn, args in calls]``; ``(getattr, (obj, "name"))`` reads an attribute.
+    Under the grader, the steps of one sandboxed worker go there in one round trip (each
+    result checked as one call's, the first error raised)."""
     calls = list(calls)
-    entries = [e() for e in (getattr(fn, "__batch_entry__", None) for fn, _ in calls) if e]
-    if not calls or len(entries) < len(calls) or len({id(e[0]) for e in entries}) > 1:
+    steps = [_batch_step(fn, args) for fn, args in calls]
+    if not calls or None in steps or len({id(s[0]) for s in steps}) > 1:  # type: ignore[index]
         return [fn(*args) for fn, args in calls]
-    calls = [(fn, getattr(fn, "__batch_arguments__", tuple)(args)) for fn, args in calls]
-    return entries[0][0].request_batch([(op, target, name, tuple(args), {}, what) for (
-        _, op, target, name, what), (_, args) in zip(entries, calls)])
+    return steps[0][0].request_batch(  # type: ignore[index]
+        [(op, target, name, args, {}, what) for _, op, target, name, what, args in steps])
 
 
 INSTRUMENTS: dict[str, Callable[..., tuple[Any, Any]]] = {

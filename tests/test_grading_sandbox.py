@@ -884,6 +884,12 @@ def test_batched_calls_are_the_calls_one_by_one_in_one_request():
     with pytest.raises(impl.NoFreeBlocks, match="asked for 9"):  # the first error ends it
         call_all([(pool.allocate, (1,)), (pool.allocate, (9,)), (pool.allocate, (1,))])
     assert pool.num_free_blocks == 2  # the step after the error never ran
+    reads = [(getattr, (pool, "num_free_blocks")), (pool.allocate, (1,)),
+             (getattr, (pool, "num_free_blocks"))]
+    assert call_all(reads) == [2, [4], 1]  # attributes read in order, between the calls
+    with pytest.raises(BaseException, match="BlockPool.allocate is a method"):
+        call_all([(getattr, (pool, "allocate"))])  # a batch reads data, it calls methods
+    assert call_all([(getattr, (pool, "num_free_blocks"))]) == [1]
     with pytest.raises(BaseException, match="an object of the class Liar"):
         call_all([(impl.big, (2,)), (impl.liars, ())])  # still plain data only
     assert call_all([]) == [] and call_all([(len, ([1, 2],))]) == [2]

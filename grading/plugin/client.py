@@ -388,17 +388,19 @@ class Client:
 
     def request_batch(self, steps: list[tuple[str, tuple, str | None, tuple, dict, str]]
                       ) -> list[Any]:
-        """The results of ``steps`` (``(op, target, name, args, kwargs, what)``, calls and
-        method calls), run in order by the worker in one round trip; the first step that
-        raises ends the batch and raises here, as the same calls one by one would. Each
-        step's reply is checked as a call's is (plain data, arguments written back)."""
+        """The results of ``steps`` (``(op, target, name, args, kwargs, what)``: calls,
+        method calls and reads of data attributes), run in order by the worker in one round
+        trip; the first step that raises ends the batch and raises here, as the same steps
+        one by one would. Each step's reply is checked as a call's is (plain data, arguments
+        written back)."""
         __tracebackhide__ = True
         names = list(dict.fromkeys(step[5] for step in steps))
         what = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
         deadline = 0.0
         for op, target, *_ in steps:
-            if op not in ("call", "callmethod"):
-                raise WorkerError(f"{what}: only calls can be batched, not {op!r}") from None
+            if op not in ("call", "callmethod", "getattr"):
+                raise WorkerError(f"{what}: only calls and attribute reads can be batched, "
+                                  f"not {op!r}") from None
             deadline = self._check(target, what)
         if not steps:
             return []
@@ -411,14 +413,18 @@ class Client:
             raise build_exception(reply[1], what, self.handle) from None
         replies = reply[1] if reply[0] == "batch" and len(reply) == 2 else None
         if type(replies) is not list or not 0 < len(replies) <= len(steps) or not all(
-                type(r) is tuple and len(r) >= 3 - (r[:1] == ("error",)) and r[0] in ("ok", "error")
+                type(r) is tuple and len(r) >= 3 - (r[:1] == ("error",)) and r[0] in ("ok", "error", "method")
                 for r in replies):
             self._discard()
             raise WorkerError(f"{what} returned something the grader cannot accept: not the "
                               "replies of a batch") from None
         results = []
         for (op, _, _, args, kwargs, step_what), step in zip(steps, replies):
-            results.append(self._answer(step, op, args, kwargs, step_what, None))
+            result = self._answer(step, op, args, kwargs, step_what, None)
+            if isinstance(result, MethodReply):  # a method, not data: call it in the batch
+                raise WorkerError(f"{step_what} is a method: a batch reads data attributes "
+                                  "(call the method in the batch instead)") from None
+            results.append(result)
         if len(results) < len(steps):
             self._discard()
             raise WorkerError(f"{what}: the worker answered {len(results)} of the "

@@ -442,6 +442,11 @@ class RemoteObject:
             return RemoteMethod(self, result.name)
         return result
 
+    def __batch_attribute__(self, name: str) -> tuple[Channel, str, tuple, str | None, str]:
+        """``(client, op, target, name, what)``: reading the data attribute ``name`` as one
+        step of a batch (``call_all``'s ``(getattr, (obj, name))``)."""
+        return self._client, "getattr", self._ref, name, f"{self._short}.{name}"
+
     def __setattr__(self, name: str, value: Any) -> None:
         __tracebackhide__ = True
         self._client.request("special", self._ref, "setattr", (name, value), {}, None,

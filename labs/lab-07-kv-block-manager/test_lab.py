@@ -77,6 +77,10 @@ NONE_CHANGED = (
     "allocate_slots returned None but changed the pool or the manager: check that the pool "
     "can serve the request first; only then touch the hits and allocate"
 )
+IDS_ARE_THE_RUNNING = (
+    "request_ids must be the requests admitted and not yet freed: a request that allocate_slots "
+    "refused (it returned None) is not one, and free(request_id) removes it"
+)
 EVICTION_ORDER = (
     "the free queue is in eviction order: a freed request's blocks are released tail first; "
     "those without a hash go to the head (nothing to keep: reused first), those with a hash to "
@@ -189,14 +193,17 @@ class PagedCache:
 
     def write(self, request, start: int, stop: int) -> None:
         """Perform the pending copies, then write positions [start, stop) of ``request``."""
-        for copy in self.manager.take_copies():
+        copies, slots, *refs = call_all([
+            (self.manager.take_copies, ()),
+            (self.manager.slot_mapping, (request, np.arange(start, stop))),
+            *((self.pool.ref_count, (b,)) for b in range(self.k.shape[0]))])  # one batch
+        for copy in copies:
             self.k[copy.dst_block_id] = self.k[copy.src_block_id]
             self.v[copy.dst_block_id] = self.v[copy.src_block_id]
-        slots = np.asarray(self.manager.slot_mapping(request, np.arange(start, stop)))
-        blocks = list(set((slots // self.k.shape[1]).tolist()))  # k: [blocks, block_size, ...]
-        for block, refs in zip(blocks, call_all((self.pool.ref_count, (b,)) for b in blocks)):
-            assert refs == 1, f"a new token of {request.request_id!r} goes to block {block} " \
-                f"with reference count {refs}: {SHARED_WRITE}"
+        slots = np.asarray(slots)
+        for block in sorted(set((slots // self.k.shape[1]).tolist())):  # k: [blocks, bs, ...]
+            assert refs[block] == 1, f"a new token of {request.request_id!r} goes to block " \
+                f"{block} with reference count {refs[block]}: {SHARED_WRITE}"
         k, v = kv_of(request.token_ids, self.k.shape[2], self.k.shape[3])
         flat = (-1, *self.k.shape[2:])
         self.k.reshape(flat)[slots] = k[start:stop]
@@ -204,8 +211,9 @@ class PagedCache:
 
     def decode(self, request, q: np.ndarray) -> np.ndarray:
         """One decode step of ``request`` over its block table (gather, then attention)."""
-        table = np.asarray(self.manager.block_table(request))
-        t = np.arange(self.manager.num_tokens(request))
+        table, num_tokens = call_all([(self.manager.block_table, (request,)),
+                                      (self.manager.num_tokens, (request,))])
+        table, t = np.asarray(table), np.arange(num_tokens)
         bs = self.k.shape[1]
         k, v = self.k[table[t // bs], t % bs], self.v[table[t // bs], t % bs]
         return reference_attention(q[None], k, v)[0][0]
@@ -675,10 +683,21 @@ class KVCacheMachine(RuleBasedStateMachine):
     def _snapshot(self, got):
         return snapshot_of(got, self.nb, list(self.tokens))
 
+    def _ids_and(self, calls, expected, message):
+        """The answers of ``calls``, after checking (``message``) that the manager's
+        request ids are ``expected``: in one batch, unless a call raised (a call about a
+        request the manager lost), when the ids are read and checked first."""
+        try:
+            ids, *got = call_all([(getattr, (self.manager, "request_ids")), *calls])
+        except Exception:  # noqa: BLE001 - say what went wrong before the call that raised
+            ids, got = self.manager.request_ids, None
+        assert sorted(ids) == sorted(expected), message
+        return got if got is not None else call_all(calls)
+
     def _unchanged(self, before):
         """allocate_slots returned None: nothing observable changed."""
-        assert sorted(self.manager.request_ids) == sorted(before[3]), NONE_CHANGED
-        assert self._snapshot(call_all(self._snapshot_calls())) == before, NONE_CHANGED
+        got = self._ids_and(self._snapshot_calls(), before[3], NONE_CHANGED)
+        assert self._snapshot(got) == before, NONE_CHANGED
 
     def _before(self):
         """The state before this step's operation: what the invariants read after the last
@@ -858,22 +877,22 @@ class KVCacheMachine(RuleBasedStateMachine):
         """What the invariants read after a step, in one batch (each rule clears it)."""
         if self.seen is None:
             rids, nb = list(self.tokens), self.nb
-            ids = self.manager.request_ids
-            assert sorted(ids) == sorted(self.tokens)  # before asking about each of them
-            got = call_all([
+            got = self._ids_and([
                 (self.pool.free_block_ids, ()), *self._refs_calls(),
                 *((self.pool.block_hash, (b,)) for b in range(nb)),
                 *((self.manager.block_table, (r,)) for r in rids),
                 *((self.manager.num_tokens, (r,)) for r in rids),
                 *((self.manager.slot_mapping, (r, np.arange(len(self.tokens[r]))))
-                  for r in rids)])
-            r = len(rids)
+                  for r in rids),
+                (getattr, (self.pool, "num_free_blocks"))],
+                self.tokens, IDS_ARE_THE_RUNNING)
+            num_free, r = got.pop(), len(rids)
             tables = got[2 * nb + 1:2 * nb + 1 + r]
             self.seen = {
                 "free": got[0], "refs": got[1:nb + 1],
                 "hashes": got[nb + 1:2 * nb + 1], "tables": tables,
                 "num_tokens": got[2 * nb + 1 + r:2 * nb + 1 + 2 * r],
-                "mappings": got[2 * nb + 1 + 2 * r:], "num_free": self.pool.num_free_blocks}
+                "mappings": got[2 * nb + 1 + 2 * r:], "num_free": num_free}
         return self.seen
 
     @invariant()
