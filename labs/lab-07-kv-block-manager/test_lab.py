@@ -155,17 +155,24 @@ def chain(tokens, block_size, extra_keys=(), memo=None):
     machine that checks the same requests after every step asks for each block once."""
     hashes, parent = [], None
     for i in range(len(tokens) // block_size):
-        block = tokens[i * block_size:(i + 1) * block_size]
-        key = (parent, tuple(block), tuple(extra_keys))
-        try:
-            known = memo is not None and key in memo
-        except TypeError:  # an unhashable hash: asked for every time
-            memo, known = None, False
-        parent = memo[key] if known else impl.hash_block(parent, block, extra_keys)
-        if memo is not None and not known:
-            memo[key] = parent
+        parent = hash_of(parent, tokens[i * block_size:(i + 1) * block_size], extra_keys, memo)
         hashes.append(parent)
     return hashes
+
+
+def hash_of(parent, block, extra_keys=(), memo=None):
+    """Your ``hash_block(parent, block, extra_keys)``, asked once per ``memo`` (a dict)."""
+    key = (parent, tuple(block), tuple(extra_keys))
+    try:
+        known = memo is not None and key in memo
+    except TypeError:  # an unhashable hash: asked for every time
+        return impl.hash_block(parent, block, extra_keys)
+    if not known:
+        value = impl.hash_block(parent, block, extra_keys)
+        if memo is None:
+            return value
+        memo[key] = value
+    return memo[key]
 
 
 def kv_of(tokens, num_kv_heads: int, head_dim: int) -> tuple[np.ndarray, np.ndarray]:
@@ -950,7 +957,7 @@ class KVCacheMachine(RuleBasedStateMachine):
                 where = f"block {block} (logical block {i} of {rid!r}, {len(tokens)} tokens)"
                 if (i + 1) * bs > len(tokens):
                     parent = hashes[i - 1] if i else None
-                    own = h == impl.hash_block(parent, tokens[i * bs:], ())
+                    own = h == hash_of(parent, tokens[i * bs:], (), self.hashes)
                     assert not own, f"{where} has a hash: {PARTIAL_CACHED}"
                 assert i < len(hashes) and h == hashes[i], (
                     f"{where} is cached under a hash that is not the chained hash of its "
