@@ -93,9 +93,10 @@ def model_trace_main(name: str, build_trace: Callable[[], dict], doc: str,
     return 0
 
 
-def read_script(path: pathlib.Path) -> dict | None:
+def read_script(path: pathlib.Path, parse_float: Callable[[str], Any] = float) -> dict | None:
+    """The trace a ``window.BOOK_TRACES[...] = {...};`` script holds (numbers: ``parse_float``)."""
     text = path.read_text()
-    return json.loads(text.split("] = ", 1)[1].rstrip().rstrip(";"))
+    return json.loads(text.split("] = ", 1)[1].rstrip().rstrip(";"), parse_float=parse_float)
 
 
 def fresh_run(folder: pathlib.Path, impl_name: str, builder: Callable[[Any], dict]) -> dict:

@@ -73,8 +73,7 @@ def chromium_path() -> str | None:
 
 def printed(path: pathlib.Path) -> Any:
     """A trace as written: its numbers as ``Decimal`` (the digits the file holds)."""
-    text = path.read_text()
-    return json.loads(text.split("] = ", 1)[1].rstrip().rstrip(";"), parse_float=Decimal)
+    return read_script(path, parse_float=Decimal)
 
 
 def trace_differences(got: Any, want: Any, where: str = "") -> list[str]:
