@@ -790,7 +790,8 @@ from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from common import load_impl
-from common.testing import LabScript, call_all, called_on_copies, host_syncs, peak_memory
+from common.testing import (LabScript, Earlier, call_all, called_on_copies, host_syncs,
+                            peak_memory)
 
 impl = load_impl(__file__)
 SWITCHED = os.environ["EXPECT_SWITCH"] == "1"
@@ -890,6 +891,16 @@ def test_batched_calls_are_the_calls_one_by_one_in_one_request():
     with pytest.raises(BaseException, match="BlockPool.allocate is a method"):
         call_all([(getattr, (pool, "allocate"))])  # a batch reads data, it calls methods
     assert call_all([(getattr, (pool, "num_free_blocks"))]) == [1]
+    gated = [(pool.release, ([7],)), (pool.allocate, (1,))]
+    assert call_all(gated, stop_if_none=0) == [None] and pool.num_free_blocks == 2  # None
+    assert call_all(gated[::-1], stop_if_none=0)[1:] == [None]  # ends it; a list goes on
+    assert pool.num_free_blocks == 2
+    built = call_all([(impl.BlockPool, (4,)), (impl.Manager, (Earlier(0),)),  # one trip:
+                      (impl.state, (2,)), (impl.stats, (Earlier(2),))])  # a step's result
+    assert isinstance(built[1], impl.Manager) and built[3] == impl.stats(built[2])  # is an
+    assert built[1].take(1) == [0] and built[0].num_free_blocks == 3  # argument of a later
+    with pytest.raises(ValueError, match="must name an earlier call"):
+        call_all([(impl.Manager, (Earlier(0),))])
     with pytest.raises(BaseException, match="an object of the class Liar"):
         call_all([(impl.big, (2,)), (impl.liars, ())])  # still plain data only
     assert call_all([]) == [] and call_all([(len, ([1, 2],))]) == [2]

@@ -196,15 +196,16 @@ def test_a_lab_never_imports_another_lab(lab):
 
 
 def test_common_stays_small():
-    """``common/`` holds only what labs share: under 2,900 lines (the grader, single-lab
+    """``common/`` holds only what labs share: under 2,950 lines (the grader, single-lab
     helpers and tools live elsewhere; the launch planner with its cost model, which six
     labs' launchers call, is about 790 of them, the kernel-memory instruments about 400,
     the split-KV merge labs 03 and 06 both launch 85, the failure messages that name a
-    misconception in several labs' tests about 120). A helper only one lab uses belongs
+    misconception in several labs' tests about 120, ``call_all``'s batches, whose steps
+    may stop at a None or pass an earlier result on, about 60). A helper only one lab uses belongs
     in that lab."""
     lines = sum(len(p.read_text(encoding="utf-8").splitlines())
                 for p in (ROOT / "common").glob("*.py"))
-    assert lines < 2900, f"common/ has {lines} lines: move what only one lab uses into that lab"
+    assert lines < 2950, f"common/ has {lines} lines: move what only one lab uses into that lab"
 
 
 # Who may import whom, by top-level folder (``labs`` is the lab folders and labs/manifest.py).

@@ -19,6 +19,7 @@ import os
 import pickle
 import re
 import signal
+import sys
 import threading
 import time
 import weakref
@@ -57,6 +58,8 @@ class _ArgsPickler(pickle.Pickler):
     def persistent_id(self, obj: Any) -> Any:
         if type(obj) in _ATOMIC:
             return None
+        if type(obj).__name__ == "Earlier" and _is_earlier(obj):  # a batch's earlier result
+            return ("earlier", obj.index)  # (the worker puts it in)
         if isinstance(obj, RemoteMethod):
             return ("meth", obj._owner._ref, obj._name)
         if isinstance(obj, RemoteObject | RemoteFunction):
@@ -65,6 +68,12 @@ class _ArgsPickler(pickle.Pickler):
 
 
 _ATOMIC = frozenset((type(None), bool, int, float, str, bytes, tuple, list, dict))
+
+
+def _is_earlier(obj: Any) -> bool:
+    """``obj`` is a ``common.testing.Earlier`` (imported by the tests that use it)."""
+    testing = sys.modules.get("common.testing")
+    return testing is not None and type(obj) is getattr(testing, "Earlier", None)
 
 
 def dumps_args(message: tuple) -> bytes:
@@ -381,40 +390,45 @@ class Client:
         if time.monotonic() >= deadline:
             raise WorkerTimeout(f"timed out after {limit:g} s (the per-test limit) in {what}: "
                                 "this test has used all its time") from None
+        self._check_target(target, what)
+        return deadline
+
+    def _check_target(self, target: tuple, what: str) -> None:
+        __tracebackhide__ = True
         if target[0] == "h" and target[1] != self.generation:
             raise WorkerError(f"{what}: this object lived in a worker that has since been "
                               f"restarted ({self.last_death})") from None
-        return deadline
 
-    def request_batch(self, steps: list[tuple[str, tuple, str | None, tuple, dict, str]]
-                      ) -> list[Any]:
+    def request_batch(self, steps: list[tuple[str, tuple, str | None, tuple, dict, str]],
+                      stop_if_none: int | None = None) -> list[Any]:
         """The results of ``steps`` (``(op, target, name, args, kwargs, what)``: calls,
         method calls and reads of data attributes), run in order by the worker in one round
         trip; the first step that raises ends the batch and raises here, as the same steps
-        one by one would. Each step's reply is checked as a call's is (plain data, arguments
+        one by one would, and so does a None from step ``stop_if_none`` (the list ends
+        with it). Each step's reply is checked as a call's is (plain data, arguments
         written back)."""
         __tracebackhide__ = True
         names = list(dict.fromkeys(step[5] for step in steps))
         what = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
-        deadline = 0.0
+        if not steps:
+            return []
+        deadline = self._check(steps[0][1], what)
         for op, target, *_ in steps:
             if op not in ("call", "callmethod", "getattr"):
                 raise WorkerError(f"{what}: only calls and attribute reads can be batched, "
                                   f"not {op!r}") from None
-            deadline = self._check(target, what)
-        if not steps:
-            return []
+            self._check_target(target, what)
         if self.proc is None:
             self.start(deadline, what)
-        self._send(("batch", ("mod", ""), None, tuple(step[:5] for step in steps), {}, None),
-                   what)
+        self._send(("batch", ("mod", ""), stop_if_none, tuple(step[:5] for step in steps), {},
+                    None), what)
         reply = self._receive(deadline, what)
         if reply[0] == "error":
             raise build_exception(reply[1], what, self.handle) from None
         replies = reply[1] if reply[0] == "batch" and len(reply) == 2 else None
         if type(replies) is not list or not 0 < len(replies) <= len(steps) or not all(
-                type(r) is tuple and len(r) >= 3 - (r[:1] == ("error",)) and r[0] in ("ok", "error", "method")
-                for r in replies):
+                type(r) is tuple and r[:1] in (("ok",), ("error",), ("method",))
+                and len(r) >= (2 if r[0] == "error" else 3) for r in replies):
             self._discard()
             raise WorkerError(f"{what} returned something the grader cannot accept: not the "
                               "replies of a batch") from None
@@ -425,7 +439,9 @@ class Client:
                 raise WorkerError(f"{step_what} is a method: a batch reads data attributes "
                                   "(call the method in the batch instead)") from None
             results.append(result)
-        if len(results) < len(steps):
+        stopped = (stop_if_none is not None and len(results) == stop_if_none + 1
+                   and results[-1] is None)
+        if len(results) < len(steps) and not stopped:
             self._discard()
             raise WorkerError(f"{what}: the worker answered {len(results)} of the "
                               f"{len(steps)} calls of a batch") from None

@@ -251,6 +251,11 @@ def _plain(value: Any, what: str, path: str, depth: int) -> Any:
     if ok:
         return found
     if cls in (list, tuple):
+        if all(type(v) in _SCALARS for v in value):  # the common flat list: no walk
+            _BUDGET[0] -= len(value)
+            if _BUDGET[0] < 0:
+                raise _not_plain(what, path, f"more than {MAX_ITEMS} items")
+            return cls(value)
         return cls(_plain(v, what, f"{path}[{i}]", depth + 1) for i, v in enumerate(value))
     if cls in (set, frozenset):
         return cls(_plain(v, what, f"{path} item", depth + 1) for v in value)
@@ -532,6 +537,10 @@ class RemoteClass(RemoteObject):
             return False
         return bool(self._client.request("special", self._ref, "subclasscheck", (cls,), {},
                                          None, f"issubclass(..., {self._short})"))
+
+    def __batch_entry__(self) -> tuple[Channel, str, tuple, str | None, str]:
+        """``(client, op, target, name, what)``: building an object as one step of a batch."""
+        return self._client, "call", self._ref, None, self._short
 
     def __repr__(self) -> str:
         return f"<class {self._type} (in the sandboxed worker)>"

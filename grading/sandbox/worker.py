@@ -101,7 +101,30 @@ class ArgsUnpickler(pickle.Unpickler):
     def persistent_load(self, pid: Any) -> Any:
         if pid[0] == "mod":
             return getattr(self.module, pid[1])
+        if pid[0] == "earlier":
+            return EarlierResult(pid[1])
         return self.handles.get(pid)
+
+
+class EarlierResult:
+    """A batch step's argument that stands for an earlier step's result (``common.testing.
+    Earlier`` on the trusted side): the batch puts that result in before the step runs."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int) -> None:
+        self.index = int(index)
+
+
+def with_earlier(step: tuple, results: list[Any]) -> tuple:
+    """``step`` (``(op, target, name, args, kwargs)``) with its :class:`EarlierResult`
+    arguments replaced by those steps' results."""
+    op, target, name, args, kwargs = step
+    if any(type(a) is EarlierResult for a in args):
+        if not all(0 <= a.index < len(results) for a in args if type(a) is EarlierResult):
+            raise ValueError("a step of a batch named the result of a step after it")
+        args = tuple(results[a.index] if type(a) is EarlierResult else a for a in args)
+    return op, target, name, args, kwargs
 
 
 def where(tb: types.TracebackType | None, lab_dir: Path) -> str | None:
@@ -245,13 +268,19 @@ class Worker:
                 instrument: str | None, releases: list[int], record_launches: bool = True
                 ) -> tuple:
         self.handles.release(releases)
-        if op == "batch":  # calls in order, up to the first that raises
-            replies: list[tuple] = []
-            for step in args:
+        if op == "batch":  # calls in order, up to the first that raises (or the None of
+            replies: list[tuple] = []  # step ``name``, when it names one)
+            results: list[Any] = []  # each step's own result, for the steps after it
+            for i, step in enumerate(args):
                 try:
-                    replies.append(self.execute(*step, None, [], record_launches))
+                    reply = self.execute(*with_earlier(step, results), None, [],
+                                         record_launches)
                 except BaseException as exc:  # noqa: BLE001 - goes back as that step's reply
                     replies.append(("error", error_info(exc, self.lab_dir, self.handles)))
+                    break
+                replies.append(reply)
+                results.append(reply[1] if reply[0] == "ok" else None)
+                if i == name and reply[:2] == ("ok", None):
                     break
             return ("batch", replies)
         obj = self.resolve(target)

@@ -34,6 +34,7 @@ from common.loader import load_impl, load_lab_module
 from common.reference import reference_attention
 from common.testing import (
     BadInputs,
+    Earlier,
     assert_close,
     bad_input_test,
     call_all,
@@ -139,6 +140,12 @@ def admit(manager, request):
     return hit_blocks, num_hit, new_blocks
 
 
+def pool_and_manager(num_blocks: int, block_size: int) -> tuple:
+    """``(BlockPool(num_blocks, block_size), KVCacheManager(that pool))``, in one batch."""
+    return tuple(call_all([(impl.BlockPool, (num_blocks, block_size)),
+                           (impl.KVCacheManager, (Earlier(0),))]))
+
+
 def manager_with(*requests, **manager_kwargs):
     """``(pool, manager)``: a pool of 8 blocks of 4 tokens, a manager on it (``manager_kwargs``)
     and ``requests`` admitted in order."""
@@ -153,11 +160,68 @@ def chain(tokens, block_size, extra_keys=(), memo=None):
     """The chained hashes of the full blocks of ``tokens`` (with your ``hash_block``).
     ``memo`` (a dict): the hashes already asked for, by ``(parent, block tokens)``, so that a
     machine that checks the same requests after every step asks for each block once."""
-    hashes, parent = [], None
-    for i in range(len(tokens) // block_size):
-        parent = hash_of(parent, tokens[i * block_size:(i + 1) * block_size], extra_keys, memo)
-        hashes.append(parent)
-    return hashes
+    return chains([tokens], block_size, extra_keys, memo)[0]
+
+
+def chains(token_lists, block_size, extra_keys=(), memo=None):
+    """:func:`chain` of each of ``token_lists``, the hashes not in ``memo`` asked for in one
+    batch."""
+    plan = HashPlan(token_lists, block_size, extra_keys, memo)
+    return plan.hashes(call_all(plan.calls))
+
+
+class HashPlan:
+    """The ``hash_block`` calls that :func:`chain` needs for each of ``token_lists``, to go
+    at position ``offset`` of a batch: a block's parent hash is the answer of the call before
+    it (``Earlier``); ``refs[n][i]``, the hash of block ``i`` of list ``n``, is a value the
+    memo knew or ``Earlier`` (a batch step's argument); :meth:`hashes` fills them in."""
+
+    def __init__(self, token_lists, block_size, extra_keys=(), memo=None, offset=0):
+        self.memo, self.keys, self.offset = memo, extra_keys, offset
+        self.calls, self.asked, self.refs = [], [], []  # asked: (list, i, parent, tokens)
+        for tokens in token_lists:
+            refs, parent = [], None  # parent: a hash, or the Earlier call that answers it
+            for i in range(len(tokens) // block_size):
+                block = tokens[i * block_size:(i + 1) * block_size]
+                known = _MISSING if type(parent) is Earlier else _memo_get(
+                    memo, (parent, tuple(block), tuple(extra_keys)))
+                if known is _MISSING:
+                    self.calls.append((impl.hash_block, (parent, block, extra_keys)))
+                    self.asked.append((len(self.refs), i, parent, block))
+                    known = Earlier(offset + len(self.calls) - 1)
+                refs.append(known)
+                parent = known
+            self.refs.append(refs)
+
+    def hashes(self, got):
+        """The hashes of every list, from the answers ``got`` of :attr:`calls` (the memo
+        learns them)."""
+        out = [list(refs) for refs in self.refs]
+        for value, (n, i, parent, block) in zip(got, self.asked):
+            out[n][i] = value
+            if type(parent) is Earlier:
+                parent = got[parent.index - self.offset]
+            _memo_put(self.memo, (parent, tuple(block), tuple(self.keys)), value)
+        return out
+
+
+_MISSING = object()
+
+
+def _memo_get(memo, key):
+    """``memo[key]``, or ``_MISSING`` (no memo, an unhashable hash)."""
+    try:
+        return memo.get(key, _MISSING) if memo is not None else _MISSING
+    except TypeError:
+        return _MISSING
+
+
+def _memo_put(memo, key, value):
+    try:
+        if memo is not None:
+            memo[key] = value
+    except TypeError:  # an unhashable hash: asked for every time
+        pass
 
 
 def hash_of(parent, block, extra_keys=(), memo=None):
@@ -192,18 +256,35 @@ class PagedCache:
     """A numpy paged KV cache in lab 01's layout ``[num_blocks, block_size, KVH, d]``, NaN
     wherever nothing was written, filled only through the manager's slot mapping."""
 
-    def __init__(self, pool, manager, num_kv_heads: int = 2, head_dim: int = 8):
+    def __init__(self, pool, manager, num_blocks: int, block_size: int,
+                 num_kv_heads: int = 2, head_dim: int = 8):
         self.pool, self.manager = pool, manager
-        shape = (pool.num_blocks, pool.block_size, num_kv_heads, head_dim)
+        shape = (num_blocks, block_size, num_kv_heads, head_dim)
         self.k = np.full(shape, np.nan)
         self.v = np.full(shape, np.nan)
 
-    def write(self, request, start: int, stop: int) -> None:
-        """Perform the pending copies, then write positions [start, stop) of ``request``."""
-        copies, slots, *refs = call_all([
-            (self.manager.take_copies, ()),
+    def admit(self, request) -> tuple:
+        """``(hit_blocks, num_hit_tokens, new_blocks)``: :func:`admit`, then the writes of
+        the positions the hit does not cover (if the manager served the request)."""
+        hit_blocks, num_hit = self.manager.get_computed_blocks(request)
+        new = self.write(request, num_hit, request.num_tokens,
+                         allocate=request.num_tokens - num_hit)
+        return hit_blocks, num_hit, new
+
+    def write(self, request, start: int, stop: int, allocate: int | None = None):
+        """Perform the pending copies, then write positions [start, stop) of ``request``.
+        ``allocate``: first ``allocate_slots(request, allocate)``, whose answer is returned
+        (None: nothing is written). One batch."""
+        first = [] if allocate is None else [(self.manager.allocate_slots, (request, allocate))]
+        got = call_all([
+            *first, (self.manager.take_copies, ()),
             (self.manager.slot_mapping, (request, np.arange(start, stop))),
-            *((self.pool.ref_count, (b,)) for b in range(self.k.shape[0]))])  # one batch
+            *((self.pool.ref_count, (b,)) for b in range(self.k.shape[0]))],
+            stop_if_none=0 if first else None)
+        new = got.pop(0) if first else None
+        if first and new is None:
+            return None
+        copies, slots, *refs = got
         for copy in copies:
             self.k[copy.dst_block_id] = self.k[copy.src_block_id]
             self.v[copy.dst_block_id] = self.v[copy.src_block_id]
@@ -215,15 +296,19 @@ class PagedCache:
         flat = (-1, *self.k.shape[2:])
         self.k.reshape(flat)[slots] = k[start:stop]
         self.v.reshape(flat)[slots] = v[start:stop]
+        return new
 
-    def decode(self, request, q: np.ndarray) -> np.ndarray:
-        """One decode step of ``request`` over its block table (gather, then attention)."""
-        table, num_tokens = call_all([(self.manager.block_table, (request,)),
-                                      (self.manager.num_tokens, (request,))])
-        table, t = np.asarray(table), np.arange(num_tokens)
-        bs = self.k.shape[1]
-        k, v = self.k[table[t // bs], t % bs], self.v[table[t // bs], t % bs]
-        return reference_attention(q[None], k, v)[0][0]
+    def decode(self, requests, qs: list[np.ndarray]) -> list[np.ndarray]:
+        """One decode step of each of ``requests`` over its block table (gather, then
+        attention); the tables are read in one batch."""
+        got = call_all([*((self.manager.block_table, (r,)) for r in requests),
+                        *((self.manager.num_tokens, (r,)) for r in requests)])
+        out, bs = [], self.k.shape[1]
+        for q, table, num_tokens in zip(qs, got, got[len(requests):]):
+            table, t = np.asarray(table), np.arange(num_tokens)
+            k, v = self.k[table[t // bs], t % bs], self.v[table[t // bs], t % bs]
+            out.append(reference_attention(q[None], k, v)[0][0])
+        return out
 
 
 def dense_decode(request, q: np.ndarray, num_kv_heads: int = 2, head_dim: int = 8):
@@ -231,14 +316,15 @@ def dense_decode(request, q: np.ndarray, num_kv_heads: int = 2, head_dim: int = 
     return reference_attention(q[None], k, v)[0][0]
 
 
-def check_decode(cache: PagedCache, request, rng, what: str) -> None:
-    q = rng.standard_normal((4, cache.k.shape[3]))
-    assert_close(
-        cache.decode(request, q), dense_decode(request, q, *cache.k.shape[2:]),
-        what=f"decode of {request.request_id!r} over its block table ({what})",
-        hint="its block table points at blocks that hold other tokens' K/V: a stale or wrong "
-        "prefix hit, or a write into a block another request reads",
-    )
+def check_decode(cache: PagedCache, requests, rng, what: str) -> None:
+    qs = [rng.standard_normal((4, cache.k.shape[3])) for _ in requests]
+    for request, q, got in zip(requests, qs, cache.decode(requests, qs)):
+        assert_close(
+            got, dense_decode(request, q, *cache.k.shape[2:]),
+            what=f"decode of {request.request_id!r} over its block table ({what})",
+            hint="its block table points at blocks that hold other tokens' K/V: a stale or "
+            "wrong prefix hit, or a write into a block another request reads",
+        )
 
 
 # ---- 1. the block pool ------------------------------------------------------------------------
@@ -535,8 +621,7 @@ def test_free_releases_tail_first_and_freed_blocks_stay_findable_until_reused():
 
 @pytest.mark.points(2)
 def test_allocate_slots_returns_None_and_changes_nothing_when_the_pool_cannot_serve():
-    pool = impl.BlockPool(4, 2)
-    manager = impl.KVCacheManager(pool)
+    pool, manager = pool_and_manager(4, 2)
     admit(manager, Request("A", [1, 2, 3, 4, 5]))  # blocks 0, 1 cached, 2 partial
     manager.free("A")
     assert pool.free_block_ids() == [2, 3, 1, 0], free_queue_message(pool, [2])
@@ -559,8 +644,7 @@ def test_allocate_slots_returns_None_and_changes_nothing_when_the_pool_cannot_se
 
 @pytest.mark.points(2)
 def test_a_hit_block_near_the_head_of_the_free_queue_is_touched_before_anything_is_allocated():
-    pool = impl.BlockPool(4, 2)
-    manager = impl.KVCacheManager(pool)
+    pool, manager = pool_and_manager(4, 2)
     admit(manager, Request("A", [1, 2, 3]))  # block 0 cached, block 1 partial
     manager.free("A")
     admit(manager, Request("B", [5, 6, 7]))  # blocks 1 (cached) and 2
@@ -576,8 +660,7 @@ def test_a_hit_block_near_the_head_of_the_free_queue_is_touched_before_anything_
 
 @pytest.mark.points(1)
 def test_slot_mapping_follows_the_block_table():
-    pool = impl.BlockPool(10, 3)
-    manager = impl.KVCacheManager(pool)
+    pool, manager = pool_and_manager(10, 3)
     admit(manager, Request("X", list(range(7))))
     b = Request("B", list(range(50, 61)))
     admit(manager, b)
@@ -664,8 +747,7 @@ class KVCacheMachine(RuleBasedStateMachine):
     @initialize(block_size=st.sampled_from([1, 2, 3, 4]), num_blocks=st.integers(4, 12))
     def start(self, block_size, num_blocks):
         self.bs, self.nb = block_size, num_blocks
-        self.pool = impl.BlockPool(num_blocks, block_size)
-        self.manager = impl.KVCacheManager(self.pool)
+        self.pool, self.manager = pool_and_manager(num_blocks, block_size)
         self.tokens: dict[str, list[int]] = {}
         self.store = np.full(num_blocks * block_size, -1, dtype=np.int64)
         self.paused: list[list[int]] = []
@@ -676,8 +758,9 @@ class KVCacheMachine(RuleBasedStateMachine):
     # -- helpers --
     #
     # Under the grader each call of your code is a round trip to its sandbox: a step reads
-    # what it needs in one batch before its operation and one after (call_all: the calls
-    # run in order, as one by one), and the invariants share one batch per step (_view).
+    # what it needs before its operation, then runs the operation and reads everything the
+    # step and the invariants check, in one batch (call_all: the calls run in order, as one
+    # by one), and the invariants share what that batch read (_view).
 
     def _refs_calls(self):
         return [(self.pool.ref_count, (b,)) for b in range(self.nb)]
@@ -690,38 +773,75 @@ class KVCacheMachine(RuleBasedStateMachine):
     def _snapshot(self, got):
         return snapshot_of(got, self.nb, list(self.tokens))
 
-    def _ids_and(self, calls, expected, message):
-        """The answers of ``calls``, after checking (``message``) that the manager's
-        request ids are ``expected``: in one batch, unless a call raised (a call about a
-        request the manager lost), when the ids are read and checked first."""
+    def _view_calls(self, tokens, offset=0):
+        """``(calls, plan)``: what the invariants read about the pool and the running requests
+        ``tokens`` (id -> tokens), to go at position ``offset`` of a batch, after the hashes
+        of their blocks the memo lacks (``plan``); :meth:`_view_of` reads the answers."""
+        nb, pool, manager = self.nb, self.pool, self.manager
+        plan = HashPlan(list(tokens.values()), self.bs, memo=self.hashes, offset=offset)
+        return [
+            *plan.calls, (getattr, (manager, "request_ids")), (pool.free_block_ids, ()),
+            *self._refs_calls(), *((pool.block_hash, (b,)) for b in range(nb)),
+            *((manager.block_table, (r,)) for r in tokens),
+            *((manager.num_tokens, (r,)) for r in tokens),
+            *((manager.slot_mapping, (r, np.arange(len(t)))) for r, t in tokens.items()),
+            *((pool.get_cached_block, (h,)) for refs in plan.refs for h in refs),
+            (getattr, (pool, "num_free_blocks"))], plan
+
+    def _view_of(self, got, tokens, plan) -> dict:
+        plan.hashes(got[:len(plan.calls)])
+        got = got[len(plan.calls):]
+        ids, got, nb, r = got[0], got[1:], self.nb, len(tokens)
+        assert sorted(ids) == sorted(tokens), IDS_ARE_THE_RUNNING
+        ends = np.cumsum([1, nb, nb, r, r, r]).tolist()
+        refs, hashes, tables, num_tokens, mappings = (
+            got[a:b] for a, b in zip(ends[:-1], ends[1:]))
+        found = iter(got[ends[-1]:-1])
+        cached = [[next(found) for _ in range(len(t) // self.bs)] for t in tokens.values()]
+        return {"order": list(tokens), "free": got[0], "refs": refs, "hashes": hashes,
+                "tables": tables, "num_tokens": num_tokens, "mappings": mappings,
+                "cached": cached, "num_free": got[-1]}
+
+    def _step(self, tokens, *first, gate=False):
+        """``first`` (a step's operation and the reads that go with it), then the view of
+        the requests ``tokens`` the step leaves running, in one batch: ``(answers of first,
+        view)``, or ``(answers, None)`` when ``gate`` and the operation returned None (the
+        batch stops there). When a call raises, the manager's request ids are checked before
+        its error is shown (a read about a request the manager lost raises)."""
+        view, plan = self._view_calls(tokens, len(first))
+        calls = [*first, *view]
         try:
-            ids, *got = call_all([(getattr, (self.manager, "request_ids")), *calls])
+            got = call_all(calls, stop_if_none=0 if gate and first else None)
         except Exception:  # noqa: BLE001 - say what went wrong before the call that raised
-            ids, got = self.manager.request_ids, None
-        assert sorted(ids) == sorted(expected), message
-        return got if got is not None else call_all(calls)
+            ids = sorted(self.manager.request_ids)
+            assert ids in (sorted(self.tokens), sorted(tokens)), IDS_ARE_THE_RUNNING
+            raise
+        if len(got) < len(calls):
+            return got, None
+        return got[:len(first)], self._view_of(got[len(first):], tokens, plan)
+
+    def _state(self, view):
+        """A view as :func:`snapshot` has it."""
+        return (view["free"], view["refs"], view["hashes"], list(self.tokens),
+                view["tables"], view["num_tokens"])
 
     def _unchanged(self, before):
         """allocate_slots returned None: nothing observable changed."""
-        got = self._ids_and(self._snapshot_calls(), before[3], NONE_CHANGED)
-        assert self._snapshot(got) == before, NONE_CHANGED
+        self.seen = None
+        assert self._state(self._view()) == before, NONE_CHANGED
 
     def _before(self):
         """The state before this step's operation: what the invariants read after the last
         step (nothing has run since), as :func:`snapshot` has it; the step will change it."""
         view, self.seen = self._view(), None
-        return view, (view["free"], view["refs"], view["hashes"], list(self.tokens),
-                      view["tables"], view["num_tokens"])
+        return view, self._state(view)
 
-    def _written(self, rid, start, end, *first):
-        """``first``'s answers, then ``(slots of rid's positions start..end, every block's
-        reference count)``, in one batch."""
-        got = call_all([*first, (self.manager.slot_mapping, (rid, np.arange(start, end))),
-                        *self._refs_calls()])
-        return got[:len(first)], np.asarray(got[len(first)]), got[len(first) + 1:]
+    def _slots(self, view, rid, start):
+        """The slots of ``rid``'s positions from ``start`` on, as the view read them."""
+        return np.asarray(view["mappings"][view["order"].index(rid)])[start:]
 
     def _table(self, view, rid):
-        return view["tables"][list(self.tokens).index(rid)]
+        return view["tables"][view["order"].index(rid)]
 
     def _write(self, rid, tokens, start, slots, refs):
         blocks = sorted(set((slots // self.bs).tolist()))
@@ -758,16 +878,20 @@ class KVCacheMachine(RuleBasedStateMachine):
         self.count += 1
         request = Request(rid, tokens)
         full = tokens[:(len(tokens) - 1) // self.bs * self.bs]
-        hashes = chain(full, self.bs, memo=self.hashes)
-        got = call_all([(self.manager.get_computed_blocks, (request,)),
-                        *((self.pool.get_cached_block, (h,)) for h in hashes),
+        plan = HashPlan([full], self.bs, memo=self.hashes, offset=1)
+        got = call_all([(self.manager.get_computed_blocks, (request,)), *plan.calls,
+                        *((self.pool.get_cached_block, (h,)) for h in plan.refs[0]),
                         *self._snapshot_calls()])
-        (hit_blocks, num_hit), k = got[0], len(hashes) + 1
-        self._check_hit(tokens, hit_blocks, num_hit, got[1:k])
-        before = self._snapshot(got[k:])
+        k, n = 1 + len(plan.calls), len(plan.refs[0])
+        (hit_blocks, num_hit), _ = got[0], plan.hashes(got[1:k])
+        self._check_hit(tokens, hit_blocks, num_hit, got[k:k + n])
+        before = self._snapshot(got[k + n:])
         free_before = before[0]
-        new = self.manager.allocate_slots(request, len(tokens) - num_hit)
-        if new is None:
+        (new, *copies), view = self._step(
+            {**self.tokens, rid: tokens},
+            (self.manager.allocate_slots, (request, len(tokens) - num_hit)),
+            (self.manager.take_copies, ()), gate=True)
+        if view is None:  # it returned None
             self._unchanged(before)
             return False
         queue = [b for b in free_before if b not in hit_blocks]
@@ -775,14 +899,11 @@ class KVCacheMachine(RuleBasedStateMachine):
             f"new blocks {new}: they come from the head of the free queue {queue} (after the "
             "hit blocks left it)"
         )
-        (free, table, copies), slots, refs = self._written(
-            rid, num_hit, len(tokens), (self.pool.free_block_ids, ()),
-            (self.manager.block_table, (rid,)), (self.manager.take_copies, ()))
-        assert free == queue[len(new):], EVICT_IN_USE
-        assert table == hit_blocks + new
-        assert copies == [], "a new request copies nothing"
-        self._write(rid, tokens, num_hit, slots, refs)
-        self.tokens[rid] = tokens
+        assert view["free"] == queue[len(new):], EVICT_IN_USE
+        assert self._table(view, rid) == hit_blocks + new
+        assert copies == [[]], "a new request copies nothing"
+        self._write(rid, tokens, num_hit, self._slots(view, rid, num_hit), view["refs"])
+        self.tokens[rid], self.seen = tokens, view
         return True
 
     def _pick(self, data):
@@ -812,13 +933,14 @@ class KVCacheMachine(RuleBasedStateMachine):
         tokens, n0 = old + new, len(old)
         view, before = self._before()
         free0, refs0, table0 = view["free"], view["refs"], self._table(view, rid)
-        result = self.manager.allocate_slots(Request(rid, tokens), len(new))
-        if result is None:
+        (result, *copies), view = self._step(
+            {**self.tokens, rid: tokens},
+            (self.manager.allocate_slots, (Request(rid, tokens), len(new))),
+            (self.manager.take_copies, ()), gate=True)
+        if view is None:  # it returned None
             self._unchanged(before)
             return
-        (copies, table), slots, refs = self._written(
-            rid, n0, len(tokens), (self.manager.take_copies, ()),
-            (self.manager.block_table, (rid,)))
+        copies, table = copies[0], self._table(view, rid)
         must_copy = n0 % self.bs != 0 and refs0[table0[-1]] > 1
         if must_copy:
             assert copies and result, (
@@ -838,8 +960,8 @@ class KVCacheMachine(RuleBasedStateMachine):
         for copy in copies:
             src, dst = copy.src_block_id * self.bs, copy.dst_block_id * self.bs
             self.store[dst:dst + self.bs] = self.store[src:src + self.bs]
-        self._write(rid, tokens, n0, slots, refs)
-        self.tokens[rid] = tokens
+        self._write(rid, tokens, n0, self._slots(view, rid, n0), view["refs"])
+        self.tokens[rid], self.seen = tokens, view
 
     @precondition(lambda self: self.tokens and len(self.tokens) < 6)
     @rule(data=st.data())
@@ -849,16 +971,16 @@ class KVCacheMachine(RuleBasedStateMachine):
         self.count += 1
         view, _ = self._before()
         free0, refs0 = view["free"], view["refs"]
-        child = self.manager.fork(Request(rid, self.tokens[rid]), child_id)
+        (child,), view = self._step(
+            {**self.tokens, child_id: self.tokens[rid]},
+            (self.manager.fork, (Request(rid, self.tokens[rid]), child_id)))
         assert child.request_id == child_id and list(child.token_ids) == self.tokens[rid]
-        table, child_table, free, *refs = call_all([
-            (self.manager.block_table, (rid,)), (self.manager.block_table, (child_id,)),
-            (self.pool.free_block_ids, ()), *self._refs_calls()])
-        assert child_table == table, "a fork shares every block"
+        table = self._table(view, rid)
+        assert self._table(view, child_id) == table, "a fork shares every block"
         for block in table:
-            assert refs[block] == refs0[block] + 1, "fork adds one reference"
-        assert free == free0
-        self.tokens[child_id] = list(self.tokens[rid])
+            assert view["refs"][block] == refs0[block] + 1, "fork adds one reference"
+        assert view["free"] == free0
+        self.tokens[child_id], self.seen = list(self.tokens[rid]), view
 
     @precondition(lambda self: self.tokens)
     @rule(data=st.data(), preempt=st.booleans())
@@ -867,39 +989,24 @@ class KVCacheMachine(RuleBasedStateMachine):
         view, _ = self._before()
         table = self._table(view, rid)
         free0, refs0, hashes0 = view["free"], view["refs"], view["hashes"]
-        self.manager.free(rid)
+        _, view = self._step({r: t for r, t in self.tokens.items() if r != rid},
+                             (self.manager.free, (rid,)))
         released = [b for b in reversed(table) if refs0[b] == 1]
         expected = ([b for b in released if hashes0[b] is None] + free0
                     + [b for b in released if hashes0[b] is not None])
-        got = self.pool.free_block_ids()
         partial = [table[-1]] if table and len(self.tokens[rid]) % self.bs else []
-        assert got == expected, free_queue_message(self.pool, partial, expected)
-        tokens = self.tokens.pop(rid)
+        assert view["free"] == expected, free_queue_message(self.pool, partial, expected)
+        tokens, self.seen = self.tokens.pop(rid), view
         if preempt:
             self.paused.append(tokens)
 
     # -- invariants --
 
     def _view(self) -> dict:
-        """What the invariants read after a step, in one batch (each rule clears it)."""
+        """What the invariants read after a step, in one batch: the step's own (it read
+        them with its operation), else read now."""
         if self.seen is None:
-            rids, nb = list(self.tokens), self.nb
-            got = self._ids_and([
-                (self.pool.free_block_ids, ()), *self._refs_calls(),
-                *((self.pool.block_hash, (b,)) for b in range(nb)),
-                *((self.manager.block_table, (r,)) for r in rids),
-                *((self.manager.num_tokens, (r,)) for r in rids),
-                *((self.manager.slot_mapping, (r, np.arange(len(self.tokens[r]))))
-                  for r in rids),
-                (getattr, (self.pool, "num_free_blocks"))],
-                self.tokens, IDS_ARE_THE_RUNNING)
-            num_free, r = got.pop(), len(rids)
-            tables = got[2 * nb + 1:2 * nb + 1 + r]
-            self.seen = {
-                "free": got[0], "refs": got[1:nb + 1],
-                "hashes": got[nb + 1:2 * nb + 1], "tables": tables,
-                "num_tokens": got[2 * nb + 1 + r:2 * nb + 1 + 2 * r],
-                "mappings": got[2 * nb + 1 + 2 * r:], "num_free": num_free}
+            _, self.seen = self._step(self.tokens)
         return self.seen
 
     @invariant()
@@ -944,14 +1051,11 @@ class KVCacheMachine(RuleBasedStateMachine):
     @invariant()
     def only_full_blocks_are_cached_under_the_hash_of_their_tokens(self):
         bs, view = self.bs, self._view()
-        tables = view["tables"]
-        held = [view["hashes"][b] for table in tables for b in table]
-        cached = iter(call_all((self.pool.get_cached_block, (h,)) for h in held if h is not None))
-        held = iter(held)
-        for (rid, tokens), table in zip(self.tokens.items(), tables):
+        for (rid, tokens), table, cached in zip(self.tokens.items(), view["tables"],
+                                                view["cached"]):
             hashes = chain(tokens, bs, memo=self.hashes)
             for i, block in enumerate(table):
-                h = next(held)
+                h = view["hashes"][block]
                 if h is None:
                     continue
                 where = f"block {block} (logical block {i} of {rid!r}, {len(tokens)} tokens)"
@@ -964,7 +1068,8 @@ class KVCacheMachine(RuleBasedStateMachine):
                     "tokens: a stale hash? A block handed out again by allocate must lose the "
                     "hash of its previous content (eviction)"
                 )
-                assert next(cached) == block
+                assert cached[i] == block, (
+                    f"get_cached_block of the hash of {where} returns {cached[i]}")
 
 
 # The number of runs is the profile's; 20 steps each keep the machine quick. No shrinking (and
@@ -998,15 +1103,12 @@ def test_decode_over_every_block_table_equals_dense_attention_with_prefix_hits(
 ):
     system = list(range(1000, 1000 + system_len))
     num_blocks = sum(math.ceil((system_len + 6 + 3) / block_size) for _ in suffixes) + 1
-    pool = impl.BlockPool(num_blocks, block_size)
-    manager = impl.KVCacheManager(pool)
-    cache = PagedCache(pool, manager)
+    pool, manager = pool_and_manager(num_blocks, block_size)
+    cache = PagedCache(pool, manager, num_blocks, block_size)
     requests = []
     for i, suffix in enumerate(suffixes):
         request = Request(f"r{i}", system + suffix)
-        _, num_hit, new = admit(manager, request)
-        assert new is not None
-        cache.write(request, num_hit, request.num_tokens)
+        assert cache.admit(request)[2] is not None
         if finish_first and i == 0:
             manager.free(request)  # its blocks stay cached for the others to hit
         else:
@@ -1015,10 +1117,9 @@ def test_decode_over_every_block_table_equals_dense_attention_with_prefix_hits(
     for step in range(decode_steps):
         for j, request in enumerate(requests):
             requests[j] = request = request.appended(2000 + step)
-            assert manager.allocate_slots(request, 1) is not None
-            cache.write(request, request.num_tokens - 1, request.num_tokens)
-    for request in requests:
-        check_decode(cache, request, rng, "requests sharing a cached prefix")
+            assert cache.write(request, request.num_tokens - 1, request.num_tokens,
+                               allocate=1) is not None
+    check_decode(cache, requests, rng, "requests sharing a cached prefix")
 
 
 @pytest.mark.points(2)
@@ -1027,12 +1128,11 @@ def test_decode_over_every_block_table_equals_dense_attention_with_prefix_hits(
 def test_decode_after_a_copy_on_write_fork_equals_dense_attention(
     block_size, prompt_len, steps, parent_first
 ):
-    pool = impl.BlockPool(2 * math.ceil((prompt_len + steps) / block_size) + 1, block_size)
-    manager = impl.KVCacheManager(pool)
-    cache = PagedCache(pool, manager)
+    num_blocks = 2 * math.ceil((prompt_len + steps) / block_size) + 1
+    pool, manager = pool_and_manager(num_blocks, block_size)
+    cache = PagedCache(pool, manager, num_blocks, block_size)
     parent = Request("parent", list(range(prompt_len)))
-    admit(manager, parent)
-    cache.write(parent, 0, prompt_len)
+    cache.admit(parent)
     child = manager.fork(parent, "child")
     rng = np.random.default_rng(prompt_len)
     for step in range(steps):
@@ -1040,34 +1140,29 @@ def test_decode_after_a_copy_on_write_fork_equals_dense_attention(
         for who in order:
             request = parent if who == "parent" else child
             request = request.appended(500 + step if who == "parent" else 900 + step)
-            assert manager.allocate_slots(request, 1) is not None
-            cache.write(request, request.num_tokens - 1, request.num_tokens)
+            assert cache.write(request, request.num_tokens - 1, request.num_tokens,
+                               allocate=1) is not None
             parent, child = (request, child) if who == "parent" else (parent, request)
-    check_decode(cache, parent, rng, "parent after a copy-on-write fork")
-    check_decode(cache, child, rng, "child after a copy-on-write fork")
+    check_decode(cache, [parent, child], rng, "a parent and its child after a copy-on-write fork")
 
 
 @pytest.mark.points(2)
 def test_decode_after_eviction_and_resume_equals_dense_attention():
-    pool = impl.BlockPool(6, 4)
-    manager = impl.KVCacheManager(pool)
-    cache = PagedCache(pool, manager)
+    pool, manager = pool_and_manager(6, 4)
+    cache = PagedCache(pool, manager, 6, 4)
     a = Request("A", list(range(14)))  # 4 blocks, 3 full
-    admit(manager, a)
-    cache.write(a, 0, 14)
+    cache.admit(a)
     manager.free(a)  # preempted: free queue [3, 4, 5, 2, 1, 0]
     other = Request("O", list(range(300, 318)))  # 5 blocks: evicts 3, 4, 5, 2, 1
-    admit(manager, other)
-    cache.write(other, 0, 18)
+    cache.admit(other)
     manager.free(other)
     resumed = Request("A", list(range(14)))
-    hit_blocks, num_hit, _ = admit(manager, resumed)
+    hit_blocks, num_hit, _ = cache.admit(resumed)
     assert (hit_blocks, num_hit) == ([0], 4), (
         f"hit {hit_blocks}: blocks 1 and 2 were reused by another request, so only block 0 "
         "still holds A's tokens; an evicted block must lose its hash (no stale hits)"
     )
-    cache.write(resumed, num_hit, 14)
-    check_decode(cache, resumed, np.random.default_rng(0), "a request resumed after eviction")
+    check_decode(cache, [resumed], np.random.default_rng(0), "a request resumed after eviction")
 
 
 # ---- 6. the scheduler simulation ----------------------------------------------------------
