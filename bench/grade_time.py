@@ -24,8 +24,8 @@ Both run as from a student's shell: in the environment ``make`` was given (not w
 for a GPU, as in the student's shell), and with ``PYTHONDONTWRITEBYTECODE`` removed (the
 grader sets it again for its test process, whose bytecode it never writes).
 
-A benchmark, not a test: nothing here asserts a time (``captured_outputs/cpu/grade-time.txt``
-and ``grade-time-labs-09-12.txt`` are its output on the course's 2-core machine).
+A benchmark, not a test: nothing here asserts a time (``captured_outputs/cpu/grade-time-idle-
+final.txt`` is its output for every lab on the course's 2-core machine).
 """
 
 from __future__ import annotations
