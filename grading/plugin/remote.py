@@ -251,10 +251,8 @@ def _plain(value: Any, what: str, path: str, depth: int) -> Any:
     if ok:
         return found
     if cls in (list, tuple):
-        if all(type(v) in _SCALARS for v in value):  # the common flat list: no walk
-            _BUDGET[0] -= len(value)
-            if _BUDGET[0] < 0:
-                raise _not_plain(what, path, f"more than {MAX_ITEMS} items")
+        if _BUDGET[0] >= len(value) and all(type(v) in _SCALARS for v in value):
+            _BUDGET[0] -= len(value)  # the common flat list of scalars: no walk
             return cls(value)
         return cls(_plain(v, what, f"{path}[{i}]", depth + 1) for i, v in enumerate(value))
     if cls in (set, frozenset):

@@ -119,11 +119,8 @@ class EarlierResult:
 def with_earlier(step: tuple, results: list[Any]) -> tuple:
     """``step`` (``(op, target, name, args, kwargs)``) with its :class:`EarlierResult`
     arguments replaced by those steps' results."""
-    op, target, name, args, kwargs = step
-    if any(type(a) is EarlierResult for a in args):
-        if not all(0 <= a.index < len(results) for a in args if type(a) is EarlierResult):
-            raise ValueError("a step of a batch named the result of a step after it")
-        args = tuple(results[a.index] if type(a) is EarlierResult else a for a in args)
+    op, target, name, args, kwargs = step  # call_all names only earlier steps
+    args = tuple(results[a.index] if type(a) is EarlierResult else a for a in args)
     return op, target, name, args, kwargs
 
 

@@ -160,14 +160,8 @@ def chain(tokens, block_size, extra_keys=(), memo=None):
     """The chained hashes of the full blocks of ``tokens`` (with your ``hash_block``).
     ``memo`` (a dict): the hashes already asked for, by ``(parent, block tokens)``, so that a
     machine that checks the same requests after every step asks for each block once."""
-    return chains([tokens], block_size, extra_keys, memo)[0]
-
-
-def chains(token_lists, block_size, extra_keys=(), memo=None):
-    """:func:`chain` of each of ``token_lists``, the hashes not in ``memo`` asked for in one
-    batch."""
-    plan = HashPlan(token_lists, block_size, extra_keys, memo)
-    return plan.hashes(call_all(plan.calls))
+    plan = HashPlan([tokens], block_size, extra_keys, memo)  # the new hashes in one batch
+    return plan.hashes(call_all(plan.calls))[0]
 
 
 class HashPlan:
@@ -227,16 +221,11 @@ def _memo_put(memo, key, value):
 def hash_of(parent, block, extra_keys=(), memo=None):
     """Your ``hash_block(parent, block, extra_keys)``, asked once per ``memo`` (a dict)."""
     key = (parent, tuple(block), tuple(extra_keys))
-    try:
-        known = memo is not None and key in memo
-    except TypeError:  # an unhashable hash: asked for every time
-        return impl.hash_block(parent, block, extra_keys)
-    if not known:
+    value = _memo_get(memo, key)
+    if value is _MISSING:
         value = impl.hash_block(parent, block, extra_keys)
-        if memo is None:
-            return value
-        memo[key] = value
-    return memo[key]
+        _memo_put(memo, key, value)
+    return value
 
 
 def kv_of(tokens, num_kv_heads: int, head_dim: int) -> tuple[np.ndarray, np.ndarray]:
