@@ -325,6 +325,10 @@ STRIDES_HINT = (
     "every tensor is read through its own strides (the head dim's stride_kd, a page slot's "
     "stride_ks): none is assumed contiguous or packed"
 )
+GQA_PACKING = (
+    "GQA packing: tile row r is token r // GROUP of query head kv_head * GROUP + r % GROUP "
+    "(not r // BLOCK_Q, and not without the kv_head * GROUP offset)"
+)
 KERNEL_HINT = (
     "Usual kernel causes: the K/V tiles that straddle the diagonal need the mask "
     "key_pos <= query_pos (a key loaded as 0 past the end still scores 0, not -inf, unless "
@@ -332,9 +336,8 @@ KERNEL_HINT = (
     "position is start_pos + token, with start_pos = seq_len - query_len (not seq_len - 1, "
     "the decode formula); every K/V loop steps by BLOCK_N (keys per tile), not BLOCK_M; acc "
     "and l must be rescaled by exp(m_old - m_new) whenever the running max grows; the lse "
-    "must go back from log2 units to the natural log; GQA packing: tile row r is token "
-    "r // GROUP of query head kv_head * GROUP + r % GROUP (not r // BLOCK_Q, and not "
-    f"without the kv_head * GROUP offset); {STRIDES_HINT}. Launcher causes: a tile "
+    f"must go back from log2 units to the natural log; {GQA_PACKING}; {STRIDES_HINT}. "
+    "Launcher causes: a tile "
     "holds BLOCK_Q = BLOCK_M // GROUP query tokens, and the grid needs T // BLOCK_Q + B "
     "programs on axis 0 (a sequence's last query block may be partial)"
 )
@@ -347,7 +350,7 @@ KERNEL_NAN_HINT = (
     f"{STRIDES_HINT}; and {EMPTY_SPLIT}. Or rows no program wrote: a tile holds "
     "BLOCK_Q = BLOCK_M // GROUP query tokens, and the grid needs T // BLOCK_Q + B programs "
     "on axis 0, cdiv(T, BLOCK_Q) programs are too few (a sequence's last query block may be "
-    "partial)."
+    f"partial). Or heads no program wrote: {GQA_PACKING}."
 )
 GRID_HINT = (
     "A tile's BLOCK_M rows hold BLOCK_Q = BLOCK_M // GROUP query tokens, and a sequence's "
